@@ -1,0 +1,67 @@
+"""Frozen configuration of the model and of the engine, validated once at the boundary."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters of a Llama-family model, read from the model file (never hard-coded)."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    rope_scaling: dict | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim", "max_position"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads})")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine lays out memory and batches. Validated once, here.
+
+    The number of KV pages is `num_pages` when given, else derived from `kv_memory_mb`.
+    """
+
+    page_size: int = 16              # tokens per KV page
+    kv_memory_mb: int = 512          # budget for the page pool when num_pages is None
+    num_pages: int | None = None     # explicit page count (overrides kv_memory_mb)
+    max_batch_tokens: int = 4096     # most input tokens in one forward pass
+    dtype: str = "auto"              # auto | float32 | bfloat16
+    device: str = "cpu"              # cpu | cuda | auto
+    attention_backend: str = "auto"  # auto | torch | flashinfer
+
+    def __post_init__(self) -> None:
+        if self.page_size <= 0 or self.page_size & (self.page_size - 1):
+            raise ValueError(f"page_size must be a power of two, got {self.page_size}")
+        if self.num_pages is not None and self.num_pages <= 0:
+            raise ValueError(f"num_pages must be positive, got {self.num_pages}")
+        if self.kv_memory_mb <= 0:
+            raise ValueError(f"kv_memory_mb must be positive, got {self.kv_memory_mb}")
+        if self.max_batch_tokens <= 0:
+            raise ValueError(f"max_batch_tokens must be positive, got {self.max_batch_tokens}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.device not in ("cpu", "cuda", "auto"):
+            raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
+        if self.attention_backend not in ("auto", "torch", "flashinfer"):
+            raise ValueError(f"attention_backend must be auto, torch or flashinfer, "
+                             f"got {self.attention_backend!r}")

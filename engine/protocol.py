@@ -1,0 +1,55 @@
+"""The surface of the engine that the host relies on, as Protocols.
+
+The real `engine.Engine` implements `EngineLike`; host tests use a fake engine that does too.
+Nothing else of the engine is visible to `host/`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from engine.batch import ForwardBatch, ForwardResult, TokenCopy
+from engine.config import ModelConfig
+
+
+class TokenizerLike(Protocol):
+    """Text <-> token ids for one model, plus its chat template."""
+
+    vocab_size: int
+    stop_token_ids: tuple[int, ...]   # EOS / end-of-turn tokens that end a generation
+    chat_template: str                # the raw jinja2 template text ("" when the model has none)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+    def token_strings(self) -> list[str]: ...  # the vocabulary, index = token id
+    def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str: ...
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Counters since the engine was built; tests and /metrics read them."""
+
+    num_batches: int = 0
+    num_requests: int = 0
+    num_input_tokens: int = 0      # tokens whose KV was computed (prefill + decode)
+    num_output_tokens: int = 0     # outputs sampled or distributions returned
+    num_copied_tokens: int = 0
+
+
+class EngineLike(Protocol):
+    """What the host needs: page geometry, a batched forward pass, KV copies, a tokenizer.
+
+    Calls are made from one thread at a time (the host's engine thread); the engine does not lock.
+    `forward` raises ValueError naming the request index and field for malformed input and stays
+    usable for the next batch.
+    """
+
+    model_name: str
+    model_config: ModelConfig
+    page_size: int
+    num_pages: int
+    tokenizer: TokenizerLike
+
+    def forward(self, batch: ForwardBatch) -> list[ForwardResult]: ...
+    def copy_tokens(self, copies: Sequence[TokenCopy]) -> None: ...
+    def statistics(self) -> EngineStats: ...
