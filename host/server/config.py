@@ -1,0 +1,226 @@
+"""The server's TOML configuration: frozen dataclasses, validated once at load with clear errors.
+
+A minimal `pie.toml`:
+
+    [server]
+    port = 8080
+
+    [[tenants]]
+    name = "alice"
+    token = "secret-a"
+
+Every section is optional except at least one tenant. Unknown keys, wrong types and out-of-range
+values are rejected with a `ConfigError` naming the file and the field, e.g.
+"pie.toml: tenants[1].max_instances must be positive, got 0".
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cattrs
+from cattrs.v import format_exception, transform_error
+
+__all__ = ["ConfigError", "ServerSection", "ModelSection", "EngineSection", "SchedulerSection",
+           "LimitsSection", "TenantConfig", "ServerConfig", "load_config", "parse_config"]
+
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+
+class ConfigError(ValueError):
+    """The configuration file is unreadable or invalid; the message names the file and field."""
+
+
+def _positive(section: str, **values: float) -> None:
+    for name, value in values.items():
+        if value <= 0:
+            raise ValueError(f"{section}.{name} must be positive, got {value}")
+
+
+@dataclass(frozen=True)
+class ServerSection:
+    """Where to listen, where to keep uploads, and the per-connection limits."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    data_dir: str = ""                       # program store; "" -> $PIE_DATA_DIR or ~/.local/share/pie
+    max_upload_bytes: int = 64 * 1024 * 1024  # one program
+    max_chunk_bytes: int = 1024 * 1024        # one upload chunk (decoded)
+    max_message_bytes: int = 4 * 1024 * 1024  # one websocket frame
+    shutdown_grace_s: float = 10.0            # running instances may finish within this
+    openai: bool = True                       # serve /v1/* through the built-in inferlet
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"server.port must be in 0..65535, got {self.port}")
+        _positive("server", max_upload_bytes=self.max_upload_bytes,
+                  max_chunk_bytes=self.max_chunk_bytes, max_message_bytes=self.max_message_bytes)
+        if self.shutdown_grace_s < 0:
+            raise ValueError(f"server.shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
+
+    def resolved_data_dir(self) -> Path:
+        """The program store directory (created by the store, not here)."""
+        if self.data_dir:
+            return Path(self.data_dir).expanduser()
+        env = os.environ.get("PIE_DATA_DIR")
+        return Path(env).expanduser() if env else Path.home() / ".local" / "share" / "pie"
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """Which model to serve. `path` "" = the embedded default model (SmolLM2-135M-Instruct)."""
+
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class EngineSection:
+    """Engine memory and batch size (mirrors engine.config.EngineConfig)."""
+
+    page_size: int = 16
+    kv_memory_mb: int = 512
+    num_pages: int | None = None
+    max_batch_tokens: int = 4096
+    device: str = "cpu"
+    dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        self.to_engine_config()  # EngineConfig validates; errors are prefixed "engine."
+
+    def to_engine_config(self) -> Any:
+        """The engine's own frozen config (ValueError on invalid values, prefixed "engine.")."""
+        from engine.config import EngineConfig
+        try:
+            return EngineConfig(page_size=self.page_size, kv_memory_mb=self.kv_memory_mb,
+                                num_pages=self.num_pages, max_batch_tokens=self.max_batch_tokens,
+                                device=self.device, dtype=self.dtype)
+        except ValueError as exc:
+            raise ValueError(f"engine.{exc}") from None
+
+
+@dataclass(frozen=True)
+class SchedulerSection:
+    """Batching policy: "adaptive" (fire when the engine is idle) or "k-or-t"."""
+
+    policy: str = "adaptive"
+    k: int = 8                 # k-or-t: fire at k pending passes ...
+    t_ms: float = 5.0          # ... or after t milliseconds
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("adaptive", "k-or-t"):
+            raise ValueError(f"scheduler.policy must be 'adaptive' or 'k-or-t', got {self.policy!r}")
+        _positive("scheduler", k=self.k, t_ms=self.t_ms)
+
+
+@dataclass(frozen=True)
+class LimitsSection:
+    """Limits of every instance: memory and the longest compute without a host call."""
+
+    memory_mb: int = 256
+    max_idle_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        _positive("limits", memory_mb=self.memory_mb, max_idle_s=self.max_idle_s)
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    """One tenant: its name (a namespace), its API token and its quotas."""
+
+    name: str
+    token: str = ""
+    token_env: str = ""        # read the token from this environment variable instead
+    max_instances: int = 16    # concurrent instances
+    max_kv_pages: int = 4096   # KV pages held by all its instances together
+    max_program_bytes: int = 256 * 1024 * 1024  # stored programs, all together
+
+    def __post_init__(self) -> None:
+        if not self.name or not set(self.name) <= NAME_CHARS:
+            raise ValueError(f"tenants: name must be non-empty letters, digits, '_-.', "
+                             f"got {self.name!r}")
+        if bool(self.token) == bool(self.token_env):
+            raise ValueError(f"tenant {self.name!r}: give exactly one of token, token_env")
+        _positive(f"tenant {self.name!r}", max_instances=self.max_instances,
+                  max_kv_pages=self.max_kv_pages, max_program_bytes=self.max_program_bytes)
+
+    def resolved_token(self) -> str:
+        """The token, read from the environment when `token_env` is set."""
+        if self.token:
+            return self.token
+        value = os.environ.get(self.token_env, "")
+        if not value:
+            raise ConfigError(f"tenant {self.name!r}: environment variable {self.token_env} "
+                              f"is unset or empty")
+        return value
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The whole configuration of `pie serve`."""
+
+    server: ServerSection = field(default_factory=ServerSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    engine: EngineSection = field(default_factory=EngineSection)
+    scheduler: SchedulerSection = field(default_factory=SchedulerSection)
+    limits: LimitsSection = field(default_factory=LimitsSection)
+    tenants: tuple[TenantConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.tenants:
+            raise ValueError("tenants: at least one [[tenants]] entry is needed")
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tenants: duplicate tenant name in {names}")
+        tokens = [t.token for t in self.tenants if t.token]
+        if len(set(tokens)) != len(tokens):
+            raise ValueError("tenants: two tenants share one token")
+
+
+def _strict_converter() -> cattrs.Converter:
+    """A converter that refuses type coercion ("3" is not an int, 1 is not a bool)."""
+    converter = cattrs.Converter(forbid_extra_keys=True)
+
+    def exact(kind: type, accepted: tuple[type, ...]):
+        def hook(value: Any, _: type) -> Any:
+            if isinstance(value, bool) and kind is not bool or not isinstance(value, accepted):
+                raise TypeError(f"expected {kind.__name__}, got {type(value).__name__} {value!r}")
+            return kind(value)
+        return hook
+
+    converter.register_structure_hook(int, exact(int, (int,)))
+    converter.register_structure_hook(float, exact(float, (int, float)))
+    converter.register_structure_hook(bool, exact(bool, (bool,)))
+    converter.register_structure_hook(str, exact(str, (str,)))
+    return converter
+
+
+def _format(exc: BaseException, type_: Any) -> str:
+    if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, cattrs.BaseValidationError):
+        return str(exc)
+    return format_exception(exc, type_)
+
+
+def parse_config(data: dict[str, Any], source: str = "pie.toml") -> ServerConfig:
+    """Structure a parsed TOML document into a validated ServerConfig (ConfigError if invalid)."""
+    try:
+        return _strict_converter().structure(data, ServerConfig)
+    except cattrs.BaseValidationError as exc:
+        messages = transform_error(exc, path=source, format_exception=_format)
+        raise ConfigError("; ".join(messages)) from None
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def load_config(path: str | os.PathLike[str]) -> ServerConfig:
+    """Read and validate a TOML config file (ConfigError naming the file and the field)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    return parse_config(data, source=str(path))

@@ -1,0 +1,149 @@
+"""Prometheus metrics of the server (prometheus-client, one registry per server, no globals).
+
+Counted by the server as events pass (trio thread): instances launched, instance events by kind,
+traps by cause. Read from the runtime at scrape time (`RuntimeFigures`): running instances, KV
+pages used/free, scheduler queue depth, batch sizes, tokens generated; tokens/s is the rate over
+the last samples taken by `TokenRate.sample()` (called once a second by the server).
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+__all__ = ["RuntimeFigures", "TokenRate", "ServerMetrics", "trap_cause", "CONTENT_TYPE"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_TRAP_CAUSES = (  # (cause label, words that identify it in a trap message), first match wins
+    ("out_of_pages", ("out of kv pages",)),
+    ("quota", ("quota",)),
+    ("memory", ("memory",)),
+    ("idle_timeout", ("host call", "deadline", "interrupt", "epoch")),
+    ("terminated", ("terminated", "cancelled")),
+    ("bad_id", ("unknown", "forged", "double free", "not owned")),
+)
+
+
+def trap_cause(message: str) -> str:
+    """A short label for a trap message, e.g. "out_of_pages", "idle_timeout", "other"."""
+    lowered = message.lower()
+    for cause, words in _TRAP_CAUSES:
+        if any(word in lowered for word in words):
+            return cause
+    return "other"
+
+
+@dataclass(frozen=True)
+class RuntimeFigures:
+    """What /metrics reads from the runtime at scrape time."""
+
+    num_running_instances: int
+    num_pages_used: int
+    num_pages_free: int
+    queue_depth: int
+    num_batches: int
+    batch_size_counts: dict[int, int]   # batch size (passes) -> number of batches of that size
+    num_output_tokens: int
+    num_input_tokens: int
+
+
+class TokenRate:
+    """Generated tokens per second over a sliding window of (time, total tokens) samples."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def sample(self, total_tokens: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._samples.append((now, total_tokens))
+        while len(self._samples) > 2 and now - self._samples[0][0] > self.window_s:
+            self._samples.popleft()
+
+    def per_second(self) -> float:
+        if len(self._samples) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self._samples[0], self._samples[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+class ServerMetrics:
+    """The server's registry: counters it updates plus a collector over `figures()`."""
+
+    def __init__(self, figures: Callable[[], RuntimeFigures]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.token_rate = TokenRate()
+        self._figures = figures
+        self.instances_launched = Counter("pie_instances_launched", "Instances launched",
+                                          registry=self.registry)
+        self.instance_events = Counter("pie_instance_events", "Instance events by kind",
+                                       ["kind"], registry=self.registry)
+        self.traps = Counter("pie_traps", "Instance traps by cause", ["cause"],
+                             registry=self.registry)
+        self.registry.register(_RuntimeCollector(self))
+
+    def count_event(self, kind: str, data: str) -> None:
+        """Count one instance event (and its trap cause)."""
+        self.instance_events.labels(kind=kind).inc()
+        if kind == "trap":
+            self.traps.labels(cause=trap_cause(data)).inc()
+
+    def figures(self) -> RuntimeFigures:
+        return self._figures()
+
+    def sample(self) -> None:
+        """Take a tokens/s sample (the server calls this about once a second)."""
+        self.token_rate.sample(self._figures().num_output_tokens)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+class _RuntimeCollector:
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator:
+        figures = self._metrics.figures()
+        yield _gauge("pie_instances_running", "Instances running now",
+                     figures.num_running_instances)
+        yield _gauge("pie_kv_pages_used", "KV pages in use", figures.num_pages_used)
+        yield _gauge("pie_kv_pages_free", "KV pages free", figures.num_pages_free)
+        yield _gauge("pie_scheduler_queue_depth", "Forward passes waiting for a batch",
+                     figures.queue_depth)
+        yield _gauge("pie_tokens_per_second", "Generated tokens per second (sliding window)",
+                     self._metrics.token_rate.per_second())
+        tokens = CounterMetricFamily("pie_generated_tokens", "Tokens generated (sampled outputs)")
+        tokens.add_metric([], figures.num_output_tokens)
+        yield tokens
+        inputs = CounterMetricFamily("pie_input_tokens", "Tokens whose KV was computed")
+        inputs.add_metric([], figures.num_input_tokens)
+        yield inputs
+        yield _batch_histogram(figures.batch_size_counts)
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def _batch_histogram(counts: dict[int, int]) -> HistogramMetricFamily:
+    bounds = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    buckets, running = [], 0
+    for bound in bounds:
+        running = sum(n for size, n in counts.items() if size <= bound)
+        buckets.append((str(bound), running))
+    total = sum(counts.values())
+    buckets.append(("+Inf", total))
+    size_sum = sum(size * n for size, n in counts.items())
+    family = HistogramMetricFamily("pie_batch_size", "Forward passes per engine batch")
+    family.add_metric([], buckets, sum_value=size_sum)
+    return family

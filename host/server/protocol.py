@@ -1,0 +1,202 @@
+"""The websocket protocol: typed messages structured with cattrs, as JSON or msgpack.
+
+A text frame carries one JSON object, a binary frame one msgpack map; the server answers in the
+encoding of the frame it answers. Every message has a `type`; a client message may carry an `id`
+(int) that the server copies into its reply or error. See docs/server.md for the whole exchange.
+
+Client -> server: auth, upload_begin, upload_chunk, upload_end, launch, send, terminate,
+list_programs, list_instances, model_info.
+Server -> client: a reply (`ok` with fields per request), `error` (names the problem), and
+`event` (instance_id, kind in message/result/error/trap/terminated, data).
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from typing import Any, Union
+
+import cattrs
+import msgpack
+from cattrs.v import format_exception, transform_error
+
+__all__ = ["ProtocolError", "Auth", "UploadBegin", "UploadChunk", "UploadEnd", "Launch", "Send",
+           "Terminate", "ListPrograms", "ListInstances", "ModelInfo", "ClientMessage",
+           "CLIENT_MESSAGES", "decode_message", "encode_message", "error_message",
+           "event_message", "reply_message", "EVENT_KINDS"]
+
+EVENT_KINDS = ("message", "result", "error", "trap", "terminated")
+
+
+class ProtocolError(ValueError):
+    """A client frame that cannot be understood; `request_id` is its `id` when one was readable."""
+
+    def __init__(self, message: str, request_id: int | None = None) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
+@dataclass(frozen=True)
+class Auth:
+    token: str
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class UploadBegin:
+    """Start uploading a program of `size` bytes whose sha256 (hex) is `sha256`."""
+
+    sha256: str
+    size: int
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class UploadChunk:
+    """The next bytes of an upload (bytes in msgpack, base64 text in JSON)."""
+
+    upload_id: str
+    data: bytes
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class UploadEnd:
+    upload_id: str
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    program: str                       # sha256 hex of an uploaded program
+    args: tuple[str, ...] = ()
+    kv_pages: int | None = None        # page reservation (default: tenant quota / max instances)
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class Send:
+    instance_id: str
+    message: str
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class Terminate:
+    instance_id: str
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class ListPrograms:
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class ListInstances:
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    id: int | None = None
+
+
+ClientMessage = Union[Auth, UploadBegin, UploadChunk, UploadEnd, Launch, Send, Terminate,
+                      ListPrograms, ListInstances, ModelInfo]
+
+CLIENT_MESSAGES: dict[str, type] = {
+    "auth": Auth, "upload_begin": UploadBegin, "upload_chunk": UploadChunk,
+    "upload_end": UploadEnd, "launch": Launch, "send": Send, "terminate": Terminate,
+    "list_programs": ListPrograms, "list_instances": ListInstances, "model_info": ModelInfo,
+}
+
+
+def _converter() -> cattrs.Converter:
+    """Strict: no coercion of "3" to int, of 1 to bool; base64 text or raw bytes for `bytes`."""
+    converter = cattrs.Converter(forbid_extra_keys=True)
+
+    def exact(kind: type):
+        def hook(value: Any, _: type) -> Any:
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+            return value
+        return hook
+
+    def to_bytes(value: Any, _: type) -> bytes:
+        if isinstance(value, (bytes, bytearray)):
+            return bytes(value)
+        if isinstance(value, str):
+            try:
+                return base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise TypeError("expected base64 text") from None
+        raise TypeError(f"expected bytes or base64 text, got {type(value).__name__}")
+
+    converter.register_structure_hook(int, exact(int))
+    converter.register_structure_hook(str, exact(str))
+    converter.register_structure_hook(bytes, to_bytes)
+    return converter
+
+
+def _format(exc: BaseException, type_: Any) -> str:
+    if isinstance(exc, TypeError):
+        return str(exc)
+    return format_exception(exc, type_)
+
+
+def _parse_frame(frame: str | bytes) -> Any:
+    if isinstance(frame, str):
+        try:
+            return json.loads(frame)
+        except ValueError as exc:
+            raise ProtocolError(f"malformed JSON: {exc}") from None
+    try:
+        return msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.UnpackException, TypeError) as exc:
+        raise ProtocolError(f"malformed msgpack: {exc or type(exc).__name__}") from None
+
+
+def decode_message(frame: str | bytes, converter: cattrs.Converter | None = None) -> ClientMessage:
+    """One client frame -> a typed message, or ProtocolError naming what is wrong."""
+    data = _parse_frame(frame)
+    if not isinstance(data, dict):
+        raise ProtocolError(f"a message must be an object, got {type(data).__name__}")
+    raw_id = data.get("id")
+    request_id = raw_id if isinstance(raw_id, int) and not isinstance(raw_id, bool) else None
+    kind = data.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError("message has no 'type' field (a string)", request_id)
+    message_type = CLIENT_MESSAGES.get(kind)
+    if message_type is None:
+        raise ProtocolError(f"unknown message type {kind!r}; expected one of "
+                            f"{sorted(CLIENT_MESSAGES)}", request_id)
+    fields = {k: v for k, v in data.items() if k != "type"}
+    try:
+        return (converter or _converter()).structure(fields, message_type)
+    except cattrs.BaseValidationError as exc:
+        problems = transform_error(exc, path=kind, format_exception=_format)
+        raise ProtocolError("; ".join(problems), request_id) from None
+
+
+def encode_message(message: dict[str, Any], binary: bool) -> str | bytes:
+    """A server message (a plain dict with `type`) -> a msgpack (binary) or JSON (text) frame."""
+    if binary:
+        return msgpack.packb(message, use_bin_type=True)
+    return json.dumps(message, separators=(",", ":"))
+
+
+def reply_message(request_id: int | None, **fields: Any) -> dict[str, Any]:
+    """A successful answer to the request `request_id`."""
+    return {"type": "ok", "id": request_id, **fields}
+
+
+def error_message(message: str, request_id: int | None = None) -> dict[str, Any]:
+    """An error answer (or an unsolicited error when request_id is None)."""
+    return {"type": "error", "id": request_id, "message": message}
+
+
+def event_message(instance_id: str, kind: str, data: str) -> dict[str, Any]:
+    """An instance event: a message it sent, or how it ended (result/error/trap/terminated)."""
+    return {"type": "event", "instance_id": instance_id, "kind": kind, "data": data}

@@ -1,0 +1,197 @@
+"""The server's core, owned by its trio thread: programs, instances, tenancy, events, shutdown.
+
+Instance threads never touch this object's state. The runtime calls `on_event` from an instance's
+thread; that callback hops into trio with `trio.from_thread.run` (the trio token is taken at
+`start`) and the event is then handled here, in the trio thread, and forwarded to the sink (a
+trio memory channel) of whoever launched the instance: a websocket connection or an OpenAI
+request. A full sink blocks the instance thread (back-pressure); a closed sink drops the event.
+Blocking runtime calls (load_program, launch, terminate, wait, close) run in `trio.to_thread`.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any
+
+import trio
+
+from host.server.metrics import ServerMetrics
+from host.server.store import ProgramStore, StoredProgram, UnknownProgramError
+from host.server.tenants import QuotaBook, QuotaExceeded, Tenant
+
+__all__ = ["ServiceError", "InstanceHandle", "PieService", "FINAL_KINDS"]
+
+FINAL_KINDS = frozenset({"result", "error", "trap", "terminated"})
+
+
+class ServiceError(Exception):
+    """A request the server refuses; the message is sent to the client as is."""
+
+
+@dataclass(eq=False)
+class InstanceHandle:
+    """The server's record of one instance (trio thread only)."""
+
+    key: str                                 # reservation key, known before the instance id
+    tenant: str
+    program: str
+    sink: trio.MemorySendChannel | None
+    kv_pages: int
+    instance_id: str = ""
+    final_kind: str = ""
+    final_data: str = ""
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+class PieService:
+    """Programs, instances and tenancy over one Runtime. Call `start()` inside trio first."""
+
+    def __init__(self, runtime: Any, store: ProgramStore, metrics: ServerMetrics, *,
+                 limits: Any, max_upload_bytes: int) -> None:
+        self.runtime = runtime
+        self.store = store
+        self.metrics = metrics
+        self.limits = limits                    # host.config.InstanceLimits of every instance
+        self.max_upload_bytes = max_upload_bytes
+        self.quotas = QuotaBook()
+        self.closing = trio.Event()
+        self._programs: dict[str, Any] = {}     # sha256 -> compiled Program
+        self._handles: dict[str, InstanceHandle] = {}   # by reservation key
+        self._keys = itertools.count()
+        self._token: trio.lowlevel.TrioToken | None = None
+
+    def start(self) -> None:
+        """Bind to the running trio loop (instance threads report through it)."""
+        self._token = trio.lowlevel.current_trio_token()
+
+    # ---- programs ---------------------------------------------------------------------------
+
+    async def add_program(self, tenant: Tenant, data: bytes, sha256: str) -> StoredProgram:
+        """Validate (compile) and store an uploaded program whose hash was checked; adding one
+        the tenant already holds is a no-op."""
+        if await trio.to_thread.run_sync(self.store.owns, tenant.name, sha256):
+            return StoredProgram(sha256, len(data))
+        used = await trio.to_thread.run_sync(self.store.tenant_bytes, tenant.name)
+        if used + len(data) > tenant.max_program_bytes:
+            raise ServiceError(f"tenant {tenant.name!r}: program quota: {len(data)} bytes more "
+                               f"would exceed {tenant.max_program_bytes} (using {used})")
+        program = await self._compile(data)
+        result = await trio.to_thread.run_sync(self.store.put, tenant.name, data)
+        self._programs[result.sha256] = program
+        return result
+
+    async def owns_program(self, tenant: Tenant, sha256: str) -> bool:
+        return await trio.to_thread.run_sync(self.store.owns, tenant.name, sha256)
+
+    async def _compile(self, data: bytes) -> Any:
+        try:
+            return await trio.to_thread.run_sync(self.runtime.load_program, data)
+        except Exception as exc:  # ProgramError and whatever wasmtime raises on bad bytes
+            raise ServiceError(f"not a valid inferlet component: {exc}") from None
+
+    async def program_for(self, tenant: Tenant, sha256: str) -> Any:
+        """The compiled program `sha256` of this tenant (ServiceError when it has none)."""
+        if not await trio.to_thread.run_sync(self.store.owns, tenant.name, sha256):
+            raise ServiceError(f"unknown program {sha256!r}: upload it first")
+        if sha256 not in self._programs:
+            try:
+                data = await trio.to_thread.run_sync(self.store.read, tenant.name, sha256)
+            except UnknownProgramError as exc:
+                raise ServiceError(str(exc)) from None
+            self._programs[sha256] = await self._compile(data)
+        return self._programs[sha256]
+
+    def list_programs(self, tenant: Tenant) -> list[StoredProgram]:
+        return self.store.list(tenant.name)
+
+    # ---- instances --------------------------------------------------------------------------
+
+    async def launch(self, tenant: Tenant, program: Any, sha256: str, args: tuple[str, ...],
+                     sink: trio.MemorySendChannel | None, kv_pages: int | None = None) -> InstanceHandle:
+        """Launch `program` for `tenant`; its events go to `sink`. Returns the handle."""
+        if self.closing.is_set():
+            raise ServiceError("server is shutting down: no new instances")
+        pages = tenant.default_kv_pages if kv_pages is None else kv_pages
+        try:
+            self.quotas.check_launch(tenant, pages)
+        except QuotaExceeded as exc:
+            raise ServiceError(str(exc)) from None
+        handle = InstanceHandle(f"r{next(self._keys)}", tenant.name, sha256, sink, pages)
+        self.quotas.add(tenant, handle.key, pages)
+        self._handles[handle.key] = handle
+        limits = replace(self.limits, page_quota=pages)
+        try:
+            handle.instance_id = await trio.to_thread.run_sync(partial(
+                self.runtime.launch, program, tuple(args), tenant=tenant.name, limits=limits,
+                on_event=partial(self._on_event_threaded, handle)))
+        except Exception as exc:
+            self._forget(handle)
+            raise ServiceError(f"launch failed: {exc}") from None
+        self.metrics.instances_launched.inc()
+        return handle
+
+    def _on_event_threaded(self, handle: InstanceHandle, event: Any) -> None:
+        """Runtime callback, on the instance's thread: hand the event to the trio thread."""
+        try:
+            trio.from_thread.run(self._deliver, handle, event, trio_token=self._token)
+        except (trio.RunFinishedError, trio.Cancelled):
+            pass  # the server is gone; nobody is listening
+
+    async def _deliver(self, handle: InstanceHandle, event: Any) -> None:
+        self.metrics.count_event(event.kind, event.data)
+        if event.kind in FINAL_KINDS:
+            handle.final_kind, handle.final_data = event.kind, event.data
+        if handle.sink is not None:
+            try:
+                await handle.sink.send(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                handle.sink = None
+        if event.kind in FINAL_KINDS:
+            self._forget(handle)
+
+    def _forget(self, handle: InstanceHandle) -> None:
+        self.quotas.remove(handle.key)
+        self._handles.pop(handle.key, None)
+        handle.done.set()
+
+    def find(self, tenant: Tenant, instance_id: str) -> InstanceHandle:
+        """The tenant's live instance `instance_id` (ServiceError when it has none)."""
+        for handle in self._handles.values():
+            if handle.instance_id == instance_id and handle.tenant == tenant.name:
+                return handle
+        raise ServiceError(f"unknown instance {instance_id!r}")
+
+    def list_instances(self, tenant: Tenant) -> list[InstanceHandle]:
+        return [h for h in self._handles.values() if h.tenant == tenant.name and h.instance_id]
+
+    def send(self, tenant: Tenant, instance_id: str, message: str) -> None:
+        handle = self.find(tenant, instance_id)
+        self.runtime.send(handle.instance_id, message)
+
+    async def terminate(self, handle: InstanceHandle, reason: str) -> None:
+        """Ask the runtime to end the instance (its final event follows)."""
+        if handle.instance_id and not handle.done.is_set():
+            await trio.to_thread.run_sync(self.runtime.terminate, handle.instance_id, reason)
+
+    async def terminate_and_wait(self, handles: list[InstanceHandle], reason: str) -> None:
+        """Terminate instances and wait until the runtime has released them (pages returned)."""
+        for handle in handles:
+            handle.sink = None
+            await self.terminate(handle, reason)
+        for handle in handles:
+            if handle.instance_id:
+                await trio.to_thread.run_sync(self.runtime.wait, handle.instance_id)
+            await handle.done.wait()
+
+    # ---- shutdown ---------------------------------------------------------------------------
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Refuse new work, let instances finish for `grace_s`, terminate the rest, close."""
+        self.closing.set()
+        with trio.move_on_after(grace_s):
+            while self._handles:
+                await next(iter(self._handles.values())).done.wait()
+        await self.terminate_and_wait(list(self._handles.values()), "server shutting down")
+        await trio.to_thread.run_sync(self.runtime.close)
+

@@ -1,0 +1,110 @@
+"""Tenants: who a bearer token belongs to, and the quotas each tenant's usage is checked against.
+
+A tenant is a namespace: its programs, instances, KV exports, topics and key-value store are its
+own (the runtime namespaces exports/topics/store by the `tenant` given at launch). Quotas:
+- max_instances: concurrent instances;
+- max_kv_pages: KV pages, as *reservations*: each instance reserves a page quota at launch
+  (default max_kv_pages // max_instances) and the runtime holds it to that; the reservations of a
+  tenant's live instances never sum past max_kv_pages, so neither do the pages they hold;
+- max_program_bytes: bytes of stored programs.
+`QuotaBook` is owned by the server's trio thread (never touched from instance threads).
+"""
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+
+from host.server.config import TenantConfig
+
+__all__ = ["Tenant", "TenantRegistry", "QuotaExceeded", "QuotaBook"]
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """An authenticated tenant: its name and its quotas."""
+
+    name: str
+    max_instances: int
+    max_kv_pages: int
+    max_program_bytes: int
+
+    @property
+    def default_kv_pages(self) -> int:
+        """The page reservation of an instance launched without asking for one."""
+        return max(1, self.max_kv_pages // self.max_instances)
+
+
+class TenantRegistry:
+    """Bearer token -> Tenant, compared in constant time."""
+
+    def __init__(self, tenants: tuple[TenantConfig, ...]) -> None:
+        self._by_token = [(t.resolved_token().encode(), Tenant(t.name, t.max_instances,
+                           t.max_kv_pages, t.max_program_bytes)) for t in tenants]
+
+    def authenticate(self, token: str) -> Tenant | None:
+        """The tenant whose token this is, or None."""
+        found = None
+        candidate = token.encode()
+        for secret, tenant in self._by_token:
+            if hmac.compare_digest(secret, candidate):
+                found = tenant
+        return found
+
+    def by_name(self, name: str) -> Tenant | None:
+        return next((t for _, t in self._by_token if t.name == name), None)
+
+    def names(self) -> list[str]:
+        return [t.name for _, t in self._by_token]
+
+
+class QuotaExceeded(Exception):
+    """A launch or upload would exceed a tenant quota; the message names quota and usage."""
+
+
+@dataclass
+class _Usage:
+    num_instances: int = 0
+    num_reserved_pages: int = 0
+
+
+class QuotaBook:
+    """Live instance counts and page reservations per tenant (trio thread only)."""
+
+    def __init__(self) -> None:
+        self._usage: dict[str, _Usage] = {}
+        self._reservations: dict[str, tuple[str, int]] = {}  # instance id -> (tenant, pages)
+
+    def check_launch(self, tenant: Tenant, kv_pages: int) -> None:
+        """Raise QuotaExceeded if one more instance reserving `kv_pages` would not fit."""
+        usage = self._usage.get(tenant.name, _Usage())
+        if usage.num_instances + 1 > tenant.max_instances:
+            raise QuotaExceeded(f"tenant {tenant.name!r}: instance quota reached "
+                                f"({usage.num_instances} of {tenant.max_instances} running)")
+        if kv_pages <= 0:
+            raise QuotaExceeded(f"kv_pages must be positive, got {kv_pages}")
+        free = tenant.max_kv_pages - usage.num_reserved_pages
+        if kv_pages > free:
+            raise QuotaExceeded(f"tenant {tenant.name!r}: KV page quota: {kv_pages} pages asked, "
+                                f"{free} of {tenant.max_kv_pages} unreserved")
+
+    def add(self, tenant: Tenant, instance_id: str, kv_pages: int) -> None:
+        """Record a launched instance (after check_launch passed)."""
+        usage = self._usage.setdefault(tenant.name, _Usage())
+        usage.num_instances += 1
+        usage.num_reserved_pages += kv_pages
+        self._reservations[instance_id] = (tenant.name, kv_pages)
+
+    def remove(self, instance_id: str) -> None:
+        """Forget an ended instance (idempotent)."""
+        entry = self._reservations.pop(instance_id, None)
+        if entry is None:
+            return
+        usage = self._usage[entry[0]]
+        usage.num_instances -= 1
+        usage.num_reserved_pages -= entry[1]
+
+    def num_instances(self, tenant_name: str) -> int:
+        return self._usage.get(tenant_name, _Usage()).num_instances
+
+    def reserved_pages(self, tenant_name: str) -> int:
+        return self._usage.get(tenant_name, _Usage()).num_reserved_pages

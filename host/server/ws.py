@@ -1,0 +1,224 @@
+"""One websocket connection: authenticate, upload, launch, send, terminate, list, model info.
+
+Frames are read one at a time and answered in order (an answer carries the request's `id`).
+Instance events arrive on the connection's event channel and are written by a second task; a
+lock keeps the two writers' frames whole. Any malformed or unauthorized frame gets an `error`
+naming the problem and the connection stays up. When the connection ends (client gone, or the
+server shutting down after its grace period) its instances are terminated and waited for, so
+every page they held is back in the pool before the handler returns.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from host.server import protocol as p
+from host.server.service import PieService, ServiceError
+from host.server.store import is_sha256
+from host.server.tenants import Tenant, TenantRegistry
+
+__all__ = ["Connection", "MAX_UPLOADS_PER_CONNECTION", "EVENT_BUFFER"]
+
+MAX_UPLOADS_PER_CONNECTION = 4
+EVENT_BUFFER = 256      # events queued per connection before instance threads block
+
+
+@dataclass
+class _Upload:
+    sha256: str
+    size: int
+    data: bytearray = field(default_factory=bytearray)
+    hasher: Any = field(default_factory=hashlib.sha256)
+
+
+class Connection:
+    """The state of one client connection (trio thread only)."""
+
+    def __init__(self, websocket: WebSocket, service: PieService, tenants: TenantRegistry, *,
+                 max_chunk_bytes: int, grace_s: float) -> None:
+        self.websocket = websocket
+        self.service = service
+        self.tenants = tenants
+        self.max_chunk_bytes = max_chunk_bytes
+        self.grace_s = grace_s
+        self.tenant: Tenant | None = None
+        self.binary = False
+        self._uploads: dict[str, _Upload] = {}
+        self._upload_ids = itertools.count(1)
+        self._handles: list = []
+        self._send_lock = trio.Lock()
+        self._events_in, self._events_out = trio.open_memory_channel(EVENT_BUFFER)
+
+    async def run(self) -> None:
+        """Serve the connection until the client leaves or the server shuts down."""
+        await self.websocket.accept()
+        self._authenticate_header()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write_events)
+                nursery.start_soon(self._close_on_shutdown, nursery.cancel_scope)
+                await self._read_frames()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                self._events_in.close()   # instance threads blocked on a full channel wake up
+                await self.service.terminate_and_wait(self._live_handles(), "client disconnected")
+
+    def _authenticate_header(self) -> None:
+        header = self.websocket.headers.get("authorization", "")
+        if header.lower().startswith("bearer "):
+            self.tenant = self.tenants.authenticate(header[7:].strip())
+
+    def _live_handles(self) -> list:
+        self._handles = [h for h in self._handles if not h.done.is_set()]
+        return self._handles
+
+    async def _read_frames(self) -> None:
+        while True:
+            try:
+                message = await self.websocket.receive()
+            except WebSocketDisconnect:
+                return
+            if message["type"] == "websocket.disconnect":
+                return
+            frame = message.get("bytes") if message.get("bytes") is not None else message.get("text")
+            self.binary = isinstance(frame, bytes)
+            try:
+                request = p.decode_message(frame)
+            except p.ProtocolError as exc:
+                await self._send(p.error_message(str(exc), exc.request_id))
+                continue
+            try:
+                await self._handle(request)
+            except ServiceError as exc:
+                await self._send(p.error_message(str(exc), request.id))
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        frame = p.encode_message(message, self.binary)
+        async with self._send_lock:
+            try:
+                if isinstance(frame, bytes):
+                    await self.websocket.send_bytes(frame)
+                else:
+                    await self.websocket.send_text(frame)
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                pass  # the client is gone; the reader sees the disconnect
+
+    async def _write_events(self) -> None:
+        async for event in self._events_in:
+            await self._send(p.event_message(event.instance_id, event.kind, event.data))
+
+    async def _close_on_shutdown(self, cancel_scope: trio.CancelScope) -> None:
+        await self.service.closing.wait()
+        with trio.move_on_after(self.grace_s):
+            for handle in self._live_handles():
+                await handle.done.wait()
+        await self.service.terminate_and_wait(self._live_handles(), "server shutting down")
+        await self._send(p.error_message("server shutting down"))
+        try:
+            await self.websocket.close(code=1001)
+        except (RuntimeError, OSError):
+            pass
+        cancel_scope.cancel()
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    async def _handle(self, request: p.ClientMessage) -> None:
+        if isinstance(request, p.Auth):
+            self.tenant = self.tenants.authenticate(request.token)
+            if self.tenant is None:
+                raise ServiceError("authentication failed: invalid token")
+            await self._send(p.reply_message(request.id, tenant=self.tenant.name))
+            return
+        if self.tenant is None:
+            raise ServiceError(f"not authenticated: send an 'auth' message (or connect with an "
+                               f"'Authorization: Bearer' header) before {type(request).__name__}")
+        handler = getattr(self, f"_on_{type(request).__name__}")
+        await handler(self.tenant, request)
+
+    async def _on_UploadBegin(self, tenant: Tenant, request: p.UploadBegin) -> None:
+        if not is_sha256(request.sha256):
+            raise ServiceError(f"upload_begin: sha256 must be 64 lower-case hex digits, "
+                               f"got {request.sha256!r}")
+        limit = self.service.max_upload_bytes
+        if not 0 < request.size <= limit:
+            raise ServiceError(f"upload_begin: size {request.size} out of range (1..{limit} bytes)")
+        if await self.service.owns_program(tenant, request.sha256):
+            await self._send(p.reply_message(request.id, exists=True, sha256=request.sha256))
+            return
+        if len(self._uploads) >= MAX_UPLOADS_PER_CONNECTION:
+            raise ServiceError(f"upload_begin: at most {MAX_UPLOADS_PER_CONNECTION} uploads "
+                               f"in progress per connection")
+        upload_id = f"u{next(self._upload_ids)}"
+        self._uploads[upload_id] = _Upload(request.sha256, request.size)
+        await self._send(p.reply_message(request.id, exists=False, upload_id=upload_id,
+                                         max_chunk_bytes=self.max_chunk_bytes))
+
+    def _upload(self, upload_id: str) -> _Upload:
+        upload = self._uploads.get(upload_id)
+        if upload is None:
+            raise ServiceError(f"unknown upload {upload_id!r}")
+        return upload
+
+    async def _on_UploadChunk(self, tenant: Tenant, request: p.UploadChunk) -> None:
+        upload = self._upload(request.upload_id)
+        if len(request.data) > self.max_chunk_bytes:
+            del self._uploads[request.upload_id]
+            raise ServiceError(f"upload {request.upload_id}: chunk of {len(request.data)} bytes "
+                               f"exceeds {self.max_chunk_bytes}; upload aborted")
+        if len(upload.data) + len(request.data) > upload.size:
+            del self._uploads[request.upload_id]
+            raise ServiceError(f"upload {request.upload_id}: more than the declared {upload.size} "
+                               f"bytes; upload aborted")
+        upload.data += request.data
+        upload.hasher.update(request.data)
+        if request.id is not None:
+            await self._send(p.reply_message(request.id, received=len(upload.data)))
+
+    async def _on_UploadEnd(self, tenant: Tenant, request: p.UploadEnd) -> None:
+        upload = self._upload(request.upload_id)
+        del self._uploads[request.upload_id]
+        if len(upload.data) != upload.size:
+            raise ServiceError(f"upload {request.upload_id}: got {len(upload.data)} bytes, "
+                               f"declared {upload.size}")
+        digest = upload.hasher.hexdigest()
+        if digest != upload.sha256:
+            raise ServiceError(f"upload {request.upload_id}: sha256 mismatch: declared "
+                               f"{upload.sha256}, received bytes hash to {digest}")
+        stored = await self.service.add_program(tenant, bytes(upload.data), digest)
+        await self._send(p.reply_message(request.id, sha256=stored.sha256, size=stored.size))
+
+    async def _on_Launch(self, tenant: Tenant, request: p.Launch) -> None:
+        program = await self.service.program_for(tenant, request.program)
+        handle = await self.service.launch(tenant, program, request.program, request.args,
+                                           self._events_out, request.kv_pages)
+        self._handles.append(handle)
+        await self._send(p.reply_message(request.id, instance_id=handle.instance_id,
+                                         kv_pages=handle.kv_pages))
+
+    async def _on_Send(self, tenant: Tenant, request: p.Send) -> None:
+        self.service.send(tenant, request.instance_id, request.message)
+        await self._send(p.reply_message(request.id))
+
+    async def _on_Terminate(self, tenant: Tenant, request: p.Terminate) -> None:
+        handle = self.service.find(tenant, request.instance_id)
+        await self.service.terminate(handle, "terminated by client")
+        await self._send(p.reply_message(request.id))
+
+    async def _on_ListPrograms(self, tenant: Tenant, request: p.ListPrograms) -> None:
+        programs = await trio.to_thread.run_sync(self.service.list_programs, tenant)
+        await self._send(p.reply_message(request.id, programs=[
+            {"sha256": prog.sha256, "size": prog.size} for prog in programs]))
+
+    async def _on_ListInstances(self, tenant: Tenant, request: p.ListInstances) -> None:
+        await self._send(p.reply_message(request.id, instances=[
+            {"instance_id": h.instance_id, "program": h.program, "kv_pages": h.kv_pages}
+            for h in self.service.list_instances(tenant)]))
+
+    async def _on_ModelInfo(self, tenant: Tenant, request: p.ModelInfo) -> None:
+        await self._send(p.reply_message(request.id, **self.service.model_info()))
