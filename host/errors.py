@@ -1,0 +1,26 @@
+"""Exceptions the host raises when a guest misuses its resources.
+
+Every message names the WIT call and the id or cause, e.g. "kv.free-pages: page id 17 was already
+freed". The binding layer turns a `TrapError` into a trap of the offending instance only; the engine
+and the other instances never see it.
+"""
+from __future__ import annotations
+
+__all__ = ["TrapError", "OutOfPagesError", "QuotaError", "Cancelled"]
+
+
+class TrapError(Exception):
+    """A guest misuse (forged / stale id, double free, bad length, read-only write, ...)."""
+
+
+class OutOfPagesError(TrapError):
+    """The page pool is exhausted and nothing could be reclaimed ("out of KV pages: ...")."""
+
+
+class QuotaError(TrapError):
+    """The instance asked for more pages than its quota allows."""
+
+
+class Cancelled(TrapError):
+    """A blocking call or a pending submission was cut short: the instance was terminated or the
+    scheduler / channel was closed. The message says which call and why."""

@@ -1,0 +1,316 @@
+"""BatchScheduler: the engine thread, and the one rule that forms batches.
+
+Rule: each queue contributes at most its head pass to a batch; queues are taken in priority order
+(high, normal, low), oldest head first, until the batch holds max_batch_tokens (a pass larger than
+that still runs, alone). Copies queued before a queue's head pass (kv.copy-tokens) and the
+copy-on-write copies of the chosen passes run on the engine thread, in that order, right before the
+batch's forward. Policies decide *when* a batch fires: "adaptive" as soon as the engine is idle and
+anything is pending; "k-or-t" when k queues have work or the oldest item has waited t ms.
+
+Submitting never blocks (eager calls never wait on a batch); it returns a concurrent.futures.Future.
+An engine exception fails the futures of that batch with the exception and the scheduler goes on.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
+from typing import Callable, Hashable, Sequence
+
+from engine.batch import ForwardBatch, ForwardResult, TokenCopy
+from engine.protocol import EngineLike
+from host.errors import Cancelled
+from host.resources import PreparedCopy, PreparedForward
+
+__all__ = ["SchedulerPolicy", "SchedulerStats", "BatchScheduler", "PRIORITIES"]
+
+PRIORITIES = ("high", "normal", "low")     # batch order
+POLICY_KINDS = ("adaptive", "k-or-t")
+_NUM_RECENT = 64
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SchedulerPolicy:
+    """When batches fire. k / t_ms are used by "k-or-t" only."""
+
+    kind: str = "adaptive"
+    max_batch_tokens: int = 4096
+    k: int = 8
+    t_ms: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in POLICY_KINDS:
+            raise ValueError(f"SchedulerPolicy.kind must be one of {POLICY_KINDS}, got {self.kind!r}")
+        if self.max_batch_tokens <= 0:
+            raise ValueError(f"SchedulerPolicy.max_batch_tokens must be positive, "
+                             f"got {self.max_batch_tokens}")
+        if self.k <= 0:
+            raise ValueError(f"SchedulerPolicy.k must be positive, got {self.k}")
+        if self.t_ms < 0:
+            raise ValueError(f"SchedulerPolicy.t_ms must be >= 0, got {self.t_ms}")
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """Counters since start. batch_size_histogram: (num passes, num batches) ascending."""
+
+    num_batches: int
+    num_failed_batches: int
+    num_forwards: int
+    num_copy_items: int
+    num_cancelled: int
+    num_pending: int
+    num_queues: int
+    max_batch_size: int
+    batch_size_histogram: tuple[tuple[int, int], ...]
+    recent_batch_sizes: tuple[int, ...]
+
+
+class _Item:
+    __slots__ = ("queue_key", "rank", "order", "request", "copies", "future", "on_done",
+                 "num_tokens", "enqueued_at")
+
+    def __init__(self, queue_key: Hashable, rank: int, order: int, request, copies, on_done):
+        self.queue_key = queue_key
+        self.rank = rank
+        self.order = order
+        self.request = request                 # ForwardRequest, or None for a copy item
+        self.copies = copies
+        self.future: Future = Future()
+        self.on_done = on_done
+        self.num_tokens = len(request.token_ids) if request is not None else 0
+        self.enqueued_at = time.monotonic()
+
+
+class BatchScheduler:
+    """Owns the engine thread. queue_key = (instance_id, local queue id); the first element is
+    the owner that `cancel_owner` matches. Thread-safe."""
+
+    def __init__(self, engine: EngineLike, policy: SchedulerPolicy = SchedulerPolicy()) -> None:
+        self.engine = engine
+        self.policy = policy
+        self._cond = threading.Condition()
+        self._queues: dict[Hashable, deque[_Item]] = {}
+        self._last_futures: dict[Hashable, Future] = {}
+        self._orders = itertools.count()
+        self._num_pending = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._counts = {"batches": 0, "failed": 0, "forwards": 0, "copies": 0, "cancelled": 0}
+        self._histogram: dict[int, int] = {}
+        self._recent: deque[int] = deque(maxlen=_NUM_RECENT)
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        with self._cond:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run_loop, name="pie-engine", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop the engine thread (after the batch it is running); pending futures get Cancelled."""
+        with self._cond:
+            self._closed = True
+            items = [item for queue in self._queues.values() for item in queue]
+            self._queues.clear()
+            self._last_futures.clear()
+            self._num_pending = 0
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self._finish(items, error=Cancelled("scheduler closed: submission not run"))
+
+    def __enter__(self) -> "BatchScheduler":
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # ----------------------------------------------------------- submission
+    def submit_forward(self, queue_key: Hashable, priority: str,
+                       prepared: PreparedForward) -> Future[ForwardResult]:
+        """Queue a pass; its copy-on-write copies run right before the batch that carries it."""
+        return self._submit(queue_key, priority, prepared.request, tuple(prepared.copies),
+                            prepared.on_done)
+
+    def submit_copy(self, queue_key: Hashable, priority: str,
+                    copies: PreparedCopy | Sequence[TokenCopy],
+                    on_done: Callable[[], None] | None = None) -> Future[None]:
+        """Queue copies, in order with the queue's passes. Resolves to None once they ran."""
+        if isinstance(copies, PreparedCopy):
+            copies, on_done = copies.copies, copies.on_done
+        return self._submit(queue_key, priority, None, tuple(copies), on_done)
+
+    def _submit(self, queue_key, priority, request, copies, on_done) -> Future:
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
+        item = _Item(queue_key, PRIORITIES.index(priority), 0, request, copies, on_done)
+        with self._cond:
+            if self._closed:
+                item.future.set_exception(Cancelled("scheduler closed: submission refused"))
+                self._call_on_done(item)
+                return item.future
+            item.order = next(self._orders)
+            self._queues.setdefault(queue_key, deque()).append(item)
+            self._last_futures[queue_key] = item.future
+            self._num_pending += 1
+            self._cond.notify()
+        return item.future
+
+    def synchronize_future(self, queue_key: Hashable) -> Future | None:
+        """A future done (maybe with an error) once everything submitted on the queue so far has
+        run; None when nothing is pending or running there."""
+        with self._cond:
+            future = self._last_futures.get(queue_key)
+        return None if future is None or future.done() else future
+
+    def cancel_owner(self, owner_id: str) -> int:
+        """Drop the pending items of every queue whose key starts with `owner_id`; their futures
+        get Cancelled. A batch already running is not interrupted. Returns the count dropped."""
+        with self._cond:
+            keys = [key for key in self._queues if _owner(key) == owner_id]
+            items = [item for key in keys for item in self._queues.pop(key)]
+            for key in [key for key in self._last_futures if _owner(key) == owner_id]:
+                if any(item.future is self._last_futures[key] for item in items):
+                    del self._last_futures[key]
+            self._num_pending -= len(items)
+            self._counts["cancelled"] += len(items)
+        self._finish(items, error=Cancelled(f"instance {owner_id} terminated: "
+                                            f"pending submission cancelled"))
+        return len(items)
+
+    def statistics(self) -> SchedulerStats:
+        with self._cond:
+            c = self._counts
+            return SchedulerStats(
+                num_batches=c["batches"], num_failed_batches=c["failed"],
+                num_forwards=c["forwards"], num_copy_items=c["copies"],
+                num_cancelled=c["cancelled"], num_pending=self._num_pending,
+                num_queues=len(self._queues), max_batch_size=max(self._histogram, default=0),
+                batch_size_histogram=tuple(sorted(self._histogram.items())),
+                recent_batch_sizes=tuple(self._recent))
+
+    # ---------------------------------------------------------- engine thread
+    def _run_loop(self) -> None:
+        while True:
+            with self._cond:
+                if not self._wait_for_batch():
+                    return
+                copy_items, forward_items = self._take_batch()
+            try:
+                self._run_batch(copy_items, forward_items)
+            except Exception:                                  # never let the thread die
+                _log.exception("scheduler: unexpected error running a batch")
+
+    def _wait_for_batch(self) -> bool:
+        """Under the lock: wait until the policy fires. False when closed."""
+        while not self._closed:
+            if self._num_pending and self.policy.kind == "adaptive":
+                return True
+            if self._num_pending:
+                if len(self._queues) >= self.policy.k:
+                    return True
+                oldest = min(queue[0].enqueued_at for queue in self._queues.values())
+                wait_s = oldest + self.policy.t_ms / 1000 - time.monotonic()
+                if wait_s <= 0:
+                    return True
+                self._cond.wait(wait_s)
+            else:
+                self._cond.wait()
+        return False
+
+    def _take_batch(self) -> tuple[list[_Item], list[_Item]]:
+        """Under the lock: apply the rule. Returns (copy items, forward items) in run order."""
+        copy_items: list[_Item] = []
+        forward_items: list[_Item] = []
+        num_tokens = 0
+        full = False
+        for key, queue in sorted(self._queues.items(), key=lambda kv: (kv[1][0].rank,
+                                                                      kv[1][0].order)):
+            while queue and queue[0].request is None:
+                copy_items.append(queue.popleft())
+            if queue and not full:
+                head = queue[0]
+                if forward_items and num_tokens + head.num_tokens > self.policy.max_batch_tokens:
+                    full = True
+                else:
+                    forward_items.append(queue.popleft())
+                    num_tokens += head.num_tokens
+            if not queue:
+                del self._queues[key]
+        self._num_pending -= len(copy_items) + len(forward_items)
+        return copy_items, forward_items
+
+    def _run_batch(self, copy_items: list[_Item], forward_items: list[_Item]) -> None:
+        copies = [copy for item in copy_items + forward_items for copy in item.copies]
+        try:
+            if copies:
+                self.engine.copy_tokens(copies)
+            results: list = [None] * len(copy_items)
+            if forward_items:
+                batch = ForwardBatch(tuple(item.request for item in forward_items))
+                outputs = self.engine.forward(batch)
+                if len(outputs) != len(forward_items):
+                    raise RuntimeError(f"engine returned {len(outputs)} results for "
+                                       f"{len(forward_items)} requests")
+                results += list(outputs)
+        except Exception as error:                     # the batch fails, the scheduler goes on
+            self._record(copy_items, forward_items, failed=True)
+            self._finish(copy_items + forward_items, error=error)
+        else:
+            self._record(copy_items, forward_items, failed=False)
+            self._finish(copy_items + forward_items, results=results)
+        self._forget(copy_items + forward_items)
+
+    def _record(self, copy_items: list[_Item], forward_items: list[_Item], failed: bool) -> None:
+        with self._cond:
+            c = self._counts
+            c["copies"] += len(copy_items)
+            if forward_items:
+                c["batches"] += 1
+                c["failed"] += failed
+                c["forwards"] += len(forward_items)
+                size = len(forward_items)
+                self._histogram[size] = self._histogram.get(size, 0) + 1
+                self._recent.append(size)
+
+    def _forget(self, items: list[_Item]) -> None:
+        """Drop the synchronize entries that these (now resolved) items were the last of."""
+        with self._cond:
+            for item in items:
+                if self._last_futures.get(item.queue_key) is item.future:
+                    del self._last_futures[item.queue_key]
+
+    def _finish(self, items: list[_Item], *, results: list | None = None,
+                error: BaseException | None = None) -> None:
+        """End each item: its on_done first (pages it pinned may be released), then its future."""
+        for index, item in enumerate(items):
+            self._call_on_done(item)
+            try:
+                if error is not None:
+                    item.future.set_exception(error)
+                else:
+                    item.future.set_result(results[index])
+            except InvalidStateError:                  # the waiter cancelled it
+                pass
+
+    @staticmethod
+    def _call_on_done(item: _Item) -> None:
+        if item.on_done is None:
+            return
+        try:
+            item.on_done()
+        except Exception:
+            _log.exception("scheduler: on_done callback failed")
+
+
+def _owner(queue_key: Hashable):
+    return queue_key[0] if isinstance(queue_key, tuple) and queue_key else queue_key
