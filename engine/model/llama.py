@@ -1,0 +1,121 @@
+"""Llama-family forward pass over a ragged batch (RMSNorm, RoPE, GQA, SwiGLU, tied embeddings).
+
+Weights come in Hugging Face naming (model.layers.{i}.self_attn.q_proj.weight, ...). At build time
+Q/K/V are fused into one [ (Hq + 2 Hkv) * D, hidden ] matrix and gate/up into one
+[2 * intermediate, hidden] matrix, so a layer is 4 matmuls. Logits are computed only at the output
+rows of the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.config import ModelConfig
+from engine.kv_cache import KVCache
+from engine.model.rope import apply_rope, rope_tables
+from engine.page_table import PageTable
+
+__all__ = ["LlamaModel", "LayerWeights"]
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer's weights, fused for fewer matmuls."""
+
+    input_norm: torch.Tensor     # [hidden]
+    qkv_proj: torch.Tensor       # [(Hq + 2 Hkv) * D, hidden]
+    o_proj: torch.Tensor         # [hidden, Hq * D]
+    post_norm: torch.Tensor      # [hidden]
+    gate_up_proj: torch.Tensor   # [2 * intermediate, hidden]
+    down_proj: torch.Tensor      # [hidden, intermediate]
+
+
+def _take(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Pop one weight, checking its shape (so a wrong file fails here with its name)."""
+    if name not in weights:
+        raise ValueError(f"weight {name} is missing")
+    tensor = weights.pop(name)
+    if tuple(tensor.shape) != shape:
+        raise ValueError(f"weight {name} has shape {tuple(tensor.shape)}, expected {shape}")
+    return tensor
+
+
+def _layer_weights(config: ModelConfig, weights: dict[str, torch.Tensor], i: int,
+                   dtype: torch.dtype, device: torch.device) -> LayerWeights:
+    hidden, d = config.hidden_size, config.head_dim
+    q_dim, kv_dim = config.num_heads * d, config.num_kv_heads * d
+    prefix = f"model.layers.{i}."
+
+    def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        return _take(weights, prefix + name, shape).to(device=device, dtype=dtype)
+
+    qkv = torch.cat([take("self_attn.q_proj.weight", (q_dim, hidden)),
+                     take("self_attn.k_proj.weight", (kv_dim, hidden)),
+                     take("self_attn.v_proj.weight", (kv_dim, hidden))])
+    gate_up = torch.cat([take("mlp.gate_proj.weight", (config.intermediate_size, hidden)),
+                         take("mlp.up_proj.weight", (config.intermediate_size, hidden))])
+    return LayerWeights(
+        input_norm=take("input_layernorm.weight", (hidden,)),
+        qkv_proj=qkv,
+        o_proj=take("self_attn.o_proj.weight", (hidden, q_dim)),
+        post_norm=take("post_attention_layernorm.weight", (hidden,)),
+        gate_up_proj=gate_up,
+        down_proj=take("mlp.down_proj.weight", (hidden, config.intermediate_size)),
+    )
+
+
+class LlamaModel:
+    """The model's weights and its batched forward pass. Consumes the `weights` dict it is given."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
+                 dtype: torch.dtype, device: str | torch.device = "cpu") -> None:
+        device = torch.device(device)
+        self.config = config
+        self.dtype = dtype
+        vocab_shape = (config.vocab_size, config.hidden_size)
+        self.embed = _take(weights, "model.embed_tokens.weight", vocab_shape).to(device, dtype)
+        self.layers = [_layer_weights(config, weights, i, dtype, device)
+                       for i in range(config.num_layers)]
+        self.final_norm = _take(weights, "model.norm.weight", (config.hidden_size,)).to(device, dtype)
+        if "lm_head.weight" in weights:
+            self.lm_head = _take(weights, "lm_head.weight", vocab_shape).to(device, dtype)
+        elif config.tie_word_embeddings:
+            self.lm_head = self.embed
+        else:
+            raise ValueError("weight lm_head.weight is missing and the embeddings are not tied")
+        self.rope_cos, self.rope_sin = rope_tables(config, dtype)        # [max_position, D]
+        self.rope_cos, self.rope_sin = self.rope_cos.to(device), self.rope_sin.to(device)
+        self.q_dim = config.num_heads * config.head_dim
+        self.kv_dim = config.num_kv_heads * config.head_dim
+
+    @torch.inference_mode()
+    def forward(self, table: PageTable, kv_cache: KVCache, attention) -> torch.Tensor:
+        """Run the batch, write its K/V into the pool, return float32 logits [num_outputs, vocab].
+
+        `attention` must already be planned for `table`.
+        """
+        config = self.config
+        n, d = table.num_tokens, config.head_dim
+        num_qk_heads = config.num_heads + config.num_kv_heads
+        eps = config.rms_norm_eps
+        hidden_shape = (config.hidden_size,)
+        cos = self.rope_cos[table.positions].unsqueeze(1)                 # [N, 1, D]
+        sin = self.rope_sin[table.positions].unsqueeze(1)
+        x = F.embedding(table.input_ids, self.embed)                      # [N, hidden]
+        for i, layer in enumerate(self.layers):
+            h = F.rms_norm(x, hidden_shape, layer.input_norm, eps)
+            qkv = F.linear(h, layer.qkv_proj)                             # [N, (Hq + 2 Hkv) * D]
+            qk = apply_rope(qkv[:, :self.q_dim + self.kv_dim].view(n, num_qk_heads, d), cos, sin)
+            q, k = qk[:, :config.num_heads], qk[:, config.num_heads:]     # [N, Hq|Hkv, D]
+            v = qkv[:, self.q_dim + self.kv_dim:].view(n, config.num_kv_heads, d)
+            kv_layer = kv_cache.layer(i)
+            attention.append_kv(kv_layer, k, v)
+            attn = attention.run(q, kv_layer)                             # [N, Hq, D]
+            x = x + F.linear(attn.reshape(n, self.q_dim), layer.o_proj)
+            h = F.rms_norm(x, hidden_shape, layer.post_norm, eps)
+            gate, up = F.linear(h, layer.gate_up_proj).chunk(2, dim=-1)  # [N, intermediate] each
+            x = x + F.linear(F.silu(gate) * up, layer.down_proj)
+        x = F.rms_norm(x[table.output_rows], hidden_shape, self.final_norm, eps)
+        return F.linear(x, self.lm_head).float()                          # [num_outputs, vocab]

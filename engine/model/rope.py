@@ -1,0 +1,58 @@
+"""Rotary position embedding tables (HF Llama convention: rotate_half over the two head halves)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.config import ModelConfig
+
+__all__ = ["inverse_frequencies", "rope_tables", "apply_rope"]
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.x frequency scaling: long wavelengths divided by `factor`, a smooth ramp between."""
+    factor = float(scaling["factor"])
+    low_freq_factor = float(scaling.get("low_freq_factor", 1.0))
+    high_freq_factor = float(scaling.get("high_freq_factor", 4.0))
+    old_context = float(scaling.get("original_max_position_embeddings", 8192))
+    wavelen = 2 * math.pi / inv_freq
+    low_freq_wavelen = old_context / low_freq_factor
+    high_freq_wavelen = old_context / high_freq_factor
+    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    ramped = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    in_between = (wavelen <= low_freq_wavelen) & (wavelen >= high_freq_wavelen)
+    return torch.where(in_between, ramped, scaled)
+
+
+def inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+    """[head_dim // 2] float32 rotation frequencies, with the model's rope scaling applied."""
+    exponents = torch.arange(0, config.head_dim, 2, dtype=torch.int64).float() / config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** exponents)
+    scaling = config.rope_scaling
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / float(scaling["factor"])
+    if kind == "llama3":
+        return _llama3_scaled(inv_freq, scaling)
+    raise ValueError(f"model {config.name}: unsupported rope scaling type {kind!r}")
+
+
+def rope_tables(config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables [max_position, head_dim] (each half repeated, as HF does)."""
+    positions = torch.arange(config.max_position, dtype=torch.int64).float()
+    freqs = torch.outer(positions, inverse_frequencies(config))       # [max_position, head_dim/2]
+    angles = torch.cat((freqs, freqs), dim=-1)                        # [max_position, head_dim]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [num_tokens, num_heads, head_dim] by cos/sin [num_tokens, 1, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,170 @@
+"""ForwardBatch -> FlashInfer-format paged-attention metadata, built once per forward pass.
+
+The same `PageTable` feeds every attention backend (torch on the CPU now, FlashInfer on CUDA later),
+so it holds exactly FlashInfer's "paged KV" description of a ragged batch:
+
+  qo_indptr        [B+1] int32   request b's new tokens are rows qo_indptr[b]:qo_indptr[b+1]
+  kv_indptr        [B+1] int32   request b's pages are kv_page_indices[kv_indptr[b]:kv_indptr[b+1]]
+  kv_page_indices  [nnz] int32   physical page ids, in sequence order
+  kv_last_page_len [B]   int32   tokens in each request's last page (after the pass)
+  custom_mask      [sum(q_len*kv_len)] bool, or None   FlashInfer's packed layout: per request its
+                   [q_len, kv_len] mask (custom RLE rows AND causal) flattened row-major, concatenated
+  mask_indptr      [B+1] int32 offsets into custom_mask, or None
+
+plus what the model needs around attention: flat input token ids and RoPE positions [N], the KV
+slot each new token is written to (append_page_ids / append_slots [N]), and the flat row of each
+output [num_outputs]. Causality is by KV slot order (the new tokens are the last q_len slots of the
+sequence), never by RoPE position: positions only rotate, so a request may keep gaps in positions.
+
+The decode path is vectorized: per request we only concatenate Python tuples (C-level); everything
+per token is a tensor op.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+
+import torch
+
+from engine.batch import ForwardBatch, ForwardRequest
+
+__all__ = ["PageTable", "build_page_table", "decode_mask_rows"]
+
+
+@dataclass(frozen=True)
+class PageTable:
+    """Metadata of one ragged batch (see the module docstring). All tensors are on the CPU."""
+
+    page_size: int
+    qo_indptr: torch.Tensor          # [B+1] int32
+    kv_indptr: torch.Tensor          # [B+1] int32
+    kv_page_indices: torch.Tensor    # [nnz_pages] int32
+    kv_last_page_len: torch.Tensor   # [B] int32
+    kv_lens: torch.Tensor            # [B] int64, KV length of each request after the pass
+    input_ids: torch.Tensor          # [N] int64
+    positions: torch.Tensor          # [N] int64
+    append_page_ids: torch.Tensor    # [N] int64, page receiving each new token's K/V
+    append_slots: torch.Tensor       # [N] int64, slot within that page
+    output_rows: torch.Tensor        # [num_outputs] int64, rows of the flat batch that give outputs
+    custom_mask: torch.Tensor | None   # [sum(q_len * kv_len)] bool (packed), None: causal only
+    mask_indptr: torch.Tensor | None   # [B+1] int32
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.kv_last_page_len.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def q_lens(self) -> torch.Tensor:
+        """[B] int64 number of new tokens per request."""
+        return (self.qo_indptr[1:] - self.qo_indptr[:-1]).long()
+
+    def request_mask(self, b: int) -> torch.Tensor | None:
+        """Request b's [q_len, kv_len] bool mask (custom AND causal), None when causal only."""
+        if self.custom_mask is None:
+            return None
+        q_len = int(self.qo_indptr[b + 1] - self.qo_indptr[b])
+        start, end = int(self.mask_indptr[b]), int(self.mask_indptr[b + 1])
+        return self.custom_mask[start:end].view(q_len, -1)
+
+
+def decode_mask_rows(rows: tuple[tuple[int, ...], ...], kv_len: int) -> torch.Tensor:
+    """Run-length rows (attend, skip, attend, ...) -> [num_rows, kv_len] bool, True = attend.
+
+    Raises ValueError (naming the row) when a row does not sum to kv_len.
+    """
+    dense = torch.zeros(len(rows), kv_len, dtype=torch.bool)
+    for i, runs in enumerate(rows):
+        if any(run < 0 for run in runs) or sum(runs) != kv_len:
+            raise ValueError(f"mask row {i} has runs summing to {sum(runs)}, "
+                             f"expected the kv length {kv_len} (all runs >= 0)")
+        flags = torch.arange(len(runs)) % 2 == 0                 # [num_runs] attend, skip, ...
+        dense[i] = torch.repeat_interleave(flags, torch.tensor(runs, dtype=torch.long))
+    return dense
+
+
+def _causal_mask(q_len: int, kv_len: int) -> torch.Tensor:
+    """[q_len, kv_len] bool: new token i sits at slot kv_len - q_len + i and sees slots <= it."""
+    query_slots = torch.arange(kv_len - q_len, kv_len).unsqueeze(1)   # [q_len, 1]
+    return torch.arange(kv_len).unsqueeze(0) <= query_slots          # [q_len, kv_len]
+
+
+def _packed_mask(requests: tuple[ForwardRequest, ...], kv_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashInfer's packed custom mask: flattened per-request [q_len, kv_len] masks, concatenated."""
+    pieces = []
+    for b, (request, kv_len) in enumerate(zip(requests, kv_lens)):
+        mask = _causal_mask(len(request.token_ids), kv_len)
+        if request.mask is not None:
+            try:
+                mask &= decode_mask_rows(request.mask, kv_len)
+            except ValueError as err:
+                raise ValueError(f"request {b}: field mask: {err}") from None
+            empty_rows = (~mask.any(dim=1)).nonzero()
+            if len(empty_rows):
+                raise ValueError(f"request {b}: field mask: row {int(empty_rows[0])} attends no "
+                                 f"position once ANDed with the causal mask")
+        pieces.append(mask.flatten())
+    sizes = torch.tensor([len(p) for p in pieces], dtype=torch.int32)
+    mask_indptr = torch.zeros(len(pieces) + 1, dtype=torch.int32)
+    mask_indptr[1:] = torch.cumsum(sizes, 0)
+    return torch.cat(pieces), mask_indptr
+
+
+def _indptr(lengths: list[int]) -> torch.Tensor:
+    indptr = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
+    return indptr
+
+
+def build_page_table(batch: ForwardBatch, page_size: int) -> PageTable:
+    """Build the metadata of a (validated) batch. Masks are checked here (ValueError on bad rows)."""
+    requests = batch.requests
+    q_lens = [len(r.token_ids) for r in requests]
+    num_pages = [len(r.page_ids) for r in requests]
+    last_lens = [r.last_page_len for r in requests]
+    kv_lens_list = [(n - 1) * page_size + last for n, last in zip(num_pages, last_lens)]
+
+    qo_indptr = _indptr(q_lens)
+    kv_indptr = _indptr(num_pages)
+    kv_page_indices = torch.tensor(list(chain.from_iterable(r.page_ids for r in requests)),
+                                   dtype=torch.int32)
+    kv_lens = torch.tensor(kv_lens_list, dtype=torch.long)        # [B]
+    q_lens_t = torch.tensor(q_lens, dtype=torch.long)             # [B]
+
+    num_tokens = int(qo_indptr[-1])
+    token_request = torch.repeat_interleave(torch.arange(len(requests)), q_lens_t)   # [N]
+    offset_in_request = torch.arange(num_tokens) - qo_indptr[:-1].long()[token_request]
+    kv_slot = (kv_lens - q_lens_t)[token_request] + offset_in_request                # [N]
+    page_entry = kv_indptr[:-1].long()[token_request] + kv_slot // page_size
+    append_page_ids = kv_page_indices.long()[page_entry]
+    append_slots = kv_slot % page_size
+
+    output_rows = torch.tensor(
+        list(chain.from_iterable(
+            (start + i for i in r.output_indices)
+            for start, r in zip(qo_indptr[:-1].tolist(), requests))),
+        dtype=torch.long)
+
+    custom_mask = mask_indptr = None
+    if any(r.mask is not None for r in requests):
+        custom_mask, mask_indptr = _packed_mask(requests, kv_lens_list)
+
+    return PageTable(
+        page_size=page_size,
+        qo_indptr=qo_indptr,
+        kv_indptr=kv_indptr,
+        kv_page_indices=kv_page_indices,
+        kv_last_page_len=torch.tensor(last_lens, dtype=torch.int32),
+        kv_lens=kv_lens,
+        input_ids=torch.tensor(list(chain.from_iterable(r.token_ids for r in requests)),
+                               dtype=torch.long),
+        positions=torch.tensor(list(chain.from_iterable(r.positions for r in requests)),
+                               dtype=torch.long),
+        append_page_ids=append_page_ids,
+        append_slots=append_slots,
+        output_rows=output_rows,
+        custom_mask=custom_mask,
+        mask_indptr=mask_indptr,
+    )

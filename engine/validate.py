@@ -1,0 +1,68 @@
+"""Check a ForwardBatch against the engine's geometry before anything runs.
+
+Every error is a ValueError naming the request index and the field, so the host can fail that
+batch's requests with a clear message; nothing is written to the KV pool for a rejected batch.
+(Mask rows are checked while the page table decodes them, with the same kind of message.)
+"""
+from __future__ import annotations
+
+from engine.batch import ForwardBatch, ForwardRequest, SamplerSpec
+
+__all__ = ["validate_batch", "validate_request"]
+
+
+def _fail(index: int, field: str, reason: str) -> ValueError:
+    return ValueError(f"request {index}: field {field}: {reason}")
+
+
+def _check_ints(index: int, field: str, values: tuple, low: int, high: int, what: str) -> None:
+    """All values are ints in [low, high)."""
+    if not values:
+        return
+    if not all(isinstance(v, int) for v in values):
+        raise _fail(index, field, f"{what} must be integers")
+    smallest, largest = min(values), max(values)
+    if smallest < low or largest >= high:
+        bad = smallest if smallest < low else largest
+        raise _fail(index, field, f"{what} {bad} out of range [{low}, {high})")
+
+
+def validate_request(index: int, request: ForwardRequest, *, page_size: int, num_pages: int,
+                     vocab_size: int, max_position: int) -> None:
+    """Raise ValueError (naming `index` and the field) if the request does not fit the engine."""
+    num_tokens = len(request.token_ids)
+    if num_tokens == 0:
+        raise _fail(index, "token_ids", "empty: a forward pass needs at least one token")
+    _check_ints(index, "token_ids", request.token_ids, 0, vocab_size, "token id")
+    if len(request.positions) != num_tokens:
+        raise _fail(index, "positions", f"{len(request.positions)} positions for {num_tokens} tokens")
+    _check_ints(index, "positions", request.positions, 0, max_position, "position")
+    if not request.page_ids:
+        raise _fail(index, "page_ids", "empty: the new tokens need at least one page")
+    _check_ints(index, "page_ids", request.page_ids, 0, num_pages, "page id")
+    if not 1 <= request.last_page_len <= page_size:
+        raise _fail(index, "last_page_len",
+                    f"{request.last_page_len} not in [1, page_size={page_size}]")
+    kv_len = (len(request.page_ids) - 1) * page_size + request.last_page_len
+    if num_tokens > kv_len:
+        raise _fail(index, "page_ids", f"{len(request.page_ids)} pages with last_page_len "
+                    f"{request.last_page_len} hold {kv_len} tokens, fewer than the {num_tokens} "
+                    f"new tokens")
+    _check_ints(index, "output_indices", request.output_indices, 0, num_tokens, "output index")
+    if len(request.samplers) != len(request.output_indices):
+        raise _fail(index, "samplers", f"{len(request.samplers)} samplers for "
+                    f"{len(request.output_indices)} output indices")
+    if any(not isinstance(s, SamplerSpec) for s in request.samplers):
+        raise _fail(index, "samplers", "every sampler must be a SamplerSpec")
+    if request.mask is not None and len(request.mask) != num_tokens:
+        raise _fail(index, "mask", f"{len(request.mask)} mask rows for {num_tokens} tokens")
+
+
+def validate_batch(batch: ForwardBatch, *, page_size: int, num_pages: int, vocab_size: int,
+                   max_position: int) -> None:
+    """Validate every request of the batch (ValueError on the first bad one)."""
+    if not isinstance(batch, ForwardBatch):
+        raise ValueError(f"expected a ForwardBatch, got {type(batch).__name__}")
+    for index, request in enumerate(batch.requests):
+        validate_request(index, request, page_size=page_size, num_pages=num_pages,
+                         vocab_size=vocab_size, max_position=max_position)

@@ -1,0 +1,83 @@
+"""Batched sampling: greedy, top-k / top-p / min-p support, seeds, distributions."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.batch import Distribution, SamplerSpec
+from engine.sampling import Sampler
+
+VOCAB = 50
+
+
+def logits_rows(num_rows: int, seed: int = 0) -> torch.Tensor:
+    torch.manual_seed(seed)
+    return torch.randn(num_rows, VOCAB) * 3
+
+
+def draws(logits: torch.Tensor, spec: SamplerSpec, num_draws: int) -> set[int]:
+    sampler = Sampler(seed=1)
+    return {sampler.sample(logits, [spec])[0] for _ in range(num_draws)}
+
+
+def test_greedy_is_argmax_for_every_row():
+    logits = logits_rows(7)
+    out = Sampler(seed=0).sample(logits, [SamplerSpec()] * 7)
+    assert out == logits.argmax(-1).tolist()
+
+
+def test_temperature_zero_sample_is_greedy():
+    logits = logits_rows(1)
+    assert Sampler().sample(logits, [SamplerSpec(kind="sample", temperature=0.0)]) == \
+        [int(logits.argmax())]
+
+
+def test_top_k_restricts_support():
+    logits = logits_rows(1, seed=3)
+    top3 = set(logits[0].topk(3).indices.tolist())
+    seen = draws(logits, SamplerSpec(kind="sample", temperature=5.0, top_k=3), 200)
+    assert seen <= top3 and len(seen) == 3
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05] + [1e-9] * (VOCAB - 4)]))
+    seen = draws(logits, SamplerSpec(kind="sample", top_p=0.7), 300)
+    assert seen == {0, 1}                     # 0.5 < 0.7, 0.5 + 0.3 >= 0.7
+    assert draws(logits, SamplerSpec(kind="sample", top_p=0.4), 50) == {0}
+
+
+def test_min_p_drops_tokens_below_fraction_of_the_best():
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1] + [1e-9] * (VOCAB - 4)]))
+    seen = draws(logits, SamplerSpec(kind="sample", min_p=0.45), 300)   # keep p >= 0.18
+    assert seen == {0, 1, 2}
+
+
+def test_seed_reproducible_and_independent_of_batch():
+    logits = logits_rows(6, seed=4)
+    spec = SamplerSpec(kind="sample", temperature=2.0, seed=1234)
+    alone = Sampler(seed=5).sample(logits[2:3], [spec])[0]
+    others = [SamplerSpec(kind="sample", temperature=1.5), SamplerSpec(),
+              SamplerSpec(kind="distribution", num_top=3)]
+    batch_specs = [others[0], others[1], spec, others[2], others[0], others[1]]
+    in_batch = Sampler(seed=9).sample(logits, batch_specs)[2]
+    assert alone == in_batch
+    # different seeds explore the distribution (not a constant)
+    tokens = {Sampler().sample(logits[2:3], [SamplerSpec(kind="sample", temperature=2.0, seed=s)])[0]
+              for s in range(40)}
+    assert len(tokens) > 3
+
+
+def test_distribution_descending_sums_at_most_one_and_matches_softmax():
+    logits = logits_rows(2, seed=5)
+    specs = [SamplerSpec(kind="distribution", num_top=5, temperature=0.7),
+             SamplerSpec(kind="distribution", num_top=VOCAB)]
+    first, full = Sampler().sample(logits, specs)
+    assert isinstance(first, Distribution) and len(first.token_ids) == 5
+    assert list(first.probs) == sorted(first.probs, reverse=True)
+    assert sum(first.probs) <= 1.0 + 1e-6
+    expected = torch.softmax(logits[0] / 0.7, -1)
+    assert first.token_ids == tuple(expected.topk(5).indices.tolist())
+    assert all(math.isclose(p, float(expected[t]), rel_tol=1e-5)
+               for t, p in zip(first.token_ids, first.probs))
+    assert math.isclose(sum(full.probs), 1.0, rel_tol=1e-5)
