@@ -48,8 +48,9 @@ class PieService:
     """Programs, instances and tenancy over one Runtime. Call `start()` inside trio first."""
 
     def __init__(self, runtime: Any, store: ProgramStore, metrics: ServerMetrics, *,
-                 limits: Any, max_upload_bytes: int) -> None:
+                 limits: Any, max_upload_bytes: int, model: dict[str, Any]) -> None:
         self.runtime = runtime
+        self._model = dict(model)
         self.store = store
         self.metrics = metrics
         self.limits = limits                    # host.config.InstanceLimits of every instance
@@ -60,6 +61,10 @@ class PieService:
         self._handles: dict[str, InstanceHandle] = {}   # by reservation key
         self._keys = itertools.count()
         self._token: trio.lowlevel.TrioToken | None = None
+
+    def model_info(self) -> dict[str, Any]:
+        """The served model: name, page_size, num_pages, vocab_size, max_batch_tokens."""
+        return dict(self._model)
 
     def start(self) -> None:
         """Bind to the running trio loop (instance threads report through it)."""

@@ -52,7 +52,7 @@ class Connection:
         self._upload_ids = itertools.count(1)
         self._handles: list = []
         self._send_lock = trio.Lock()
-        self._events_in, self._events_out = trio.open_memory_channel(EVENT_BUFFER)
+        self._events_out, self._events_in = trio.open_memory_channel(EVENT_BUFFER)
 
     async def run(self) -> None:
         """Serve the connection until the client leaves or the server shuts down."""

@@ -1,0 +1,85 @@
+"""Building the server's parts from a ServerConfig: engine, runtime, store, tenants, service.
+
+Kept apart from app.py because it imports the runtime (and the engine when none is given), which
+are heavy; `build_context` must run inside trio (the service binds to the running loop).
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import trio
+
+from host.server.config import ServerConfig
+from host.server.metrics import RuntimeFigures, ServerMetrics
+from host.server.service import PieService
+from host.server.store import ProgramStore
+from host.server.tenants import TenantRegistry
+
+__all__ = ["load_engine_for", "build_runtime", "runtime_figures", "build_context", "model_info"]
+
+
+def load_engine_for(config: ServerConfig) -> Any:
+    """Load the configured model (the embedded default when model.path is "")."""
+    from engine import load_default_engine, load_engine
+
+    section = config.engine
+    overrides = dict(page_size=section.page_size, kv_memory_mb=section.kv_memory_mb,
+                     num_pages=section.num_pages, max_batch_tokens=section.max_batch_tokens,
+                     device=section.device, dtype=section.dtype)
+    if config.model.path:
+        return load_engine(config.model.path, progress=False, **overrides)
+    return load_default_engine(progress=False, **overrides)
+
+
+def build_runtime(config: ServerConfig, engine: Any) -> Any:
+    """A Runtime over `engine` with the configured batching policy and instance limits."""
+    from host.config import InstanceLimits, RuntimeConfig
+    from host.runtime import Runtime
+    from host.scheduler import SchedulerPolicy
+
+    policy = SchedulerPolicy(kind=config.scheduler.policy, k=config.scheduler.k,
+                             t_ms=config.scheduler.t_ms,
+                             max_batch_tokens=config.engine.max_batch_tokens)
+    limits = InstanceLimits(memory_mb=config.limits.memory_mb, max_idle_s=config.limits.max_idle_s)
+    return Runtime(engine, RuntimeConfig(scheduler=policy, limits=limits))
+
+
+def runtime_figures(runtime: Any) -> RuntimeFigures:
+    """What /metrics shows, read from `runtime.statistics()`."""
+    stats = runtime.statistics()
+    pool, scheduler, engine = stats.pool, stats.scheduler, stats.engine
+    return RuntimeFigures(
+        num_running_instances=stats.num_running,
+        num_pages_used=pool.num_used, num_pages_free=pool.num_free,
+        queue_depth=scheduler.num_pending, num_batches=scheduler.num_batches,
+        batch_size_counts=dict(scheduler.batch_size_histogram),
+        num_output_tokens=engine.num_output_tokens, num_input_tokens=engine.num_input_tokens)
+
+
+def model_info(config: ServerConfig, engine: Any) -> dict[str, Any]:
+    return {"name": engine.model_name, "page_size": engine.page_size,
+            "num_pages": engine.num_pages, "vocab_size": engine.tokenizer.vocab_size,
+            "max_batch_tokens": config.engine.max_batch_tokens}
+
+
+async def build_context(config: ServerConfig, engine: Any = None) -> Any:
+    """Everything `build_app` needs, started in the running trio loop."""
+    from host.server.app import ServerContext
+
+    if engine is None:
+        engine = await trio.to_thread.run_sync(load_engine_for, config)
+    runtime = await trio.to_thread.run_sync(build_runtime, config, engine)
+    data_dir = config.server.resolved_data_dir()
+    store = ProgramStore(data_dir)
+    tenants = TenantRegistry(config.tenants)
+    metrics = ServerMetrics(partial(runtime_figures, runtime))
+    service = PieService(runtime, store, metrics, limits=runtime.config.limits,
+                         max_upload_bytes=config.server.max_upload_bytes,
+                         model=model_info(config, engine))
+    service.start()
+    openai = None
+    if config.server.openai:
+        from host.server.openai import OpenAIFrontend
+        openai = await OpenAIFrontend.create(service, tenants, data_dir)
+    return ServerContext(config, service, tenants, metrics, openai)
