@@ -1,0 +1,31 @@
+"""inferlet: the Python SDK for writing pie inferlets (bundled into every component).
+
+    import inferlet
+
+    @inferlet.main
+    def main(args: list[str]) -> str:
+        ctx = inferlet.Context()
+        ctx.fill_user("Write a haiku about the sea.")
+        return ctx.generate(max_tokens=64)
+
+See docs/writing-inferlets.md for the whole API.
+"""
+from inferlet import sampling
+from inferlet.beam import Beam, beam_search
+from inferlet.context import Context
+from inferlet.entry import ArgumentParser, main
+from inferlet.errors import InferletError
+from inferlet.generation import Generation, generate_parallel
+from inferlet.messaging import (Subscription, broadcast, receive, receive_json, send, send_json,
+                                store_delete, store_get, store_set, subscribe, try_receive)
+from inferlet.model import (ModelInfo, arguments, decode, encode, host_version, instance_id, log,
+                            model_info, render_chat, vocabulary)
+from inferlet.sampling import Sampler
+
+__all__ = [
+    "ArgumentParser", "Beam", "Context", "Generation", "InferletError", "ModelInfo", "Sampler",
+    "Subscription", "arguments", "beam_search", "broadcast", "decode", "encode",
+    "generate_parallel", "host_version", "instance_id", "log", "main", "model_info", "receive",
+    "receive_json", "render_chat", "sampling", "send", "send_json", "store_delete", "store_get",
+    "store_set", "subscribe", "try_receive", "vocabulary",
+]

@@ -1,0 +1,337 @@
+"""`Context`: a token sequence with its KV pages, positions and queue.
+
+Tokens are *filled* lazily: `fill` only appends to `pending_token_ids`; the next forward pass
+(the first step of a generation, `flush`, `fork`, `export`) computes their KV. So a prompt's
+prefill and the first sampled token are one pass, and a decode step is one `forward.submit` plus
+one `get` (the page list stays on the host, in a kv sequence).
+
+KV layout: `page_ids` hold `kv_len` token slots, the last page `last_page_len` of them. Positions
+(RoPE) keep growing even when masked pages are dropped, so `next_position` >= `kv_len`.
+"""
+from __future__ import annotations
+
+import json
+
+from inferlet._wit import Err, forward, kv, messaging, queue
+from inferlet.errors import InferletError
+from inferlet.generation import Generation
+from inferlet.model import encode, model_info, render_chat
+from inferlet.sampling import Sampler
+
+__all__ = ["Context"]
+
+_PRIORITIES = {"low": queue.Priority.LOW, "normal": queue.Priority.NORMAL,
+               "high": queue.Priority.HIGH}
+_EXPORT_KEY = "inferlet.export."   # store key prefix of an export's token metadata
+
+
+class Context:
+    """A token sequence the model attends to: tokens, KV pages, positions, its own queue."""
+
+    def __init__(self, *, priority: str = "normal") -> None:
+        if priority not in _PRIORITIES:
+            raise ValueError(f"priority must be low, normal or high, got {priority!r}")
+        info = model_info()
+        self.priority = priority
+        self.page_size = info.page_size
+        self.max_batch_tokens = info.max_batch_tokens
+        self.stop_token_ids = frozenset(info.stop_token_ids)
+        self.queue_id = queue.create(_PRIORITIES[priority])
+        self.sequence_id = kv.create_sequence()
+        self.page_ids: list[int] = []
+        self._page_masks: list[bytearray] = []   # per page: 1 = slot hidden by mask-tokens
+        self.last_page_len = 0
+        self.token_ids: list[int] = []           # every token of the context, pending included
+        self.pending_token_ids: list[int] = []   # filled, KV not computed yet
+        self.next_position = 0                   # position of the next token a pass computes
+        self._unsynchronized = False             # passes submitted since the last synchronize
+        self._dropped_futures: list[forward.ForwardFuture] = []
+        self._chat: list[tuple[str, str]] = []   # (role, content) messages filled so far
+        self._chat_text = ""                      # rendered chat text already in the context
+        self._closed = False
+
+    # -- filling -------------------------------------------------------------------------------
+    def fill(self, text_or_token_ids: str | list[int]) -> None:
+        """Append text (encoded with the model's tokenizer) or token ids to the context."""
+        if isinstance(text_or_token_ids, str):
+            token_ids = encode(text_or_token_ids)
+        else:
+            token_ids = [int(t) for t in text_or_token_ids]
+        self.token_ids.extend(token_ids)
+        self.pending_token_ids.extend(token_ids)
+
+    def fill_system(self, content: str) -> None:
+        """Append a system message, rendered with the model's chat template."""
+        self._fill_message("system", content)
+
+    def fill_user(self, content: str) -> None:
+        """Append a user message, rendered with the model's chat template."""
+        self._fill_message("user", content)
+
+    def fill_assistant(self, content: str) -> None:
+        """Append an assistant message (e.g. a few-shot answer), rendered with the template."""
+        self._fill_message("assistant", content)
+
+    def _fill_message(self, role: str, content: str) -> None:
+        self._chat.append((role, content))
+        self._fill_rendered(render_chat(self._chat, False))
+
+    def _fill_rendered(self, rendered: str) -> None:
+        """Fill what `rendered` adds to the chat text already in the context."""
+        common = 0
+        limit = min(len(rendered), len(self._chat_text))
+        if rendered.startswith(self._chat_text):
+            common = len(self._chat_text)
+        else:   # the template re-rendered earlier text differently: keep the shared prefix
+            while common < limit and rendered[common] == self._chat_text[common]:
+                common += 1
+        self.fill(rendered[common:])
+        self._chat_text = rendered
+
+    def fill_generation_prompt(self) -> None:
+        """In chat mode, append the assistant header when the last message is not the assistant's."""
+        if self._chat and self._chat[-1][0] != "assistant":
+            self._fill_rendered(render_chat(self._chat, True))
+
+    def record_assistant_turn(self, text: str, generated_text: str) -> None:
+        """After a chat generation: `text` is the answer, `generated_text` all decoded tokens."""
+        if self._chat:
+            self._chat.append(("assistant", text))
+            self._chat_text += generated_text
+
+    # -- generating ----------------------------------------------------------------------------
+    def generation(self, max_tokens: int = 256, sampler: Sampler | None = None, *,
+                   stop: tuple[str, ...] | str = (), stop_token_ids=None) -> Generation:
+        """A Generation to drive step by step (see inferlet.generation)."""
+        return Generation(self, max_tokens, sampler, stop=stop, stop_token_ids=stop_token_ids)
+
+    def generate(self, max_tokens: int = 256, sampler: Sampler | None = None, *,
+                 stop: tuple[str, ...] | str = (), stop_token_ids=None) -> str:
+        """Generate up to `max_tokens` (greedy unless `sampler`); returns the text.
+
+        Stops at the model's stop tokens (or `stop_token_ids`) and at any `stop` string.
+        In chat mode (after fill_user/...) the assistant header is added first and the answer
+        is recorded as the assistant's turn.
+        """
+        return self.generation(max_tokens, sampler, stop=stop, stop_token_ids=stop_token_ids).run().text
+
+    def generate_tokens(self, max_tokens: int = 256, sampler: Sampler | None = None, *,
+                        stop_token_ids=None) -> list[int]:
+        """Like `generate`, returning the generated token ids (stop token excluded)."""
+        return self.generation(max_tokens, sampler, stop_token_ids=stop_token_ids).run().token_ids
+
+    def stream(self, max_tokens: int = 256, sampler: Sampler | None = None, *,
+               stop: tuple[str, ...] | str = (), stop_token_ids=None):
+        """Like `generate`, yielding text deltas as they become final."""
+        gen = Generation(self, max_tokens, sampler, stop=stop, stop_token_ids=stop_token_ids,
+                         stream_text=True)
+        yield from gen.steps()
+
+    # -- KV bookkeeping ------------------------------------------------------------------------
+    @property
+    def kv_len(self) -> int:
+        """Token slots in the pages (computed or submitted)."""
+        return 0 if not self.page_ids else (len(self.page_ids) - 1) * self.page_size + self.last_page_len
+
+    def _reserve(self, num_tokens: int) -> None:
+        """Grow the pages (and the host sequence) to hold `num_tokens` more slots."""
+        new_len = self.kv_len + num_tokens
+        num_new_pages = -(-new_len // self.page_size) - len(self.page_ids)
+        if num_new_pages > 0:
+            new_ids = list(kv.allocate_pages(num_new_pages))
+            kv.sequence_append(self.sequence_id, new_ids)
+            self.page_ids.extend(new_ids)
+            self._page_masks.extend(bytearray(self.page_size) for _ in new_ids)
+        self.last_page_len = new_len - (len(self.page_ids) - 1) * self.page_size
+
+    def submit(self, token_ids: list[int], sampler=None) -> forward.ForwardFuture | None:
+        """Compute the KV of `token_ids` (appended at the tail); sample after the last one.
+
+        Splits into passes of at most max_batch_tokens. Returns the future of the last pass when
+        `sampler` is given, else None (those passes run in order on this context's queue).
+        """
+        self._check_open()
+        last = None
+        for start in range(0, len(token_ids), self.max_batch_tokens):
+            chunk = token_ids[start:start + self.max_batch_tokens]
+            is_last = start + len(chunk) == len(token_ids)
+            with_output = sampler is not None and is_last
+            positions = list(range(self.next_position, self.next_position + len(chunk)))
+            self._reserve(len(chunk))
+            future = forward.submit(self.queue_id, self.sequence_id, chunk, positions,
+                                    self.last_page_len, [len(chunk) - 1] if with_output else [],
+                                    [sampler.to_wit()] if with_output else [], None)
+            self.next_position += len(chunk)
+            self._unsynchronized = True
+            if with_output:
+                last = future
+            else:
+                self._dropped_futures.append(future)
+        return last
+
+    def take_pending(self) -> list[int]:
+        """The pending tokens, now counted as submitted (the caller submits them)."""
+        token_ids, self.pending_token_ids = self.pending_token_ids, []
+        return token_ids
+
+    def accept(self, token_id: int) -> None:
+        """Append a sampled token (pending: its KV is computed by the next pass)."""
+        self.token_ids.append(token_id)
+        self.pending_token_ids.append(token_id)
+
+    def flush(self) -> None:
+        """Submit the pending tokens' KV (no output)."""
+        if self.pending_token_ids:
+            self.submit(self.take_pending())
+
+    def synchronize(self) -> None:
+        """Block until everything submitted on this context's queue has run."""
+        self._check_open()
+        if self._unsynchronized:
+            queue.synchronize(self.queue_id)
+            self._unsynchronized = False
+        self._release_dropped_futures()
+
+    def passes_done(self) -> None:
+        """Note that the last submitted pass has run (its future's `get` returned)."""
+        self._unsynchronized = False
+        self._release_dropped_futures()
+
+    def _release_dropped_futures(self) -> None:
+        for future in self._dropped_futures:
+            future.__exit__(None, None, None)
+        self._dropped_futures.clear()
+
+    # -- fork, masking -------------------------------------------------------------------------
+    def fork(self, *, priority: str | None = None) -> "Context":
+        """A new context with the same tokens, sharing this one's KV pages (no copy).
+
+        The pending tokens are computed first, so the prefix is computed once; the shared
+        partial last page is copied by the host when either side writes into it.
+        """
+        self.flush()
+        self.synchronize()
+        child = Context(priority=priority or self.priority)
+        if self.page_ids:
+            child.page_ids = list(kv.share_pages(self.page_ids))
+            kv.sequence_append(child.sequence_id, child.page_ids)
+            child._page_masks = [bytearray(mask) for mask in self._page_masks]
+            for page_id, mask in zip(child.page_ids, child._page_masks):
+                child._apply_mask_runs(page_id, mask)
+        child.last_page_len = self.last_page_len
+        child.token_ids = list(self.token_ids)
+        child.next_position = self.next_position
+        child._chat, child._chat_text = list(self._chat), self._chat_text
+        return child
+
+    def _apply_mask_runs(self, page_id: int, mask: bytearray) -> None:
+        offset = 0
+        while offset < len(mask):
+            if not mask[offset]:
+                offset += 1
+                continue
+            end = offset
+            while end < len(mask) and mask[end]:
+                end += 1
+            kv.mask_tokens(page_id, offset, end - offset, True)
+            offset = end
+
+    def mask(self, start: int, end: int, masked: bool = True) -> None:
+        """Hide (or show again) KV slots [start, end) from every later pass of this context."""
+        if not 0 <= start <= end <= self.kv_len:
+            raise ValueError(f"mask range [{start}, {end}) outside the {self.kv_len} KV slots")
+        flag = 1 if masked else 0
+        for page_index in range(start // self.page_size, -(-end // self.page_size)):
+            page_start = page_index * self.page_size
+            lo, hi = max(start, page_start) - page_start, min(end, page_start + self.page_size) - page_start
+            page_mask = self._page_masks[page_index]
+            if all(page_mask[i] == flag for i in range(lo, hi)):
+                continue
+            kv.mask_tokens(self.page_ids[page_index], lo, hi - lo, masked)
+            page_mask[lo:hi] = bytes([flag]) * (hi - lo)
+
+    def drop_masked_pages(self) -> int:
+        """Free the pages (but the last) whose slots are all masked; returns how many."""
+        keep = [i for i, m in enumerate(self._page_masks)
+                if i == len(self.page_ids) - 1 or not all(m)]
+        if len(keep) == len(self.page_ids):
+            return 0
+        dropped = [self.page_ids[i] for i in range(len(self.page_ids)) if i not in set(keep)]
+        kv.free_pages(dropped)   # also removes them from the sequence
+        self.page_ids = [self.page_ids[i] for i in keep]
+        self._page_masks = [self._page_masks[i] for i in keep]
+        return len(dropped)
+
+    def keep_window(self, num_sink_tokens: int, window: int) -> int:
+        """Attention sink + sliding window: hide every KV slot but the first `num_sink_tokens`
+        and the last `window`, then free fully hidden pages. Returns the pages freed."""
+        end = self.kv_len - window
+        if end > num_sink_tokens:
+            self.mask(num_sink_tokens, end)
+        return self.drop_masked_pages()
+
+    # -- export / import -----------------------------------------------------------------------
+    def export(self, name: str, *, persistent: bool = False) -> None:
+        """Publish this context's KV under `name` (tokens in the tenant's store) for `from_import`."""
+        if any(any(m) for m in self._page_masks) or self.next_position != self.kv_len + len(self.pending_token_ids):
+            raise ValueError(f"export {name!r}: a masked or windowed context cannot be exported")
+        self.flush()
+        self.synchronize()
+        try:
+            kv.export_pages(name, self.page_ids, persistent)
+        except Err as err:
+            raise InferletError(f"export {name!r}: {err.value}") from None
+        meta = {"token_ids": self.token_ids, "last_page_len": self.last_page_len,
+                "chat": self._chat, "chat_text": self._chat_text}
+        messaging.store_set(_EXPORT_KEY + name, json.dumps(meta))
+
+    @classmethod
+    def from_import(cls, name: str, *, priority: str = "normal") -> "Context":
+        """A context continuing an export: its full pages shared read-only, no prefill."""
+        meta_text = messaging.store_get(_EXPORT_KEY + name)
+        try:
+            page_ids = list(kv.import_pages(name))
+        except Err as err:
+            raise InferletError(f"import {name!r}: {err.value}") from None
+        if meta_text is None:
+            kv.free_pages(page_ids)
+            raise InferletError(f"import {name!r}: no token metadata (export it with Context.export)")
+        meta = json.loads(meta_text)
+        ctx = cls(priority=priority)
+        ctx.last_page_len = meta["last_page_len"]
+        if page_ids and ctx.last_page_len < ctx.page_size:   # imported pages are read-only
+            own_id = kv.allocate_pages(1)[0]
+            kv.copy_tokens(ctx.queue_id, page_ids[-1], own_id, 0, 0, ctx.last_page_len)
+            kv.free_pages([page_ids[-1]])
+            page_ids[-1] = own_id
+        kv.sequence_append(ctx.sequence_id, page_ids)
+        ctx.page_ids = page_ids
+        ctx._page_masks = [bytearray(ctx.page_size) for _ in page_ids]
+        ctx.token_ids = list(meta["token_ids"])
+        ctx.next_position = len(ctx.token_ids)
+        ctx._chat = [tuple(m) for m in meta["chat"]]
+        ctx._chat_text = meta["chat_text"]
+        return ctx
+
+    # -- lifetime ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the pages, the sequence and the queue (idempotent)."""
+        if self._closed:
+            return
+        self._release_dropped_futures()
+        if self.page_ids:
+            kv.free_pages(self.page_ids)
+        kv.destroy_sequence(self.sequence_id)
+        queue.destroy(self.queue_id)
+        self.page_ids, self._page_masks = [], []
+        self._closed = True
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InferletError("this Context is closed")

@@ -1,0 +1,84 @@
+"""The entry point: `@inferlet.main` turns a function into the component's `run` export.
+
+componentize-py looks for a class named `WitWorld` in the app module; the decorator defines it
+there. `run` calls the function with the instance's arguments and turns what happens into the
+WIT result: a returned str (or None -> "", other values -> JSON) is ok; an exception is err with
+its message, MemoryError named as such (the guest would otherwise abort with a bare trap).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+
+from inferlet._wit import Err
+from inferlet.errors import InferletError
+from inferlet.model import arguments
+
+__all__ = ["main", "ArgumentParser"]
+
+
+class _HelpRequested(Exception):
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for inferlets: `--help` becomes the result, a bad argument an InferletError."""
+
+    def print_help(self, file=None) -> None:
+        raise _HelpRequested(self.format_help())
+
+    def error(self, message: str):
+        raise InferletError(f"{self.format_usage().strip()}\n{self.prog}: error: {message}")
+
+
+def _to_result(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, MemoryError):
+        return "MemoryError: the inferlet ran out of memory (its memory limit)"
+    if isinstance(exc, InferletError):
+        return str(exc)
+    if isinstance(exc, Err):
+        return f"host error: {exc.value}"
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return "".join(lines).strip()
+
+
+def run_entry(func) -> str:
+    """Call `func` the way `run` does; raise Err for an error result."""
+    try:
+        args = arguments()
+        result = func(args) if func.__code__.co_argcount else func()
+        return _to_result(result)
+    except _HelpRequested as help_request:
+        return help_request.text
+    except SystemExit as exit_request:
+        if exit_request.code in (None, 0):
+            return ""
+        raise Err(f"the inferlet exited with status {exit_request.code}") from None
+    except BaseException as exc:   # noqa: BLE001 - every failure becomes the error result
+        raise Err(_describe(exc)) from None
+
+
+def main(func):
+    """Make `func(args: list[str]) -> str | None` (or `func()`) the inferlet's entry point."""
+    module = sys.modules[func.__module__]
+
+    class WitWorld:
+        """The component's exports (componentize-py finds this class in the app module)."""
+
+        def run(self) -> str:
+            return run_entry(func)
+
+    module.WitWorld = WitWorld
+    return func
