@@ -1,0 +1,140 @@
+"""Messaging: client round trips, topics per tenant, the key-value store, and cancellation of
+blocking receives by terminate."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from host.errors import Cancelled, TrapError
+from host.messaging import Inbox, KeyValueStore, MessageHub
+
+
+def open_channel(hub: MessageHub, instance_id: str, tenant: str = "t"):
+    sent: list[str] = []
+    return hub.open(instance_id, tenant, sent.append), sent
+
+
+def receive_in_thread(receive):
+    """Run a blocking receive in a thread; returns (thread, outcome list)."""
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append(receive())
+        except Exception as error:        # the test inspects it
+            outcome.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def test_client_round_trip():
+    hub = MessageHub()
+    channel, sent = open_channel(hub, "a")
+    assert channel.try_receive() is None
+    assert hub.deliver("a", "hello") and hub.deliver("a", "again")
+    assert channel.receive() == "hello" and channel.try_receive() == "again"
+    channel.send("reply")
+    assert sent == ["reply"]
+    assert not hub.deliver("nobody", "x")
+    assert channel.receive(timeout=0.01) is None
+
+
+def test_blocking_receive_wakes_on_message_and_on_terminate():
+    hub = MessageHub()
+    channel, _ = open_channel(hub, "a")
+    thread, outcome = receive_in_thread(channel.receive)
+    time.sleep(0.02)
+    hub.deliver("a", "wake")
+    thread.join(timeout=5)
+    assert outcome == ["wake"]
+    thread, outcome = receive_in_thread(channel.receive)
+    time.sleep(0.02)
+    hub.close("a", "instance a terminated by its client")
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert isinstance(outcome[0], Cancelled)
+    assert str(outcome[0]) == "messaging.receive: instance a terminated by its client"
+    assert not hub.deliver("a", "late")
+    with pytest.raises(Cancelled, match="messaging.send: instance a terminated"):
+        channel.send("x")
+
+
+def test_broadcast_reaches_only_earlier_subscribers_of_the_tenant():
+    hub = MessageHub()
+    a, _ = open_channel(hub, "a")
+    b, _ = open_channel(hub, "b")
+    other, _ = open_channel(hub, "c", tenant="u")
+    a.subscribe("news")
+    other.subscribe("news")
+    assert b.broadcast("news", "one") == 1
+    b.subscribe("news")
+    assert a.broadcast("news", "two") == 2           # the sender gets its own broadcast too
+    assert a.receive_topic("news") == "one" and a.try_receive_topic("news") == "two"
+    assert b.receive_topic("news") == "two" and b.try_receive_topic("news") is None
+    assert other.try_receive_topic("news") is None
+    with pytest.raises(TrapError, match="messaging.receive-topic: not subscribed to topic 'x'"):
+        a.receive_topic("x")
+
+
+def test_topic_receive_is_cancelled_by_terminate_and_subscriptions_end():
+    hub = MessageHub()
+    a, _ = open_channel(hub, "a")
+    b, _ = open_channel(hub, "b")
+    a.subscribe("news")
+    thread, outcome = receive_in_thread(lambda: a.receive_topic("news"))
+    time.sleep(0.02)
+    hub.close("a", "terminated")
+    thread.join(timeout=5)
+    assert isinstance(outcome[0], Cancelled)
+    assert str(outcome[0]) == "messaging.receive-topic: terminated"
+    assert b.broadcast("news", "x") == 0
+    with pytest.raises(Cancelled):
+        a.subscribe("news")
+
+
+def test_store_is_per_tenant():
+    hub = MessageHub(store_max_keys=2)
+    a, _ = open_channel(hub, "a")
+    b, _ = open_channel(hub, "b")
+    other, _ = open_channel(hub, "c", tenant="u")
+    a.store_set("k", "v")
+    assert b.store_get("k") == "v" and other.store_get("k") is None
+    a.store_set("k", "w")
+    a.store_set("j", "1")
+    with pytest.raises(TrapError, match="store-set: the store is full \\(2 keys\\); cannot add 'z'"):
+        b.store_set("z", "1")
+    assert b.store_delete("k") and not b.store_delete("k")
+    assert len(hub.store("t")) == 1
+
+
+def test_inbox_capacity_drops_oldest():
+    inbox = Inbox(capacity=2)
+    for message in ("1", "2", "3"):
+        inbox.put(message)
+    assert inbox.num_dropped == 1
+    assert [inbox.try_receive(), inbox.try_receive(), inbox.try_receive()] == ["2", "3", None]
+
+
+def test_concurrent_deliveries_arrive_once_each():
+    hub = MessageHub()
+    channel, _ = open_channel(hub, "a")
+    senders = [threading.Thread(target=lambda i=i: [hub.deliver("a", f"{i}:{n}") for n in range(50)])
+               for i in range(8)]
+    for sender in senders:
+        sender.start()
+    received = [channel.receive(timeout=5) for _ in range(400)]
+    for sender in senders:
+        sender.join()
+    assert sorted(received) == sorted(f"{i}:{n}" for i in range(8) for n in range(50))
+    assert channel.try_receive() is None
+
+
+def test_store_validates_capacity():
+    store = KeyValueStore(max_keys=1)
+    store.set("a", "1")
+    store.set("a", "2")                              # replacing does not need room
+    assert store.get("a") == "2"
