@@ -1,0 +1,64 @@
+"""The built-in inferlet behind the server's OpenAI-compatible API (/v1/completions, /v1/chat/...).
+
+The server launches one instance per HTTP request with one argument: the request as JSON, already
+validated and normalised by host/server/openai.py:
+
+    {"mode": "chat" | "completion", "messages": [[role, content], ...] | "prompt": str,
+     "max_tokens": int, "temperature": float, "top_p": float, "seed": int | null,
+     "stop": [str, ...], "n": int, "stream": bool}
+
+While generating with "stream" it sends one message per text delta: {"index": i, "delta": text}.
+Its result is {"choices": [{"index", "text", "finish_reason"}], "usage": {"prompt_tokens",
+"completion_tokens"}}. n > 1 forks the prompt's KV (computed once) into n contexts that generate
+in parallel, each on its own queue, so their passes share batches.
+"""
+import json
+
+import inferlet
+from inferlet import Context, Sampler, generate_parallel, send_json
+
+_FINISH_REASONS = {"length": "length", "stop_token": "stop", "stop_string": "stop"}
+
+
+def _sampler(request: dict, index: int) -> Sampler:
+    if request["temperature"] == 0:
+        return Sampler()
+    seed = request["seed"]
+    return Sampler("sample", temperature=request["temperature"], top_p=request["top_p"],
+                   seed=None if seed is None else (seed + index) % 2**64)
+
+
+def _prompt_context(request: dict) -> Context:
+    ctx = Context()
+    if request["mode"] == "chat":
+        fills = {"system": ctx.fill_system, "user": ctx.fill_user,
+                 "assistant": ctx.fill_assistant}
+        for role, content in request["messages"]:
+            fills[role](content)
+        ctx.fill_generation_prompt()
+    else:
+        ctx.fill(request["prompt"])
+    return ctx
+
+
+@inferlet.main
+def main(args: list[str]) -> str:
+    request = json.loads(args[0])
+    ctx = _prompt_context(request)
+    num_prompt_tokens = len(ctx.token_ids)
+    num_choices = request["n"]
+    contexts = [ctx] if num_choices == 1 else [ctx.fork() for _ in range(num_choices)]
+    on_text = None
+    if request["stream"]:
+        def on_text(index: int, delta: str) -> None:
+            send_json({"index": index, "delta": delta})
+    generations = generate_parallel(contexts, request["max_tokens"],
+                                    [_sampler(request, i) for i in range(num_choices)],
+                                    stop=tuple(request["stop"]), on_text=on_text)
+    choices = [{"index": i, "text": gen.text, "finish_reason": _FINISH_REASONS[gen.finish_reason]}
+               for i, gen in enumerate(generations)]
+    usage = {"prompt_tokens": num_prompt_tokens,
+             "completion_tokens": sum(len(gen.token_ids) for gen in generations)}
+    for context in contexts + ([ctx] if num_choices > 1 else []):
+        context.close()
+    return json.dumps({"choices": choices, "usage": usage})
