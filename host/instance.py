@@ -1,0 +1,282 @@
+"""One sandboxed instance: its thread, its Wasmtime Store, its limits and its lifecycle.
+
+Sandbox: a Store per instance with a linear-memory limit (store limits) and an empty WasiConfig
+(no filesystem, network or environment; clocks and random only); the guest's stdout / stderr go
+to the instance's log. Idle limit: every host call stamps `last_host_exit`; an epoch-deadline
+callback, run by Wasmtime every few ticks of the engine epoch while the guest computes, traps the
+guest once it has computed for `max_idle_s` without a host call, or once it was terminated. Time
+blocked inside the host never counts. Blocking host calls wait through `wait_future` /
+`blocking_timeout`, which `terminate` wakes.
+
+After a trap the Store is poisoned: it is dropped, and the runtime's `on_finish` releases every
+page reference, pending submission and channel of the instance.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import math
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from wasmtime import Store, WasiConfig, WasmtimeError
+from wasmtime import _bindings, _ffi as ffi
+from wasmtime.component import Linker, Variant
+
+from host.errors import Cancelled, TrapError
+from host.events import InstanceOutcome
+from host.instance_traps import classify_trap
+
+__all__ = ["Instance", "HostServices", "ModelInfo", "ForwardFutureEntry"]
+
+_log = logging.getLogger("pie.instance")
+_MAX_LOG_LINES = 2000
+_MAX_CHECK_TICKS = 5            # the deadline callback runs at least every 5 epoch ticks
+_DEADLINE_CONTINUE = 0          # WASMTIME_UPDATE_DEADLINE_CONTINUE
+# The exact ctypes function types wasmtime-py declared for wasmtime_store_epoch_deadline_callback.
+_DeadlineCallback = _bindings._wasmtime_store_epoch_deadline_callback.argtypes[1]
+_NO_FINALIZER = ctypes.cast(0, _bindings._wasmtime_store_epoch_deadline_callback.argtypes[3])
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The model as every instance sees it (runtime.get-model-info, less the per-instance quota)."""
+
+    name: str
+    page_size: int
+    vocab_size: int
+    stop_token_ids: tuple[int, ...]
+    chat_template: str
+    max_batch_tokens: int
+
+
+@dataclass(frozen=True)
+class HostServices:
+    """What the bindings of every instance of one runtime share. `current` holds, per thread,
+    the Instance whose guest runs on that thread (each instance has its own thread)."""
+
+    wasm_engine: Any                 # wasmtime.Engine (epoch interruption on)
+    linker: Linker
+    scheduler: Any                   # host.scheduler.BatchScheduler
+    hub: Any                         # host.messaging.MessageHub
+    engine: Any                      # engine.protocol.EngineLike
+    model_info: ModelInfo
+    version: str
+    epoch_tick_ms: int
+    current: threading.local
+
+
+class ForwardFutureEntry:
+    """A forward-future resource the guest holds: the scheduler future and its lowered result."""
+
+    __slots__ = ("future", "result")
+
+    def __init__(self, future: Future) -> None:
+        self.future = future
+        self.result: Any = None
+
+
+class Instance:
+    """A launched inferlet. Created by the runtime, started with `start()`; ends exactly once,
+    calling `on_finish(instance, outcome)` on its own thread after its Store is dropped."""
+
+    def __init__(self, *, instance_id: str, tenant: str, program: Any, args: tuple[str, ...],
+                 limits: Any, services: HostServices, resources: Any, channel: Any,
+                 launch_index: int, on_finish: Callable[["Instance", InstanceOutcome], None]) -> None:
+        self.instance_id = instance_id
+        self.tenant = tenant
+        self.program = program
+        self.args = args
+        self.limits = limits
+        self.services = services
+        self.resources = resources
+        self.channel = channel
+        self.launch_index = launch_index
+        self.started_at = time.time()
+        self.queues: dict[int, str] = {}          # local queue id -> priority
+        self.next_queue_id = 0
+        self.futures: dict[int, ForwardFutureEntry] = {}   # resource rep -> entry
+        self.next_future_rep = 1
+        self.outcome: InstanceOutcome | None = None
+        self.trap_cause: str | None = None
+        self.last_host_exit = time.monotonic()
+        self._on_finish = on_finish
+        self._log_lines: collections.deque[str] = collections.deque(maxlen=_MAX_LOG_LINES)
+        self._partial_output = {"stdout": b"", "stderr": b""}
+        self._lock = threading.Lock()
+        self._cancel_reason: str | None = None
+        self._wakers: set[threading.Event] = set()
+        self._done = threading.Event()
+        self._deadline_callback = _DeadlineCallback(self._on_deadline)
+        self._check_ticks = max(1, min(_MAX_CHECK_TICKS, math.ceil(
+            limits.max_idle_s * 1000 / services.epoch_tick_ms)))
+        self._thread = threading.Thread(target=self._main, name=f"pie-{instance_id}", daemon=True)
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._thread.start()
+
+    def terminate(self, reason: str) -> bool:
+        """Ask the instance to end: blocked host calls wake with Cancelled, a computing guest
+        traps at its next epoch check. False when it had already ended or been asked."""
+        with self._lock:
+            if self._done.is_set() or self._cancel_reason is not None:
+                return False
+            self._cancel_reason = reason
+            wakers = list(self._wakers)
+        for waker in wakers:
+            waker.set()
+        self.channel.close(f"instance {self.instance_id} terminated: {reason}")
+        self.services.scheduler.cancel_owner(self.instance_id)
+        return True
+
+    def wait(self, timeout: float | None = None) -> InstanceOutcome | None:
+        """The outcome once the instance has ended (None when `timeout` passes first)."""
+        self._done.wait(timeout)
+        return self.outcome
+
+    @property
+    def is_running(self) -> bool:
+        return not self._done.is_set()
+
+    @property
+    def cancel_reason(self) -> str | None:
+        return self._cancel_reason
+
+    def log_lines(self) -> tuple[str, ...]:
+        return tuple(self._log_lines)
+
+    def log(self, line: str) -> None:
+        self._log_lines.append(line)
+        _log.debug("[%s] %s", self.instance_id, line)
+
+    # ------------------------------------------------------ blocking helpers
+    def blocking_timeout(self) -> float | None:
+        return self.limits.max_blocking_s
+
+    def wait_future(self, future: Future, call: str) -> Any:
+        """Block until `future` resolves, `terminate` is called, or max_blocking_s passes.
+        Returns its result; raises Cancelled / TrapError otherwise (the future's own exception
+        is re-raised as is)."""
+        if not future.done():
+            waker = threading.Event()
+            with self._lock:
+                self.check_not_cancelled(call)
+                self._wakers.add(waker)
+            try:
+                future.add_done_callback(lambda _: waker.set())
+                waker.wait(self.limits.max_blocking_s)
+            finally:
+                with self._lock:
+                    self._wakers.discard(waker)
+            self.check_not_cancelled(call)
+            if not future.done():
+                raise TrapError(f"{call}: no answer within {self.limits.max_blocking_s:g} s")
+        return future.result()
+
+    def check_not_cancelled(self, call: str) -> None:
+        reason = self._cancel_reason
+        if reason is not None:
+            raise Cancelled(f"{call}: instance {self.instance_id} terminated: {reason}")
+
+    # -------------------------------------------------------------- thread
+    def _main(self) -> None:
+        self.services.current.instance = self
+        outcome = self._execute()
+        self._flush_output()
+        self.outcome = outcome
+        try:
+            self._on_finish(self, outcome)
+        finally:
+            self.services.current.instance = None
+            self._done.set()
+
+    def _execute(self) -> InstanceOutcome:
+        store = None
+        try:
+            store = self._make_store()
+            guest = self.services.linker.instantiate(store, self.program.component)
+            run = guest.get_func(store, "run")
+            if run is None:
+                return InstanceOutcome("trap", "the component has no `run` export")
+            value = run(store)
+            return self._outcome_of_result(value)
+        except WasmtimeError as exc:
+            return self._outcome_of_trap(str(exc))
+        except Exception as exc:   # noqa: BLE001 -- a host bug must not kill the thread silently
+            _log.exception("instance %s: host error", self.instance_id)
+            return self._outcome_of_trap(f"host error: {exc!r}", host_error=True)
+        finally:
+            del store   # drop the (possibly poisoned) Store: nothing may call into it again
+
+    def _make_store(self) -> Store:
+        store = Store(self.services.wasm_engine)
+        store.set_limits(memory_size=self.limits.memory_mb << 20)
+        wasi = WasiConfig()   # no args, env, preopened dirs or network; clocks and random only
+        wasi.stdout_custom = lambda data: self._write_output("stdout", data)
+        wasi.stderr_custom = lambda data: self._write_output("stderr", data)
+        store.set_wasi(wasi)
+        ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), self._deadline_callback, None,
+                                                   _NO_FINALIZER)
+        self.last_host_exit = time.monotonic()
+        store.set_epoch_deadline(self._check_ticks)   # before instantiation, or it traps
+        return store
+
+    def _on_deadline(self, _context: Any, _data: Any, delta_out: Any, kind_out: Any) -> int:
+        """Wasmtime's epoch-deadline callback: trap (return an error) or continue."""
+        try:
+            cause = self._deadline_cause()
+            if cause is None:
+                delta_out[0] = self._check_ticks
+                kind_out[0] = _DEADLINE_CONTINUE
+                return 0
+            if self.trap_cause is None:
+                self.trap_cause = cause
+            error = WasmtimeError(f"instance {self.instance_id}: {cause}")
+            return ctypes.cast(error._consume(), ctypes.c_void_p).value or 0
+        except BaseException:   # noqa: BLE001 -- never let Python unwind through Wasmtime
+            delta_out[0] = 1
+            kind_out[0] = _DEADLINE_CONTINUE
+            return 0
+
+    def _deadline_cause(self) -> str | None:
+        if self._cancel_reason is not None:
+            return f"terminated: {self._cancel_reason}"
+        if time.monotonic() - self.last_host_exit >= self.limits.max_idle_s:
+            return f"no host call for {self.limits.max_idle_s:g} s"
+        return None
+
+    def _outcome_of_result(self, value: Any) -> InstanceOutcome:
+        if isinstance(value, Variant) and isinstance(value.payload, str):
+            return InstanceOutcome("ok" if value.tag == "ok" else "error", value.payload)
+        return InstanceOutcome("trap", f"`run` returned {value!r}, not result<string, string>")
+
+    def _outcome_of_trap(self, message: str, host_error: bool = False) -> InstanceOutcome:
+        if self._cancel_reason is not None:
+            return InstanceOutcome("terminated", self._cancel_reason)
+        if self.trap_cause is not None:
+            return InstanceOutcome("trap", self.trap_cause)
+        if host_error:
+            return InstanceOutcome("trap", message)
+        return InstanceOutcome("trap", classify_trap(message, self.limits, self.log_lines()))
+
+    # -------------------------------------------------------------- output
+    def _write_output(self, stream: str, data: bytes) -> None:
+        buffered = self._partial_output[stream] + data
+        *lines, rest = buffered.split(b"\n")
+        for line in lines:
+            self.log(f"{stream}: {line.decode('utf-8', errors='replace')}")
+        if len(rest) > 4096:   # a guest writing without newlines still reaches the log
+            self.log(f"{stream}: {rest.decode('utf-8', errors='replace')}")
+            rest = b""
+        self._partial_output[stream] = rest
+
+    def _flush_output(self) -> None:
+        for stream, rest in self._partial_output.items():
+            if rest:
+                self.log(f"{stream}: {rest.decode('utf-8', errors='replace')}")
+        self._partial_output = {"stdout": b"", "stderr": b""}

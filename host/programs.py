@@ -1,0 +1,204 @@
+"""Programs: validate uploaded component bytes, compile once, keep the compiled artifact on disk.
+
+A program is content-addressed by the sha256 of its bytes. Compiling an 18 MB componentize-py
+component takes seconds; loading the serialized artifact takes ~2 ms, so `ProgramStore.load`
+looks in memory, then on disk (`<cache_dir>/components/<sha256>-<config>.cwasm`, keyed also by the
+wasmtime version and the engine config, since an artifact only loads into a matching engine), and
+compiles only when both miss. Concurrent loads of the same bytes compile once.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import platform
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from wasmtime import Config, Engine, WasmtimeError
+from wasmtime.component import Component, ComponentInstanceType, FuncType, ResultType, String
+
+__all__ = ["Program", "ProgramError", "ProgramStats", "ProgramStore", "make_engine",
+           "ENGINE_CONFIG_KEY", "WASI_PACKAGES"]
+
+ENGINE_CONFIG_KEY = "epoch_interruption=1"
+WASI_PACKAGES = ("wasi:cli/", "wasi:clocks/", "wasi:filesystem/", "wasi:io/", "wasi:random/",
+                 "wasi:sockets/")   # what Linker.add_wasip2 provides (sandboxed by WasiConfig)
+_WASM_MAGIC = b"\0asm"
+_CORE_VERSION = b"\x01\x00\x00\x00"
+
+
+class ProgramError(ValueError):
+    """The bytes are not a runnable inferlet; the message says why."""
+
+
+def make_engine() -> Engine:
+    """The Wasmtime engine every program and instance of a runtime shares (epoch interruption on:
+    the instance's idle deadline; fuel off: it slows every guest)."""
+    config = Config()
+    config.epoch_interruption = True
+    return Engine(config)
+
+
+@dataclass(frozen=True)
+class Program:
+    """A validated, compiled inferlet. `hash` is the hex sha256 of its bytes."""
+
+    hash: str
+    num_bytes: int
+    component: Component = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class ProgramStats:
+    num_programs: int        # distinct programs loaded in this process
+    num_compiles: int        # compilations from bytes (disk and memory both missed)
+    num_disk_loads: int      # artifacts deserialized from the disk cache
+    num_memory_hits: int     # loads answered by the in-process memo
+
+
+class ProgramStore:
+    """Loads programs for one engine. `provided` maps each host interface name to the names of
+    the functions and resources the host defines in it (what an inferlet may import)."""
+
+    def __init__(self, engine: Engine, cache_dir: Path | None,
+                 provided: Mapping[str, frozenset[str]]) -> None:
+        self.engine = engine
+        self.cache_dir = Path(cache_dir) / "components" if cache_dir is not None else None
+        self.provided = dict(provided)
+        self._lock = threading.Lock()
+        self._programs: dict[str, Program] = {}
+        self._hash_locks: dict[str, threading.Lock] = {}
+        self._counts = {"compiles": 0, "disk": 0, "memory": 0}
+        wasmtime_version = importlib.metadata.version("wasmtime")
+        self._artifact_suffix = hashlib.sha256(
+            f"{wasmtime_version}|{ENGINE_CONFIG_KEY}|{platform.machine()}".encode()).hexdigest()[:16]
+
+    def load(self, wasm_bytes: bytes) -> Program:
+        """Validate and compile `wasm_bytes` (or reuse a cached artifact). Raises ProgramError."""
+        wasm_bytes = bytes(wasm_bytes)
+        check_header(wasm_bytes)
+        program_hash = hashlib.sha256(wasm_bytes).hexdigest()
+        with self._lock:
+            if program_hash in self._programs:
+                self._counts["memory"] += 1
+                return self._programs[program_hash]
+            hash_lock = self._hash_locks.setdefault(program_hash, threading.Lock())
+        with hash_lock:   # one compile per hash, other hashes proceed
+            with self._lock:
+                if program_hash in self._programs:
+                    self._counts["memory"] += 1
+                    return self._programs[program_hash]
+            component = self._load_artifact(program_hash)
+            if component is None:
+                component = self._compile(wasm_bytes)
+                check_world(component, self.engine, self.provided)
+                self._store_artifact(program_hash, component)
+            else:
+                check_world(component, self.engine, self.provided)
+            program = Program(program_hash, len(wasm_bytes), component)
+            with self._lock:
+                self._programs[program_hash] = program
+            return program
+
+    def get(self, program_hash: str) -> Program:
+        """A program loaded before, by hash. Raises ProgramError for an unknown hash."""
+        with self._lock:
+            program = self._programs.get(program_hash)
+        if program is None:
+            raise ProgramError(f"unknown program {program_hash!r}: load its bytes first")
+        return program
+
+    def statistics(self) -> ProgramStats:
+        with self._lock:
+            return ProgramStats(len(self._programs), self._counts["compiles"],
+                                self._counts["disk"], self._counts["memory"])
+
+    def _artifact_path(self, program_hash: str) -> Path | None:
+        if self.cache_dir is None:
+            return None
+        return self.cache_dir / f"{program_hash}-{self._artifact_suffix}.cwasm"
+
+    def _load_artifact(self, program_hash: str) -> Component | None:
+        path = self._artifact_path(program_hash)
+        if path is None or not path.exists():
+            return None
+        try:
+            component = Component.deserialize_file(self.engine, str(path))
+        except WasmtimeError:
+            path.unlink(missing_ok=True)   # stale or corrupt: compile again
+            return None
+        with self._lock:
+            self._counts["disk"] += 1
+        return component
+
+    def _compile(self, wasm_bytes: bytes) -> Component:
+        try:
+            component = Component(self.engine, wasm_bytes)
+        except WasmtimeError as exc:
+            raise ProgramError(f"not a valid component: {_first_line(exc)}") from None
+        with self._lock:
+            self._counts["compiles"] += 1
+        return component
+
+    def _store_artifact(self, program_hash: str, component: Component) -> None:
+        path = self._artifact_path(program_hash)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        partial.write_bytes(component.serialize())
+        partial.replace(path)   # atomic: a reader sees the whole artifact or none
+
+
+def check_header(wasm_bytes: bytes) -> None:
+    """Reject what is not a component binary, with the reason."""
+    if len(wasm_bytes) < 8 or not wasm_bytes.startswith(_WASM_MAGIC):
+        raise ProgramError(f"not a WebAssembly binary: starts with {wasm_bytes[:8]!r}, "
+                           f"expected b'\\x00asm'")
+    if wasm_bytes[4:8] == _CORE_VERSION:
+        raise ProgramError("a core WebAssembly module, not a component: build the inferlet "
+                           "with `pie build` (componentize-py) or `wasm-tools component new`")
+
+
+def check_world(component: Component, engine: Engine,
+                provided: Mapping[str, frozenset[str]]) -> None:
+    """Check the component targets world pie:inferlet/inferlet: it exports
+    `run: func() -> result<string, string>` and imports nothing the host does not provide."""
+    component_type = component.type
+    exports = component_type.exports(engine)
+    if "run" not in exports:
+        raise ProgramError(f"not an inferlet: no export `run` (exports: {sorted(exports)}); "
+                           f"target world pie:inferlet/inferlet")
+    run_type = exports["run"].ty
+    if not _is_run_signature(run_type):
+        raise ProgramError("not an inferlet: export `run` must be "
+                           "`func() -> result<string, string>`")
+    for name, extern in component_type.imports(engine).items():
+        if name.startswith(WASI_PACKAGES):
+            continue
+        if name not in provided:
+            raise ProgramError(f"imports `{name}`, which this host does not provide "
+                               f"(it provides {sorted(provided)} and WASI 0.2)")
+        item_type = extern.ty
+        if not isinstance(item_type, ComponentInstanceType):
+            raise ProgramError(f"imports `{name}` as something other than an interface")
+        for item_name, item in item_type.exports(engine).items():
+            if isinstance(item.ty, FuncType) and item_name not in provided[name]:
+                raise ProgramError(f"imports `{name}.{item_name}`, which this host does not "
+                                   f"provide (built against another version of the WIT?)")
+
+
+def _is_run_signature(run_type: object) -> bool:
+    if not isinstance(run_type, FuncType) or run_type.params:
+        return False
+    result = run_type.result
+    return (isinstance(result, ResultType) and isinstance(result.ok, String)
+            and isinstance(result.err, String))
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

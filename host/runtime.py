@@ -1,0 +1,248 @@
+"""Runtime: ties the engine, programs, instances, resources, scheduler and messaging together.
+
+launch -> an Instance on its own thread; it ends by returning, by a trap, by `terminate`, or by
+the contention policy (when the pool runs dry, instances launched after the requester are
+terminated, newest first, saying why). Whatever the end, `_finish` cancels its pending passes,
+closes its channels, returns every page reference (exports too, unless persistent) and emits
+exactly one final InstanceEvent.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import itertools
+import logging
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from engine.protocol import EngineLike, EngineStats
+from host.bindings import build_linker, provided_items
+from host.config import InstanceLimits, RuntimeConfig
+from host.events import InstanceEvent, InstanceOutcome
+from host.instance import HostServices, Instance, ModelInfo
+from host.messaging import MessageHub
+from host.programs import Program, ProgramStats, ProgramStore, make_engine
+from host.resources import ExportRegistry, InstanceResources, PagePool, PoolStats
+from host.scheduler import BatchScheduler, SchedulerPolicy, SchedulerStats
+
+__all__ = ["Runtime", "RuntimeStats", "InstanceInfo", "InstanceEvent", "InstanceOutcome"]
+
+_log = logging.getLogger("pie.runtime")
+_RECLAIM_WAIT_S = 5.0
+_MAX_FINISHED_KEPT = 4096
+EventCallback = Callable[[InstanceEvent], None]
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    instance_id: str
+    tenant: str
+    program_hash: str
+    started_at: float
+    num_pages_held: int
+
+
+@dataclass(frozen=True)
+class RuntimeStats:
+    pool: PoolStats
+    scheduler: SchedulerStats
+    engine: EngineStats
+    programs: ProgramStats
+    num_running: int
+    num_launched: int
+    num_finished: int
+
+
+class Runtime:
+    """The host. Thread-safe; use as a context manager or call `close()`."""
+
+    def __init__(self, engine: EngineLike, config: RuntimeConfig = RuntimeConfig()) -> None:
+        self.engine = engine
+        self.config = config
+        policy = config.scheduler or SchedulerPolicy()
+        self.wasm_engine = make_engine()
+        current = threading.local()
+        self.programs = ProgramStore(self.wasm_engine, config.cache_dir, provided_items())
+        self.pool = PagePool(engine.num_pages)
+        self.exports = ExportRegistry(self.pool)
+        self.scheduler = BatchScheduler(engine, policy)
+        self.hub = MessageHub()
+        tokenizer = engine.tokenizer
+        self.services = HostServices(
+            wasm_engine=self.wasm_engine, linker=build_linker(self.wasm_engine, current),
+            scheduler=self.scheduler, hub=self.hub, engine=engine,
+            model_info=ModelInfo(engine.model_name, engine.page_size, tokenizer.vocab_size,
+                                 tuple(tokenizer.stop_token_ids), tokenizer.chat_template,
+                                 policy.max_batch_tokens),
+            version=_version(), epoch_tick_ms=config.epoch_tick_ms, current=current)
+        self._lock = threading.Lock()
+        self._running: dict[str, Instance] = {}
+        self._finished: dict[str, Instance] = {}
+        self._launch_counter = itertools.count()
+        self._num_launched = 0
+        self._num_finished = 0
+        self._closed = threading.Event()
+        self.scheduler.start()
+        self._ticker = threading.Thread(target=self._tick, name="pie-epoch", daemon=True)
+        self._ticker.start()
+
+    # -------------------------------------------------------------- programs
+    def load_program(self, wasm_bytes: bytes) -> Program:
+        """Validate and compile (or load from the cache). Raises host.programs.ProgramError."""
+        return self.programs.load(wasm_bytes)
+
+    # ------------------------------------------------------------- instances
+    def launch(self, program: Program | str, args: Iterable[str] = (), *,
+               tenant: str = "default", limits: InstanceLimits | None = None,
+               on_event: EventCallback | None = None) -> str:
+        """Start an instance of `program` (a Program or the hash of a loaded one); returns its id.
+        `on_event` is called on the instance's thread for each message and once at the end."""
+        if self._closed.is_set():
+            raise RuntimeError("the runtime is closed")
+        if isinstance(program, str):
+            program = self.programs.get(program)
+        limits = limits or self.config.limits
+        args = tuple(str(arg) for arg in args)
+        instance_id = uuid.uuid4().hex[:12]
+        emit = self._emitter(instance_id, on_event)
+        resources = InstanceResources(
+            self.pool, self.exports, instance_id=instance_id, tenant=tenant,
+            page_quota=self.pool.num_pages if limits.page_quota is None else limits.page_quota,
+            page_size=self.engine.page_size,
+            reclaim=lambda num_pages: self._reclaim(instance_id, num_pages))
+        channel = self.hub.open(instance_id, tenant,
+                                lambda message: emit(InstanceEvent(instance_id, "message", message)))
+        instance = Instance(instance_id=instance_id, tenant=tenant, program=program, args=args,
+                            limits=limits, services=self.services, resources=resources,
+                            channel=channel, launch_index=next(self._launch_counter),
+                            on_finish=lambda inst, outcome: self._finish(inst, outcome, emit))
+        with self._lock:
+            self._running[instance_id] = instance
+            self._num_launched += 1
+        instance.start()
+        return instance_id
+
+    def send(self, instance_id: str, message: str) -> bool:
+        """Deliver a client message to a running instance; False when it has ended."""
+        self._instance(instance_id)
+        return self.hub.deliver(instance_id, message)
+
+    def terminate(self, instance_id: str, reason: str = "terminated by its client") -> bool:
+        """Ask an instance to end (it ends with status "terminated" and `reason`). False when it
+        had already ended."""
+        return self._instance(instance_id).terminate(reason)
+
+    def wait(self, instance_id: str, timeout: float | None = None) -> InstanceOutcome:
+        """The outcome of an instance, waiting for its end. Raises TimeoutError."""
+        outcome = self._instance(instance_id).wait(timeout)
+        if outcome is None:
+            raise TimeoutError(f"instance {instance_id} still running after {timeout} s")
+        return outcome
+
+    def list_instances(self, tenant: str | None = None) -> list[InstanceInfo]:
+        """The running instances (of `tenant`, or all), oldest first."""
+        with self._lock:
+            running = sorted(self._running.values(), key=lambda inst: inst.launch_index)
+        return [InstanceInfo(inst.instance_id, inst.tenant, inst.program.hash, inst.started_at,
+                             inst.resources.num_pages_held)
+                for inst in running if tenant is None or inst.tenant == tenant]
+
+    def instance_log(self, instance_id: str) -> tuple[str, ...]:
+        """The instance's log: runtime.log lines and its stdout / stderr, line by line."""
+        return self._instance(instance_id).log_lines()
+
+    def statistics(self) -> RuntimeStats:
+        with self._lock:
+            num_running, launched, finished = (len(self._running), self._num_launched,
+                                               self._num_finished)
+        return RuntimeStats(self.pool.statistics(), self.scheduler.statistics(),
+                            self.engine.statistics(), self.programs.statistics(), num_running,
+                            launched, finished)
+
+    # -------------------------------------------------------------- lifecycle
+    def close(self, timeout: float = 10.0) -> None:
+        """Terminate every instance, wait for them, stop the scheduler and the epoch ticker."""
+        if self._closed.is_set():
+            return
+        with self._lock:
+            running = list(self._running.values())
+        for instance in running:
+            instance.terminate("the runtime is closing")
+        for instance in running:
+            instance.wait(timeout)
+        self._closed.set()
+        self.scheduler.close()
+        self._ticker.join()
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -------------------------------------------------------------- internal
+    def _instance(self, instance_id: str) -> Instance:
+        with self._lock:
+            instance = self._running.get(instance_id) or self._finished.get(instance_id)
+        if instance is None:
+            raise KeyError(f"unknown instance {instance_id!r}")
+        return instance
+
+    def _emitter(self, instance_id: str, on_event: EventCallback | None) -> EventCallback:
+        def emit(event: InstanceEvent) -> None:
+            if on_event is None:
+                return
+            try:
+                on_event(event)
+            except Exception:  # noqa: BLE001 -- a client callback must not kill the instance
+                _log.exception("instance %s: on_event raised", instance_id)
+        return emit
+
+    def _finish(self, instance: Instance, outcome: InstanceOutcome, emit: EventCallback) -> None:
+        """Called once on the instance's thread after its Store is gone."""
+        reason = f"instance {instance.instance_id} ended ({outcome.status})"
+        self.scheduler.cancel_owner(instance.instance_id)
+        self.hub.close(instance.instance_id, reason)
+        instance.resources.release_all()
+        instance.futures.clear()
+        instance.queues.clear()
+        with self._lock:
+            self._running.pop(instance.instance_id, None)
+            self._finished[instance.instance_id] = instance
+            while len(self._finished) > _MAX_FINISHED_KEPT:
+                self._finished.pop(next(iter(self._finished)))
+            self._num_finished += 1
+        emit(InstanceEvent(instance.instance_id, outcome.event_kind, outcome.value))
+
+    def _reclaim(self, requester_id: str, num_pages: int) -> bool:
+        """Contention policy: terminate instances launched after the requester, newest first,
+        until `num_pages` are free. True when any pages were returned to the pool."""
+        with self._lock:
+            requester = self._running.get(requester_id)
+            if requester is None:
+                return False
+            victims = sorted((inst for inst in self._running.values()
+                              if inst.launch_index > requester.launch_index
+                              and inst.resources.num_pages_held > 0),
+                             key=lambda inst: inst.launch_index, reverse=True)
+        num_free_before = self.pool.statistics().num_free
+        for victim in victims:
+            victim.terminate(f"out of KV pages: terminated to free pages for instance "
+                             f"{requester_id}, launched earlier (newest instance goes first)")
+            victim.wait(_RECLAIM_WAIT_S)
+            if self.pool.statistics().num_free >= num_pages:
+                break
+        return self.pool.statistics().num_free > num_free_before
+
+    def _tick(self) -> None:
+        interval = self.config.epoch_tick_ms / 1000
+        while not self._closed.wait(interval):
+            self.wasm_engine.increment_epoch()
+
+
+def _version() -> str:
+    try:
+        return f"pie {importlib.metadata.version('pie-serve')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "pie 0.1.0"
