@@ -12,6 +12,7 @@ engine could still write it for this one. `release_all` returns everything, defe
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import Callable, Sequence, TypeVar
 
@@ -23,6 +24,7 @@ __all__ = ["LocalPageTable", "ReclaimHook"]
 
 ReclaimHook = Callable[[int], bool]   # num_pages_needed -> freed any
 _T = TypeVar("_T")
+DEFERRED_WAIT_S = 5.0   # longest wait for this instance's own in-flight work before reclaiming
 
 
 class _NeedPages(Exception):
@@ -69,6 +71,7 @@ class LocalPageTable:
         self.page_size = page_size
         self.reclaim = reclaim
         self._lock = threading.RLock()
+        self._pins_done = threading.Condition(self._lock)
         self._pages: dict[int, _LocalPage] = {}
         self._sequences: dict[int, _Sequence] = {}
         self._next_page_id = 0
@@ -97,6 +100,7 @@ class LocalPageTable:
             self._sequences.clear()
             self._deferred.clear()
             self._pins_in_flight.clear()
+            self._pins_done.notify_all()
             self._num_masked_pages = 0
             self.pool.release(physical_ids)
             self.exports.drop_owner(self.instance_id)
@@ -119,6 +123,7 @@ class LocalPageTable:
                     return
                 self._pins_in_flight.discard(pin_id)
                 self._flush_deferred()
+                self._pins_done.notify_all()
         return on_done
 
     def _flush_deferred(self) -> None:
@@ -211,10 +216,28 @@ class LocalPageTable:
                 self._reclaim_or_raise(call, num_pages)
 
     def _reclaim_or_raise(self, call: str, num_pages: int) -> None:
+        """Make room for a retry, or raise OutOfPagesError. Pages this instance released that
+        are still pinned by its own in-flight submissions come first (the engine is about to
+        return them); only then are other instances reclaimed."""
+        if self._wait_for_deferred():
+            return
         if self.reclaim is None or not self.reclaim(num_pages):
             stats = self.pool.statistics()
             raise OutOfPagesError(f"{call}: out of KV pages: {num_pages} asked, "
                                   f"{stats.num_free} free of {stats.num_pages}")
+
+    def _wait_for_deferred(self) -> bool:
+        """Wait (at most DEFERRED_WAIT_S) for some deferred releases of this instance to reach
+        the pool. True when some did. Called without the lock held by this thread."""
+        deadline = time.monotonic() + DEFERRED_WAIT_S
+        with self._lock:
+            num_before = len(self._deferred)
+            while self._deferred and len(self._deferred) == num_before and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._pins_done.wait(remaining)
+            return len(self._deferred) < num_before
 
     def _check_open(self, call: str) -> None:
         if self._closed:

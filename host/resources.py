@@ -199,10 +199,12 @@ class InstanceResources(LocalPageTable):
 
     def sequence_pages(self, sequence_id: int) -> list[int]:
         with self._lock:
+            self._check_open("kv.sequence-pages")
             return list(self._sequence("kv.sequence-pages", sequence_id).page_ids)
 
     def destroy_sequence(self, sequence_id: int) -> None:
         with self._lock:
+            self._check_open("kv.destroy-sequence")
             self._sequence("kv.destroy-sequence", sequence_id)
             del self._sequences[sequence_id]
 

@@ -2,11 +2,14 @@
 masks, accounting. Tiny pools (8 pages of 4 tokens) and exact page ids."""
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from engine.batch import GREEDY, TokenCopy
 from host.errors import OutOfPagesError, QuotaError, TrapError
-from host.resources import PagePool, PoolStats
+from host.resources import ExportRegistry, InstanceResources, PagePool, PoolStats
 
 START = PoolStats(num_pages=8, num_free=8, num_used=0, num_shared=0)
 
@@ -210,6 +213,19 @@ def test_free_while_in_flight_defers_the_release(make_resources, pool):
     second.on_done()
 
 
+def test_allocation_waits_for_own_deferred_pages_before_reclaiming(make_resources, pool):
+    reclaimed = []
+    a = make_resources(reclaim=lambda n: reclaimed.append(n) or False)
+    pages = a.allocate_pages(8)
+    seq, pending = fill(a, pages[:1], 1)
+    a.free_pages(pages[4:])                      # deferred: `pending` may still write them
+    timer = threading.Timer(0.05, pending.on_done)
+    timer.start()
+    assert a.allocate_pages(4) == [8, 9, 10, 11]
+    timer.join()
+    assert reclaimed == [] and pool.statistics().num_free == 0
+
+
 def test_mask_tokens_fold_into_rows(make_resources):
     a = make_resources()
     pages = a.allocate_pages(2)
@@ -296,3 +312,78 @@ def test_bad_passes_and_sequence_calls_trap(make_resources):
     a.destroy_sequence(seq)
     with pytest.raises(TrapError, match="kv.destroy-sequence: unknown sequence id 0"):
         a.destroy_sequence(seq)
+
+
+def test_owner_writing_an_exported_page_copies_it(make_resources, pool):
+    a = make_resources()
+    pages = a.allocate_pages(1)
+    seq, prepared = fill(a, pages, 2)
+    prepared.on_done()
+    a.export_pages("snapshot", pages, persistent=True)
+    step = a.prepare_forward(seq, [3], [2], 3, [0], [GREEDY])
+    assert step.copies == (TokenCopy(0, 1, 0, 0, 2),) and step.request.page_ids == (1,)
+    step.on_done()
+    assert pool.refcount(0) == 1                 # the export alone holds the snapshot
+    a.release_all()
+    assert pool.statistics().num_used == 1
+
+
+def test_concurrent_instances_return_every_reference():
+    pool = PagePool(64)
+    exports = ExportRegistry(pool)
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        r = InstanceResources(pool, exports, instance_id=f"i{index}", tenant="t",
+                              page_quota=16, page_size=4)
+        try:
+            for round_ in range(30):
+                pages = r.allocate_pages(2)
+                seq, step = fill(r, pages, 5)
+                fork = r.share_pages(pages)
+                r.export_pages(f"e{index}.{round_}", fork[:1], persistent=round_ % 2 == 0)
+                imported = r.import_pages(f"e{(index + 1) % 8}.{round_}")
+                r.free_pages(pages + (imported if isinstance(imported, list) else []))
+                step.on_done()
+                r.release_export(f"e{index}.{round_}")
+                r.free_pages(fork)
+                r.destroy_sequence(seq)
+        except BaseException as error:            # reported below
+            errors.append(error)
+        finally:
+            r.release_all()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and exports.num_exports() == 0
+    assert pool.statistics() == PoolStats(64, 64, 0, 0)
+
+
+def test_release_all_from_another_thread_mid_activity(make_resources, pool):
+    """Terminate while the instance works: its calls then trap, and nothing leaks."""
+    a = make_resources(page_quota=8)
+    outcome: list[BaseException] = []
+
+    def busy() -> None:
+        try:
+            while True:
+                pages = a.allocate_pages(2)
+                seq, step = fill(a, pages, 5)
+                a.share_pages(pages)
+                step.on_done()
+                a.free_pages(a.sequence_pages(seq))
+                a.destroy_sequence(seq)
+                a.free_pages([pid for pid in range(a._next_page_id) if pid in a._pages])
+        except BaseException as error:            # expected: a trap once released
+            outcome.append(error)
+
+    thread = threading.Thread(target=busy)
+    thread.start()
+    time.sleep(0.05)
+    a.release_all()
+    thread.join(timeout=5)
+    assert isinstance(outcome[0], TrapError) and "instance a was released" in str(outcome[0])
+    assert pool.statistics() == START
