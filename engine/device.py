@@ -72,7 +72,10 @@ def resolve_device(requested: str) -> torch.device:
                 f"device {requested!r} requested but CUDA is not available "
                 f"(torch {torch.__version__}, built for CUDA {torch.version.cuda or 'none'}); "
                 f"use --device cpu or --device auto")
-        return torch.device(requested)
+        try:
+            return torch.device(requested)
+        except RuntimeError as err:
+            raise ValueError(f"device {requested!r} is not a valid CUDA device: {err}") from None
     raise ValueError(f"device must be cpu, cuda or auto, got {requested!r}")
 
 

@@ -167,6 +167,12 @@ def test_cuda_without_cuda_is_a_clear_error(no_cuda):
         resolve_device("tpu")
 
 
+def test_bad_cuda_index_is_a_value_error(with_cuda):
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match="'cuda:x' is not a valid CUDA device"):
+        resolve_device("cuda:x")
+
+
 def test_backend_choice_on_cpu(no_cuda, fake_flashinfer):
     cpu = torch.device("cpu")
     assert resolve_attention_backend("auto", cpu) == "torch"     # flashinfer importable, still torch
