@@ -58,7 +58,7 @@ class LocalPageTable:
 
     def __init__(self, pool: PagePool, exports: ExportRegistry, *, instance_id: str,
                  tenant: str, page_quota: int, page_size: int,
-                 reclaim: ReclaimHook | None = None) -> None:
+                 reclaim: ReclaimHook | None = None, vocab_size: int | None = None) -> None:
         if page_quota < 0:
             raise ValueError(f"page_quota must be >= 0, got {page_quota}")
         if page_size <= 0:
@@ -70,6 +70,7 @@ class LocalPageTable:
         self.page_quota = page_quota
         self.page_size = page_size
         self.reclaim = reclaim
+        self.vocab_size = vocab_size      # None: token ids are not checked here
         self._lock = threading.RLock()
         self._pins_done = threading.Condition(self._lock)
         self._pages: dict[int, _LocalPage] = {}

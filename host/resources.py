@@ -53,6 +53,7 @@ class InstanceResources(LocalPageTable):
     reclaim: called with the number of pages needed when the pool is empty; the runtime terminates
     newer instances and returns True once it has returned pages to the pool (False: nothing to
     reclaim). Allocation then retries; with nothing to reclaim it raises OutOfPagesError.
+    vocab_size: when given, forward.submit traps on a token id outside the vocabulary.
     """
 
     # ------------------------------------------------------------------ pages
@@ -232,7 +233,7 @@ class InstanceResources(LocalPageTable):
                                 mask: Sequence[Sequence[int]] | None) -> PreparedForward:
         sequence = self._sequence(call, sequence_id)
         num_tokens = len(token_ids)
-        kv_len = self._check_pass_shape(call, sequence, num_tokens, positions, last_page_len,
+        kv_len = self._check_pass_shape(call, sequence, token_ids, positions, last_page_len,
                                         output_indices, samplers)
         rows = None if mask is None else check_mask_rows(mask, num_tokens, kv_len, call)
         first_slot = kv_len - num_tokens
@@ -258,11 +259,15 @@ class InstanceResources(LocalPageTable):
                                  last_page_len, tuple(output_indices), tuple(samplers), rows)
         return PreparedForward(request, tuple(copies), on_done)
 
-    def _check_pass_shape(self, call: str, sequence: _Sequence, num_tokens: int,
+    def _check_pass_shape(self, call: str, sequence: _Sequence, token_ids: Sequence[int],
                           positions: Sequence[int], last_page_len: int,
                           output_indices: Sequence[int], samplers: Sequence[SamplerSpec]) -> int:
+        num_tokens = len(token_ids)
         if num_tokens == 0:
             raise TrapError(f"{call}: no input tokens")
+        if self.vocab_size is not None and max(token_ids) >= self.vocab_size:
+            raise TrapError(f"{call}: token id {max(token_ids)} outside the vocabulary "
+                            f"(0..{self.vocab_size - 1})")
         if len(positions) != num_tokens:
             raise TrapError(f"{call}: {len(positions)} positions for {num_tokens} tokens")
         if not sequence.page_ids:

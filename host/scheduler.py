@@ -8,12 +8,14 @@ batch's forward. Policies decide *when* a batch fires: "adaptive" as soon as the
 anything is pending; "k-or-t" when k queues have work or the oldest item has waited t ms.
 
 Submitting never blocks (eager calls never wait on a batch); it returns a concurrent.futures.Future.
-An engine exception fails the futures of that batch with the exception and the scheduler goes on.
+An engine exception fails the futures of that batch with the exception and the scheduler goes on;
+a ValueError that names one request ("request i: ...") fails that pass alone and the rest re-run.
 """
 from __future__ import annotations
 
 import itertools
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -31,6 +33,7 @@ __all__ = ["SchedulerPolicy", "SchedulerStats", "BatchScheduler", "PRIORITIES"]
 PRIORITIES = ("high", "normal", "low")     # batch order
 POLICY_KINDS = ("adaptive", "k-or-t")
 _NUM_RECENT = 64
+_REQUEST_INDEX = re.compile(r"request (\d+):")
 _log = logging.getLogger(__name__)
 
 
@@ -125,7 +128,7 @@ class BatchScheduler:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
-        self._finish(items, error=Cancelled("scheduler closed: submission not run"))
+        self._finish(items, [Cancelled("scheduler closed: submission not run")] * len(items))
 
     def __enter__(self) -> "BatchScheduler":
         self.start()
@@ -183,8 +186,8 @@ class BatchScheduler:
                     del self._last_futures[key]
             self._num_pending -= len(items)
             self._counts["cancelled"] += len(items)
-        self._finish(items, error=Cancelled(f"instance {owner_id} terminated: "
-                                            f"pending submission cancelled"))
+        error = Cancelled(f"instance {owner_id} terminated: pending submission cancelled")
+        self._finish(items, [error] * len(items))
         return len(items)
 
     def statistics(self) -> SchedulerStats:
@@ -250,25 +253,45 @@ class BatchScheduler:
         return copy_items, forward_items
 
     def _run_batch(self, copy_items: list[_Item], forward_items: list[_Item]) -> None:
-        copies = [copy for item in copy_items + forward_items for copy in item.copies]
+        items = copy_items + forward_items
+        copies = [copy for item in items for copy in item.copies]
         try:
             if copies:
                 self.engine.copy_tokens(copies)
-            results: list = [None] * len(copy_items)
-            if forward_items:
-                batch = ForwardBatch(tuple(item.request for item in forward_items))
-                outputs = self.engine.forward(batch)
-                if len(outputs) != len(forward_items):
-                    raise RuntimeError(f"engine returned {len(outputs)} results for "
-                                       f"{len(forward_items)} requests")
-                results += list(outputs)
         except Exception as error:                     # the batch fails, the scheduler goes on
-            self._record(copy_items, forward_items, failed=True)
-            self._finish(copy_items + forward_items, error=error)
+            outcomes: list = [error] * len(items)
         else:
-            self._record(copy_items, forward_items, failed=False)
-            self._finish(copy_items + forward_items, results=results)
-        self._forget(copy_items + forward_items)
+            outcomes = [None] * len(copy_items) + self._forward(forward_items)
+        failed = any(isinstance(outcome, BaseException) for outcome in outcomes)
+        self._record(copy_items, forward_items, failed)
+        self._finish(items, outcomes)
+        self._forget(items)
+
+    def _forward(self, items: list[_Item]) -> list:
+        """Run the passes: a result or an exception per item. A ValueError naming one request
+        ("request i: ...": the engine validates before it computes) fails that pass alone and
+        the others run again without it; any other exception fails them all."""
+        outcomes: dict[int, object] = {}
+        remaining = list(range(len(items)))
+        while remaining:
+            batch = ForwardBatch(tuple(items[i].request for i in remaining))
+            try:
+                results = self.engine.forward(batch)
+                if len(results) != len(remaining):
+                    raise RuntimeError(f"engine returned {len(results)} results for "
+                                       f"{len(remaining)} requests")
+            except ValueError as error:
+                bad = _request_index(error, len(remaining))
+                if bad is not None:
+                    outcomes[remaining.pop(bad)] = error
+                    continue
+                outcomes.update((i, error) for i in remaining)
+            except Exception as error:
+                outcomes.update((i, error) for i in remaining)
+            else:
+                outcomes.update(zip(remaining, results))
+            break
+        return [outcomes[i] for i in range(len(items))]
 
     def _record(self, copy_items: list[_Item], forward_items: list[_Item], failed: bool) -> None:
         with self._cond:
@@ -289,16 +312,16 @@ class BatchScheduler:
                 if self._last_futures.get(item.queue_key) is item.future:
                     del self._last_futures[item.queue_key]
 
-    def _finish(self, items: list[_Item], *, results: list | None = None,
-                error: BaseException | None = None) -> None:
-        """End each item: its on_done first (pages it pinned may be released), then its future."""
-        for index, item in enumerate(items):
+    def _finish(self, items: list[_Item], outcomes: list) -> None:
+        """End each item: its on_done first (pages it pinned may be released), then its future
+        (an exception outcome is set as the future's exception)."""
+        for item, outcome in zip(items, outcomes):
             self._call_on_done(item)
             try:
-                if error is not None:
-                    item.future.set_exception(error)
+                if isinstance(outcome, BaseException):
+                    item.future.set_exception(outcome)
                 else:
-                    item.future.set_result(results[index])
+                    item.future.set_result(outcome)
             except InvalidStateError:                  # the waiter cancelled it
                 pass
 
@@ -310,6 +333,13 @@ class BatchScheduler:
             item.on_done()
         except Exception:
             _log.exception("scheduler: on_done callback failed")
+
+
+def _request_index(error: ValueError, num_requests: int) -> int | None:
+    """The index an engine ValueError names ("request 3: ..."), if in range."""
+    match = _REQUEST_INDEX.match(str(error))
+    index = int(match.group(1)) if match else None
+    return index if index is not None and index < num_requests else None
 
 
 def _owner(queue_key: Hashable):

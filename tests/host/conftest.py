@@ -26,13 +26,15 @@ def exports(pool: PagePool) -> ExportRegistry:
 
 @pytest.fixture
 def make_resources(pool: PagePool, exports: ExportRegistry):
-    """make_resources(instance_id="a", tenant="t", page_quota=8, page_size=4, reclaim=None)."""
+    """make_resources(instance_id="a", tenant="t", page_quota=8, page_size=4, reclaim=None,
+    vocab_size=None); every table made is released at teardown."""
     made: list[InstanceResources] = []
 
     def make(instance_id: str = "a", *, tenant: str = "t", page_quota: int = 8,
-             page_size: int = 4, reclaim=None) -> InstanceResources:
+             page_size: int = 4, reclaim=None, vocab_size=None) -> InstanceResources:
         resources = InstanceResources(pool, exports, instance_id=instance_id, tenant=tenant,
-                                      page_quota=page_quota, page_size=page_size, reclaim=reclaim)
+                                      page_quota=page_quota, page_size=page_size, reclaim=reclaim,
+                                      vocab_size=vocab_size)
         made.append(resources)
         return resources
 

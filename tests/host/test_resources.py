@@ -301,6 +301,11 @@ def test_bad_passes_and_sequence_calls_trap(make_resources):
     for args, message in cases:
         with pytest.raises(TrapError, match=f"forward.submit: {message}"):
             a.prepare_forward(seq, *args)
+    checked = make_resources("v", vocab_size=259)
+    checked_seq = checked.create_sequence()
+    checked.sequence_append(checked_seq, checked.allocate_pages(1))
+    with pytest.raises(TrapError, match=r"forward.submit: token id 300 outside the vocabulary \(0..258\)"):
+        checked.prepare_forward(checked_seq, [1, 300], [0, 1], 2, [], [])
     with pytest.raises(TrapError, match="forward.submit: unknown sequence id 9"):
         a.prepare_forward(9, [1], [0], 1, [], [])
     with pytest.raises(TrapError, match=r"kv.sequence-remove: range \[1, 3\) outside sequence"):

@@ -112,12 +112,22 @@ def test_engine_failure_fails_only_that_batch(fake_engine):
         failed = scheduler.submit_forward(("a", 0), "normal", pass_on(0, [1], 1))
         with pytest.raises(RuntimeError, match="injected failure"):
             failed.result(timeout=10)
-        bad_page = pass_on(999, [1], 1)
-        with pytest.raises(ValueError, match=r"request 0: page_ids\[0\]=999 out of range"):
-            scheduler.submit_forward(("a", 0), "normal", bad_page).result(timeout=10)
         good = scheduler.submit_forward(("a", 0), "normal", pass_on(0, [5], 1))
         assert good.result(timeout=10) == ForwardResult((fake_next_token([5]),))
-        assert scheduler.statistics().num_failed_batches == 2
+        assert scheduler.statistics().num_failed_batches == 1
+
+
+def test_a_malformed_request_fails_alone(fake_engine):
+    scheduler = BatchScheduler(fake_engine)
+    futures = [scheduler.submit_forward((q, 0), "normal", prepared) for q, prepared in
+               [("a", pass_on(0, [1], 1)), ("bad", pass_on(999, [2], 1)), ("c", pass_on(2, [3], 1))]]
+    with scheduler:
+        with pytest.raises(ValueError, match=r"request 1: page_ids\[0\]=999 out of range"):
+            futures[1].result(timeout=10)
+        assert [f.result(timeout=10).outputs for f in (futures[0], futures[2])] == [
+            (fake_next_token([1]),), (fake_next_token([3]),)]
+    assert [first_tokens(b) for b in fake_engine.batches] == [[1, 3]]
+    assert scheduler.statistics().num_failed_batches == 1
 
 
 def test_cancel_owner_drops_pending_items(fake_engine):
