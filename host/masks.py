@@ -68,11 +68,11 @@ def _append_interval(intervals: list[Interval], start: int, end: int) -> None:
 
 
 def _attend_intervals(row: Sequence[int]) -> list[Interval]:
-    intervals = []
+    intervals: list[Interval] = []
     position = 0
     for index, run in enumerate(row):
-        if index % 2 == 0 and run:
-            intervals.append((position, position + run))
+        if index % 2 == 0:
+            _append_interval(intervals, position, position + run)   # merges across 0 skips
         position += run
     return intervals
 

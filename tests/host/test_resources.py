@@ -226,26 +226,6 @@ def test_allocation_waits_for_own_deferred_pages_before_reclaiming(make_resource
     assert reclaimed == [] and pool.statistics().num_free == 0
 
 
-def test_mask_tokens_fold_into_rows(make_resources):
-    a = make_resources()
-    pages = a.allocate_pages(2)
-    seq, prepared = fill(a, pages, 6)
-    assert prepared.request.mask is None
-    a.mask_tokens(pages[0], 1, 2, True)          # hide kv 1, 2
-    step = a.prepare_forward(seq, [7, 8], [6, 7], 4, [1], [GREEDY])
-    assert step.request.mask == ((1, 2, 5), (1, 2, 5))
-    guest = a.prepare_forward(seq, [7, 8], [6, 7], 4, [1], [GREEDY], mask=[[4, 4], [8]])
-    assert guest.request.mask == ((1, 2, 1, 4), (1, 2, 5))
-    a.mask_tokens(pages[0], 2, 1, False)         # show kv 2 again
-    assert a.prepare_forward(seq, [7], [7], 4, [0], [GREEDY]).request.mask == ((1, 1, 6),)
-    a.mask_tokens(pages[0], 0, 4, False)
-    assert a.prepare_forward(seq, [7], [7], 4, [0], [GREEDY]).request.mask is None
-    with pytest.raises(TrapError, match="forward.submit: mask row 0 sums to 7, kv length is 8"):
-        a.prepare_forward(seq, [7], [7], 4, [0], [GREEDY], mask=[[7]])
-    with pytest.raises(TrapError, match=r"kv.mask-tokens: slots \[3, 5\) outside a page of 4"):
-        a.mask_tokens(pages[0], 3, 2, True)
-
-
 def test_shared_ids_keep_masks_and_read_only(make_resources):
     a, b = make_resources("a"), make_resources("b")
     pages = a.allocate_pages(1)
