@@ -62,3 +62,11 @@ def real_engine():
     from engine import load_default_engine
 
     return load_default_engine(dtype="float32", num_pages=512, progress=False, seed=0)
+
+
+@pytest.fixture(scope="session")
+def real_engine_page1():
+    """The default model, float32, page_size 1."""
+    from engine import load_default_engine
+
+    return load_default_engine(dtype="float32", page_size=1, num_pages=2048, progress=False, seed=0)
