@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["ComponentBuilder", "components", "WAT_DIR"]
+__all__ = ["ComponentBuilder", "components", "make_runtime", "program_cache_dir", "WAT_DIR"]
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 WAT_DIR = Path(__file__).resolve().parent / "wat"
@@ -117,3 +117,28 @@ class ComponentBuilder:
 def components() -> ComponentBuilder:
     """The session's builder of WAT test guests."""
     return ComponentBuilder()
+
+
+@pytest.fixture(scope="session")
+def program_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One compiled-artifact cache for the session's runtimes (each guest compiles once)."""
+    return tmp_path_factory.mktemp("pie-cache")
+
+
+@pytest.fixture
+def make_runtime(program_cache_dir: Path):
+    """make_runtime(engine, limits=None, policy=None) -> a started Runtime, closed after the test."""
+    from host import InstanceLimits, Runtime, RuntimeConfig
+
+    made: list = []
+
+    def make(engine, limits: "InstanceLimits | None" = None, policy=None):
+        config = RuntimeConfig(cache_dir=program_cache_dir,
+                               limits=limits or InstanceLimits(max_idle_s=5.0), scheduler=policy)
+        runtime = Runtime(engine, config)
+        made.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in made:
+        runtime.close()

@@ -1,0 +1,21 @@
+;; world: inferlet
+  ;; Broadcasts argument 0 on topic "news", stores it under key "last" in the tenant's store,
+  ;; reads it back, deletes it (store-delete must say true), and returns what it read.
+  (data (i32.const 1024) "news")
+  (data (i32.const 1040) "last")
+  (func (export "run") (result i32)
+    (local $args i32) (local $value i32) (local $value_len i32)
+    (call $runtime.arguments (global.get $RET))
+    (local.set $args (i32.load (global.get $RET)))
+    (call $messaging.broadcast (i32.const 1024) (i32.const 4)
+          (i32.load (local.get $args)) (i32.load offset=4 (local.get $args)))
+    (call $messaging.store-set (i32.const 1040) (i32.const 4)
+          (i32.load (local.get $args)) (i32.load offset=4 (local.get $args)))
+    (call $messaging.store-get (i32.const 1040) (i32.const 4) (global.get $RET))
+    (if (i32.eqz (i32.load8_u (global.get $RET))) (then unreachable))
+    (local.set $value (i32.load offset=4 (global.get $RET)))
+    (local.set $value_len (i32.load offset=8 (global.get $RET)))
+    (if (i32.eqz (call $messaging.store-delete (i32.const 1040) (i32.const 4))) (then unreachable))
+    (call $messaging.store-get (i32.const 1040) (i32.const 4) (global.get $RET))
+    (if (i32.load8_u (global.get $RET)) (then unreachable))
+    (call $ok (local.get $value) (local.get $value_len)))

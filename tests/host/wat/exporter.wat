@@ -1,0 +1,22 @@
+;; world: inferlet
+  ;; Allocates 2 pages and exports them under argument 0 (persistent when a second argument is
+  ;; given), sends "exported", waits for one client message, frees its own ids, returns "done".
+  (data (i32.const 1024) "exported")
+  (data (i32.const 1040) "done")
+  (func (export "run") (result i32)
+    (local $args i32) (local $num_args i32) (local $pages i32)
+    (call $runtime.arguments (global.get $RET))
+    (local.set $args (i32.load (global.get $RET)))
+    (local.set $num_args (i32.load offset=4 (global.get $RET)))
+    (call $kv.allocate-pages (i32.const 2) (global.get $RET))
+    (local.set $pages (i32.load (global.get $RET)))
+    (call $kv.export-pages (i32.load (local.get $args)) (i32.load offset=4 (local.get $args))
+          (local.get $pages) (i32.const 2) (i32.gt_u (local.get $num_args) (i32.const 1))
+          (global.get $RET))
+    (if (i32.load8_u (global.get $RET))
+      (then (return (call $err (i32.load offset=4 (global.get $RET))
+                               (i32.load offset=8 (global.get $RET))))))
+    (call $messaging.send (i32.const 1024) (i32.const 8))
+    (call $messaging.receive (global.get $RET))
+    (call $kv.free-pages (local.get $pages) (i32.const 2))
+    (call $ok (i32.const 1040) (i32.const 4)))

@@ -1,0 +1,20 @@
+;; world: inferlet
+  ;; Imports the export named by argument 0 (err: returns err with the host's reason), sends
+  ;; "imported", waits for one client message, frees the imported ids, returns "done".
+  (data (i32.const 1024) "imported")
+  (data (i32.const 1040) "done")
+  (func (export "run") (result i32)
+    (local $args i32) (local $pages i32) (local $num_pages i32)
+    (call $runtime.arguments (global.get $RET))
+    (local.set $args (i32.load (global.get $RET)))
+    (call $kv.import-pages (i32.load (local.get $args)) (i32.load offset=4 (local.get $args))
+          (global.get $RET))
+    (if (i32.load8_u (global.get $RET))
+      (then (return (call $err (i32.load offset=4 (global.get $RET))
+                               (i32.load offset=8 (global.get $RET))))))
+    (local.set $pages (i32.load offset=4 (global.get $RET)))
+    (local.set $num_pages (i32.load offset=8 (global.get $RET)))
+    (call $messaging.send (i32.const 1024) (i32.const 8))
+    (call $messaging.receive (global.get $RET))
+    (call $kv.free-pages (local.get $pages) (local.get $num_pages))
+    (call $ok (i32.const 1040) (i32.const 4)))

@@ -1,0 +1,35 @@
+;; world: inferlet
+  ;; Priorities: three 4-token passes on three queues, submitted in this order without waiting:
+  ;; "bbbb" (normal), "llll" (low), "hhhh" (high). Waits for all; returns "done".
+  (data (i32.const 1024) "done")
+  (data (i32.const 2052) "\00\00\80\3f")
+  (data (i32.const 2060) "\00\00\80\3f")
+  (data (i32.const 3000) "b\00\00\00b\00\00\00b\00\00\00b\00\00\00")
+  (data (i32.const 3016) "l\00\00\00l\00\00\00l\00\00\00l\00\00\00")
+  (data (i32.const 3032) "h\00\00\00h\00\00\00h\00\00\00h\00\00\00")
+  (data (i32.const 3100) "\00\00\00\00\01\00\00\00\02\00\00\00\03\00\00\00")
+
+  (func $pass (param $priority i32) (param $tokens i32) (result i32)
+    (local $seq i32)
+    (call $kv.allocate-pages (i32.const 1) (global.get $RET))
+    (local.set $seq (call $kv.create-sequence))
+    (call $kv.sequence-append (local.get $seq) (i32.load (global.get $RET)) (i32.const 1))
+    (call $forward.submit (call $queue.create (local.get $priority)) (local.get $seq)
+          (local.get $tokens) (i32.const 4) (i32.const 3100) (i32.const 4) (i32.const 4)
+          (call $one (i32.const 3)) (i32.const 1) (i32.const 2048) (i32.const 1)
+          (i32.const 0) (i32.const 0) (i32.const 0)))
+
+  (func $await (param $future i32)
+    (call $future.get (local.get $future) (global.get $RET))
+    (if (i32.load8_u (global.get $RET)) (then unreachable))
+    (call $future.drop (local.get $future)))
+
+  (func (export "run") (result i32)
+    (local $normal i32) (local $low i32) (local $high i32)
+    (local.set $normal (call $pass (i32.const 1) (i32.const 3000)))
+    (local.set $low (call $pass (i32.const 0) (i32.const 3016)))
+    (local.set $high (call $pass (i32.const 2) (i32.const 3032)))
+    (call $await (local.get $low))
+    (call $await (local.get $high))
+    (call $await (local.get $normal))
+    (call $ok (i32.const 1024) (i32.const 4)))
