@@ -125,21 +125,30 @@ class ExportRegistry:
     across tenants. Each export holds one pool reference per listed page until it is released, or
     (when not persistent) until its owner is dropped."""
 
-    def __init__(self, pool: PagePool) -> None:
+    def __init__(self, pool: PagePool, max_exports_per_namespace: int = 4096) -> None:
+        if max_exports_per_namespace <= 0:
+            raise ValueError(f"max_exports_per_namespace must be positive, "
+                             f"got {max_exports_per_namespace}")
         self.pool = pool
+        self.max_exports_per_namespace = max_exports_per_namespace
         self._lock = threading.Lock()
         self._exports: dict[tuple[str, str], ExportInfo] = {}
+        self._counts: dict[str, int] = {}              # namespace -> number of exports
 
     def publish(self, namespace: str, name: str, page_ids: Sequence[int], *, owner_id: str,
-                persistent: bool) -> bool:
-        """Register an export, retaining its pages. False (nothing retained) when the name is taken."""
+                persistent: bool) -> str | None:
+        """Register an export, retaining its pages. Returns None, or why nothing was retained
+        (the name is taken, or the namespace already holds max_exports_per_namespace)."""
         key = (namespace, name)
         with self._lock:
             if key in self._exports:
-                return False
+                return f"export name {name!r} is taken"
+            if self._counts.get(namespace, 0) >= self.max_exports_per_namespace:
+                return f"too many exports ({self.max_exports_per_namespace}); release some first"
             self.pool.retain(page_ids)
             self._exports[key] = ExportInfo(namespace, name, tuple(page_ids), owner_id, persistent)
-            return True
+            self._counts[namespace] = self._counts.get(namespace, 0) + 1
+            return None
 
     def acquire(self, namespace: str, name: str) -> tuple[int, ...] | None:
         """The export's pages with one new reference each for the caller (who must release them);
@@ -169,8 +178,7 @@ class ExportRegistry:
                 return f"export {name!r} not found"
             if info.owner_id != requester_id and not info.persistent:
                 return f"export {name!r} belongs to another instance"
-            del self._exports[key]
-            self.pool.release(info.page_ids)
+            self._remove(key)
             return None
 
     def drop_owner(self, owner_id: str) -> int:
@@ -179,8 +187,16 @@ class ExportRegistry:
             keys = [key for key, info in self._exports.items()
                     if info.owner_id == owner_id and not info.persistent]
             for key in keys:
-                self.pool.release(self._exports.pop(key).page_ids)
+                self._remove(key)
             return len(keys)
+
+    def _remove(self, key: tuple[str, str]) -> None:
+        """Under the lock: forget an export and return its page references."""
+        info = self._exports.pop(key)
+        self._counts[info.namespace] -= 1
+        if not self._counts[info.namespace]:
+            del self._counts[info.namespace]
+        self.pool.release(info.page_ids)
 
     def num_exports(self) -> int:
         with self._lock:

@@ -22,7 +22,11 @@ from host.masks import check_mask_rows, fold_hidden, hidden_intervals, page_mask
 from host.pages import ExportInfo, ExportRegistry, PagePool, PoolStats
 
 __all__ = ["PagePool", "PoolStats", "ExportRegistry", "ExportInfo", "InstanceResources",
-           "PreparedForward", "PreparedCopy", "ReclaimHook"]
+           "PreparedForward", "PreparedCopy", "ReclaimHook", "MAX_EXPORT_NAME_CHARS",
+           "MAX_SEQUENCES"]
+
+MAX_EXPORT_NAME_CHARS = 256
+MAX_SEQUENCES = 65536          # per instance, at once
 
 
 @dataclass(frozen=True)
@@ -134,14 +138,12 @@ class InstanceResources(LocalPageTable):
         call = "kv.export-pages"
         with self._lock:
             self._check_open(call)
-            if not name:
-                return "export name must not be empty"
+            if not 0 < len(name) <= MAX_EXPORT_NAME_CHARS:
+                return f"export name must have 1..{MAX_EXPORT_NAME_CHARS} characters"
             self._check_page_ids(call, page_ids)
             physical_ids = [self._pages[pid].physical_id for pid in page_ids]
-            if not self.exports.publish(self.tenant, name, physical_ids,
-                                        owner_id=self.instance_id, persistent=persistent):
-                return f"export name {name!r} is taken"
-            return None
+            return self.exports.publish(self.tenant, name, physical_ids,
+                                        owner_id=self.instance_id, persistent=persistent)
 
     def import_pages(self, name: str) -> list[int] | str:
         """New read-only local ids sharing an export's pages, or the reason it failed."""
@@ -172,6 +174,9 @@ class InstanceResources(LocalPageTable):
     def create_sequence(self) -> int:
         with self._lock:
             self._check_open("kv.create-sequence")
+            if len(self._sequences) >= MAX_SEQUENCES:
+                raise TrapError(f"kv.create-sequence: {MAX_SEQUENCES} sequences already exist; "
+                                f"destroy some first")
             sequence_id = self._next_sequence_id
             self._next_sequence_id += 1
             self._sequences[sequence_id] = _Sequence()

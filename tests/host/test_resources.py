@@ -164,6 +164,19 @@ def test_exports_are_namespaced_by_tenant(make_resources):
     assert other.import_pages("shared") == "export 'shared' not found"
     assert b.export_pages("shared", b.allocate_pages(1), False) == "export name 'shared' is taken"
     assert other.export_pages("shared", other.allocate_pages(1), False) is None
+    assert a.export_pages("", [0], False) == "export name must have 1..256 characters"
+
+
+def test_export_count_is_limited_per_tenant(pool):
+    registry = ExportRegistry(pool, max_exports_per_namespace=2)
+    (page,) = pool.allocate(1)
+    assert registry.publish("t", "a", [page], owner_id="x", persistent=False) is None
+    assert registry.publish("u", "a", [page], owner_id="y", persistent=False) is None
+    assert registry.publish("t", "b", [page], owner_id="x", persistent=False) is None
+    assert registry.publish("t", "c", [page], owner_id="x", persistent=False).startswith(
+        "too many exports (2)")
+    assert registry.drop_owner("x") == 2 and pool.refcount(page) == 2
+    assert registry.publish("t", "c", [page], owner_id="x", persistent=False) is None
 
 
 def test_export_lifetimes_and_release_rights(make_resources, pool):
