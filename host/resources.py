@@ -62,15 +62,21 @@ class InstanceResources(LocalPageTable):
 
     # ------------------------------------------------------------------ pages
     def allocate_pages(self, num_pages: int) -> list[int]:
+        """New local ids on fresh pool pages (lowest physical ids first). QuotaError over the
+        quota; OutOfPagesError when the pool stays short after waiting for this instance's own
+        pending releases and after the reclaim hook."""
         call = "kv.allocate-pages"
         with self._lock:
             self._check_open(call)
             self._check_quota(call, num_pages)
         physical_ids = self._allocate_physical(call, num_pages)
-        with self._lock:
-            if self._closed:
+        with self._lock:      # re-checked: the pool was reached without our lock
+            try:
+                self._check_open(call)
+                self._check_quota(call, num_pages)
+            except TrapError:
                 self.pool.release(physical_ids)
-                raise TrapError(f"{call}: instance {self.instance_id} was released")
+                raise
             return [self._add_local(pid) for pid in physical_ids]
 
     def free_pages(self, page_ids: Sequence[int]) -> None:
@@ -100,6 +106,7 @@ class InstanceResources(LocalPageTable):
                     for page in pages]
 
     def mask_tokens(self, page_id: int, offset: int, num_tokens: int, masked: bool) -> None:
+        """Hide / show slots of a page for later passes that read it through this id."""
         call = "kv.mask-tokens"
         with self._lock:
             self._check_open(call)
@@ -150,16 +157,12 @@ class InstanceResources(LocalPageTable):
         call = "kv.import-pages"
         with self._lock:
             self._check_open(call)
-            info = self.exports.get(self.tenant, name)
-            if info is None:
-                return f"export {name!r} not found"
-            self._check_quota(call, len(info.page_ids))
             physical_ids = self.exports.acquire(self.tenant, name)
             if physical_ids is None:
                 return f"export {name!r} not found"
-            if len(self._pages) + len(physical_ids) > self.page_quota:   # changed meanwhile
+            if len(self._pages) + len(physical_ids) > self.page_quota:
                 self.pool.release(physical_ids)
-                self._check_quota(call, len(physical_ids))
+                self._check_quota(call, len(physical_ids))     # raises QuotaError
             return [self._add_local(pid, read_only=True) for pid in physical_ids]
 
     def list_exports(self) -> list[str]:

@@ -53,7 +53,11 @@ def test_quota_counts_every_local_id(make_resources, pool):
         a.allocate_pages(2)
     with pytest.raises(QuotaError, match="kv.share-pages: 2 pages asked, quota 3"):
         a.share_pages([0, 1])
-    assert pool.statistics().num_used == 2
+    b = make_resources("b")
+    assert b.export_pages("two", b.allocate_pages(2), persistent=False) is None
+    with pytest.raises(QuotaError, match=r"kv.import-pages: 2 pages asked, quota 3 \(holding 2\)"):
+        a.import_pages("two")
+    assert pool.statistics().num_used == 4 and pool.refcount(2) == 2   # b + its export
 
 
 def test_forged_stale_and_double_free_trap_and_lose_nothing(make_resources, pool):
