@@ -157,15 +157,15 @@ class BatchScheduler:
             raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
         item = _Item(queue_key, PRIORITIES.index(priority), 0, request, copies, on_done)
         with self._cond:
-            if self._closed:
-                item.future.set_exception(Cancelled("scheduler closed: submission refused"))
-                self._call_on_done(item)
-                return item.future
-            item.order = next(self._orders)
-            self._queues.setdefault(queue_key, deque()).append(item)
-            self._last_futures[queue_key] = item.future
-            self._num_pending += 1
-            self._cond.notify()
+            accepted = not self._closed
+            if accepted:
+                item.order = next(self._orders)
+                self._queues.setdefault(queue_key, deque()).append(item)
+                self._last_futures[queue_key] = item.future
+                self._num_pending += 1
+                self._cond.notify()
+        if not accepted:
+            self._finish([item], [Cancelled("scheduler closed: submission refused")])
         return item.future
 
     def synchronize_future(self, queue_key: Hashable) -> Future | None:
