@@ -44,7 +44,7 @@ CUDA_CORE_DECODE_GROUP_SIZES = (1, 2, 3, 4)   # larger GQA groups decode faster 
 
 def is_pure_decode(table: PageTable) -> bool:
     """True when every request adds exactly one token and no request has a custom mask."""
-    return table.custom_mask is None and table.num_tokens == table.num_requests
+    return table.custom_mask is None and bool((table.q_lens() == 1).all())
 
 
 @dataclass(frozen=True)
