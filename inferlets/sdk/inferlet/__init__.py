@@ -12,7 +12,7 @@ See docs/writing-inferlets.md for the whole API.
 """
 from inferlet import sampling
 from inferlet.beam import Beam, beam_search
-from inferlet.context import Context
+from inferlet.context import Context, list_exports, release_export
 from inferlet.entry import ArgumentParser, main
 from inferlet.errors import InferletError
 from inferlet.generation import Generation, generate_parallel
@@ -25,7 +25,7 @@ from inferlet.sampling import Sampler
 __all__ = [
     "ArgumentParser", "Beam", "Context", "Generation", "InferletError", "ModelInfo", "Sampler",
     "Subscription", "arguments", "beam_search", "broadcast", "decode", "encode",
-    "generate_parallel", "host_version", "instance_id", "log", "main", "model_info", "receive",
-    "receive_json", "render_chat", "sampling", "send", "send_json", "store_delete", "store_get",
-    "store_set", "subscribe", "try_receive", "vocabulary",
+    "generate_parallel", "host_version", "instance_id", "list_exports", "log", "main",
+    "model_info", "receive", "receive_json", "release_export", "render_chat", "sampling", "send",
+    "send_json", "store_delete", "store_get", "store_set", "subscribe", "try_receive", "vocabulary",
 ]

@@ -18,7 +18,7 @@ from inferlet.generation import Generation
 from inferlet.model import encode, model_info, render_chat
 from inferlet.sampling import Sampler
 
-__all__ = ["Context"]
+__all__ = ["Context", "list_exports", "release_export"]
 
 _PRIORITIES = {"low": queue.Priority.LOW, "normal": queue.Priority.NORMAL,
                "high": queue.Priority.HIGH}
@@ -101,9 +101,12 @@ class Context:
 
     # -- generating ----------------------------------------------------------------------------
     def generation(self, max_tokens: int = 256, sampler: Sampler | None = None, *,
-                   stop: tuple[str, ...] | str = (), stop_token_ids=None) -> Generation:
-        """A Generation to drive step by step (see inferlet.generation)."""
-        return Generation(self, max_tokens, sampler, stop=stop, stop_token_ids=stop_token_ids)
+                   stop: tuple[str, ...] | str = (), stop_token_ids=None,
+                   stream_text: bool = False) -> Generation:
+        """A Generation to drive step by step (see inferlet.generation); `stream_text` makes
+        its steps return text deltas."""
+        return Generation(self, max_tokens, sampler, stop=stop, stop_token_ids=stop_token_ids,
+                          stream_text=stream_text)
 
     def generate(self, max_tokens: int = 256, sampler: Sampler | None = None, *,
                  stop: tuple[str, ...] | str = (), stop_token_ids=None) -> str:
@@ -123,9 +126,8 @@ class Context:
     def stream(self, max_tokens: int = 256, sampler: Sampler | None = None, *,
                stop: tuple[str, ...] | str = (), stop_token_ids=None):
         """Like `generate`, yielding text deltas as they become final."""
-        gen = Generation(self, max_tokens, sampler, stop=stop, stop_token_ids=stop_token_ids,
-                         stream_text=True)
-        yield from gen.steps()
+        yield from self.generation(max_tokens, sampler, stop=stop, stop_token_ids=stop_token_ids,
+                                   stream_text=True).steps()
 
     # -- KV bookkeeping ------------------------------------------------------------------------
     @property
@@ -335,3 +337,17 @@ class Context:
     def _check_open(self) -> None:
         if self._closed:
             raise InferletError("this Context is closed")
+
+
+def list_exports() -> list[str]:
+    """Names of the KV exports visible to this instance."""
+    return list(kv.list_exports())
+
+
+def release_export(name: str) -> None:
+    """Drop an export made by this instance (or a persistent one of its tenant)."""
+    try:
+        kv.release_export(name)
+    except Err as err:
+        raise InferletError(f"release export {name!r}: {err.value}") from None
+    messaging.store_delete(_EXPORT_KEY + name)

@@ -8,8 +8,12 @@ its message, MemoryError named as such (the guest would otherwise abort with a b
 from __future__ import annotations
 
 import argparse
+import difflib  # noqa: F401  - argparse imports these lazily; a guest can only use what
 import json
+import locale  # noqa: F401  - was imported while the app loaded (see _warm_up_argparse)
+import shutil  # noqa: F401
 import sys
+import textwrap  # noqa: F401
 import traceback
 
 from inferlet._wit import Err
@@ -33,6 +37,27 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise InferletError(f"{self.format_usage().strip()}\n{self.prog}: error: {message}")
+
+
+def _warm_up_argparse() -> None:
+    """Run argparse's parse, help and error paths once at load time, so every module they
+    import lazily is bundled into the component (a run-time import would fail)."""
+    parser = ArgumentParser(prog="warm-up", description="warm up")
+    parser.add_argument("--count", type=int, default=0, help="a number")
+    parser.add_argument("--flag", action="store_true")
+    parser.add_argument("--many", action="append")
+    parser.add_argument("--choice", choices=["a", "b"])
+    parser.add_argument("name", nargs="?")
+    parser.parse_args(["--count", "1", "--flag", "--many", "x", "--choice", "a", "n"])
+    parser.format_help()
+    for bad in (["--count", "x"], ["--nope"], ["--choice", "c"]):
+        try:
+            parser.parse_args(bad)
+        except InferletError:
+            pass
+
+
+_warm_up_argparse()
 
 
 def _to_result(value) -> str:

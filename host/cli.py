@@ -1,0 +1,243 @@
+"""The `pie` command: build and run inferlets locally (serve/submit come from host/server).
+
+    pie build app.py [-o app.wasm]
+    pie run app.wasm|app.py [--model PATH] [limits] [-- inferlet args]
+
+Exit status of `pie run`: 0 the inferlet returned a result; 1 it returned an error (or the
+program could not be built or loaded); 2 bad command line; 3 it trapped; 4 it was terminated;
+130 interrupted. The cause goes to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_TRAP",
+           "EXIT_TERMINATED", "EXIT_INTERRUPTED"]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TRAP, EXIT_TERMINATED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+
+
+def _add_build_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "build", help="build an inferlet (app.py) into a WebAssembly component",
+        description="Bundle app.py, the inferlet SDK and CPython into a component with "
+                    "componentize-py (about 10 s, about 18 MB).")
+    parser.add_argument("app", type=Path, help="the inferlet's Python file")
+    parser.add_argument("-o", "--output", type=Path, default=None,
+                        help="output component (default: the app's name with .wasm)")
+    parser.set_defaults(func=_run_build)
+
+
+def _add_run_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "run", help="run an inferlet locally on a model",
+        description="Load the model, load the component (compiled once, then cached), run one "
+                    "instance, stream what it sends to stdout, then print its result. An app.py "
+                    "is built first (cached by content hash). Lines typed on stdin are sent to "
+                    "the inferlet as client messages. Put the inferlet's own arguments after --.")
+    parser.add_argument("program", type=Path, help="app.wasm, or app.py to build and run")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="a GGUF file or a Hugging Face checkpoint directory "
+                             "(default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--memory-mb", type=int, default=256, help="guest memory limit (MiB)")
+    parser.add_argument("--max-idle-s", type=float, default=10.0,
+                        help="longest the guest may compute without calling the host")
+    parser.add_argument("--page-quota", type=int, default=None,
+                        help="most KV pages the instance may hold (default: the whole pool)")
+    parser.add_argument("--kv-memory-mb", type=int, default=512, help="KV page pool size (MiB)")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="compiled components and builds (default: $PIE_CACHE_DIR or ~/.cache/pie)")
+    parser.add_argument("--lines", action="store_true",
+                        help="end every message with a newline (for inferlets that send whole "
+                             "messages rather than text deltas)")
+    parser.set_defaults(func=_run_run)
+
+
+def _add_server_parsers(subparsers) -> None:
+    """`serve` and `submit`, when the server package is installed and importable."""
+    try:
+        from host.server.commands import add_serve_parser, add_submit_parser
+    except ImportError:
+        return
+    add_serve_parser(subparsers)
+    add_submit_parser(subparsers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line (every command has --help)."""
+    parser = argparse.ArgumentParser(prog="pie", description="pie: programmable LLM serving.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_build_parser(subparsers)
+    _add_run_parser(subparsers)
+    _add_server_parsers(subparsers)
+    return parser
+
+
+def _run_build(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
+    from host.build import BuildError, build
+    output = namespace.output or namespace.app.with_suffix(".wasm")
+    try:
+        with _status(f"building {namespace.app} (componentize-py)"):
+            path = build(namespace.app, output)
+    except BuildError as err:
+        print(f"pie build: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"built {path} ({path.stat().st_size / 1e6:.1f} MB)", file=sys.stderr)
+    return EXIT_OK
+
+
+def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
+    """Build if needed, load the model and the component, run one instance to its end."""
+    from host.config import InstanceLimits, RuntimeConfig, default_cache_dir
+    try:
+        limits = InstanceLimits(memory_mb=namespace.memory_mb, max_idle_s=namespace.max_idle_s,
+                                page_quota=namespace.page_quota)
+    except ValueError as err:
+        print(f"pie run: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    cache_dir = namespace.cache_dir or default_cache_dir()
+    wasm_path = _program_path(namespace.program, cache_dir)
+    if wasm_path is None:
+        return EXIT_ERROR
+    engine = _load_engine(namespace)
+    if engine is None:
+        return EXIT_ERROR
+    from host.runtime import Runtime
+    with Runtime(engine, RuntimeConfig(cache_dir=cache_dir)) as runtime:
+        program = _load_program(runtime, wasm_path)
+        if program is None:
+            return EXIT_ERROR
+        return _run_instance(runtime, program, inferlet_args, limits, lines=namespace.lines)
+
+
+def _program_path(program: Path, cache_dir: Path) -> Path | None:
+    """The component to run: `program` itself, or its cached build when it is a .py file."""
+    if not program.is_file():
+        print(f"pie run: {program}: no such file", file=sys.stderr)
+        return None
+    if program.suffix != ".py":
+        return program
+    from host.build import BuildError, build_cached
+    try:
+        with _status(f"building {program} (first run of this source; cached afterwards)"):
+            path, _ = build_cached(program, Path(cache_dir) / "builds")
+    except BuildError as err:
+        print(f"pie run: {err}", file=sys.stderr)
+        return None
+    return path
+
+
+def _load_engine(namespace: argparse.Namespace):
+    """The engine on the chosen model (a progress bar on a terminal), or None after an error."""
+    from engine.engine import load_default_engine, load_engine
+    overrides = dict(kv_memory_mb=namespace.kv_memory_mb, dtype=namespace.dtype,
+                     device=namespace.device)
+    try:
+        if namespace.model is None:
+            return load_default_engine(progress=True, **overrides)
+        return load_engine(namespace.model, progress=True, **overrides)
+    except (OSError, ValueError) as err:
+        model = namespace.model or "the default model"
+        print(f"pie run: cannot load {model}: {err}", file=sys.stderr)
+        return None
+
+
+def _load_program(runtime, wasm_path: Path):
+    """Validate + compile (spinner the first time; later runs load the cached artifact)."""
+    from host.programs import ProgramError
+    try:
+        with _status(f"compiling {wasm_path.name} (first run only; cached afterwards)"):
+            return runtime.load_program(wasm_path.read_bytes())
+    except ProgramError as err:
+        print(f"pie run: {wasm_path}: {err}", file=sys.stderr)
+        return None
+
+
+def _run_instance(runtime, program, inferlet_args: list[str], limits, *, lines: bool) -> int:
+    """Launch, stream messages to stdout, forward stdin lines, print the outcome."""
+    import threading
+    ends_with_newline = [True]
+
+    def on_event(event) -> None:
+        if event.kind == "message":
+            text = event.data + ("\n" if lines and not event.data.endswith("\n") else "")
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            if text:
+                ends_with_newline[0] = text.endswith("\n")
+
+    instance_id = runtime.launch(program, inferlet_args, limits=limits, on_event=on_event)
+    threading.Thread(target=_forward_stdin, args=(runtime, instance_id), daemon=True).start()
+    try:
+        outcome = runtime.wait(instance_id)
+    except KeyboardInterrupt:
+        runtime.terminate(instance_id, "interrupted (Ctrl-C)")
+        print("\npie run: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if not ends_with_newline[0]:
+        sys.stdout.write("\n")
+    if outcome.status == "ok":
+        if outcome.value:
+            sys.stdout.write(outcome.value + ("" if outcome.value.endswith("\n") else "\n"))
+        sys.stdout.flush()
+        return EXIT_OK
+    sys.stdout.flush()
+    label = {"error": "the inferlet failed", "trap": "the inferlet trapped",
+             "terminated": "the inferlet was terminated"}[outcome.status]
+    print(f"pie run: {label}: {outcome.value}", file=sys.stderr)
+    return {"error": EXIT_ERROR, "trap": EXIT_TRAP}.get(outcome.status, EXIT_TERMINATED)
+
+
+def _forward_stdin(runtime, instance_id: str) -> None:
+    """Send each stdin line (without its newline) to the instance as a client message."""
+    try:
+        for line in sys.stdin:
+            if not runtime.send(instance_id, line.rstrip("\n")):
+                return
+    except (OSError, ValueError, KeyError):
+        return
+
+
+class _status:
+    """A rich spinner on stderr while a slow step runs (nothing when stderr is not a terminal)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        self._status = None
+
+    def __enter__(self) -> "_status":
+        if sys.stderr.isatty():
+            from rich.console import Console
+            self._status = Console(stderr=True).status(self.message)
+            self._status.__enter__()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._status is not None:
+            self._status.__exit__(*exc_info)
+
+
+def _split_inferlet_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`pie run X [opts] -- a b` -> (pie's argv, the inferlet's argv)."""
+    if argv[:1] == ["run"] and "--" in argv:
+        index = argv.index("--")
+        return argv[:index], argv[index + 1:]
+    return argv, []
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `pie` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own_argv, inferlet_args = _split_inferlet_args(argv)
+    namespace = build_parser().parse_args(own_argv)
+    if namespace.command in ("build", "run"):
+        return namespace.func(namespace, inferlet_args)
+    return namespace.func(namespace)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
