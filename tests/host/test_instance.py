@@ -99,3 +99,11 @@ def test_engine_failure_is_an_err_of_get_not_a_trap(components, make_runtime):  
     assert outcome.status == "error"
     assert outcome.value.startswith("engine failed the batch: ")
     assert runtime.statistics().pool.num_free == engine.num_pages
+
+
+def test_wasi_exposes_no_environment_argv_or_directories(components, make_runtime,  # noqa: F811
+                                                          monkeypatch):
+    monkeypatch.setenv("PIE_SECRET", "do-not-leak")
+    runtime = make_runtime(FakeEngine())
+    outcome = runtime.wait(launch(runtime, components, "environ", "an-argument"), timeout=5)
+    assert (outcome.status, outcome.value) == ("ok", "sandboxed")
