@@ -14,7 +14,7 @@ import torch
 from engine.attention import make_attention_backend
 from engine.batch import ForwardBatch, ForwardResult, TokenCopy
 from engine.config import EngineConfig, ModelConfig
-from engine.generation import generate_greedy_batch
+from engine.generation import generate_greedy_batch, prompt_logits
 from engine.kv_cache import KVCache, num_pages_for
 from engine.model.llama import LlamaModel
 from engine.page_table import build_page_table
@@ -123,6 +123,10 @@ class Engine:
                               num_new_tokens: int) -> list[list[int]]:
         """Greedy continuations of several prompts, one batched forward pass per step."""
         return generate_greedy_batch(self, [list(p) for p in prompts], num_new_tokens)
+
+    def prompt_logits(self, prompt_ids: Sequence[int], all_positions: bool = False) -> torch.Tensor:
+        """float32 logits of a fresh prompt: [vocab] at the last position, or [len, vocab]."""
+        return prompt_logits(self, list(prompt_ids), all_positions)
 
     def _count(self, batch: ForwardBatch, num_outputs: int) -> None:
         stats = self._stats

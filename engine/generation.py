@@ -13,7 +13,7 @@ from engine.batch import GREEDY, ForwardBatch, ForwardRequest
 if TYPE_CHECKING:
     from engine.engine import Engine
 
-__all__ = ["generate_greedy_batch"]
+__all__ = ["generate_greedy_batch", "prompt_logits"]
 
 
 def _pages_needed(num_tokens: int, page_size: int) -> int:
@@ -52,3 +52,27 @@ def generate_greedy_batch(engine: "Engine", prompts: list[list[int]],
         for i, (token,) in enumerate(step_tokens):
             new_tokens[i].append(token)
     return new_tokens
+
+
+def prompt_logits(engine: "Engine", prompt_ids: list[int], all_positions: bool = False):
+    """float32 logits of a fresh prompt: [vocab] at its last position, or [len, vocab] at all.
+
+    Borrows pages from the start of the pool, like generate_greedy_batch.
+    """
+    from engine.page_table import build_page_table
+    from engine.validate import validate_batch
+
+    num_tokens = len(prompt_ids)
+    outputs = tuple(range(num_tokens)) if all_positions else (num_tokens - 1,)
+    request = ForwardRequest(tuple(prompt_ids), tuple(range(num_tokens)),
+                             tuple(range(_pages_needed(num_tokens, engine.page_size))),
+                             (num_tokens - 1) % engine.page_size + 1, outputs,
+                             (GREEDY,) * len(outputs))
+    batch = ForwardBatch((request,))
+    validate_batch(batch, page_size=engine.page_size, num_pages=engine.num_pages,
+                   vocab_size=engine.model_config.vocab_size,
+                   max_position=engine.model_config.max_position)
+    table = build_page_table(batch, engine.page_size)
+    engine.attention.plan(table)
+    logits = engine.model.forward(table, engine.kv_cache, engine.attention)
+    return logits if all_positions else logits[0]
