@@ -213,3 +213,16 @@ def test_close_terminates_running_instances(components, make_runtime):  # noqa: 
     assert time.monotonic() - started < 5
     with pytest.raises(RuntimeError, match="closed"):
         launch(runtime, components, "echo")
+
+
+def test_every_binding_lowers_and_lifts(components, make_runtime):  # noqa: F811
+    """Distribution outputs, seeded samplers, masks, share / mask / copy, sequences, export
+    release, chat template, vocabulary: the coverage guest checks each answer itself."""
+    engine = FakeEngine(num_pages=16, page_size=4)
+    runtime = make_runtime(engine)
+    instance_id = launch(runtime, components, "coverage")
+    outcome = runtime.wait(instance_id, timeout=10)
+    assert (outcome.status, outcome.value) == ("ok", "covered"), runtime.instance_log(instance_id)
+    assert runtime.instance_log(instance_id)[-1] == "log: step 7"
+    assert engine.statistics().num_copied_tokens >= 2
+    assert runtime.statistics().pool.num_free == 16
