@@ -114,6 +114,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype | str = torch.float32,
         raise ModelLoadError(path, "no such file" if not path.exists() else "not a regular file")
     gguf = read_gguf(path)
     config = gguf_model_config(gguf)
+    tokenizer = _gguf_tokenizer(gguf)
     named = _named_tensors(gguf)
     check_weight_shapes(path, config, {name: tuple(reversed(t.shape)) for name, t in named.items()})
     with _progress_bar(progress, len(named), path.name) as advance, _single_threaded():
@@ -122,8 +123,18 @@ def load_gguf(path: str | Path, dtype: torch.dtype | str = torch.float32,
             weights[hf_name] = _dequantize_tensor(tensor, config, dtype)
             gguf.release_pages(tensor)
             advance()
-    tokenizer = Tokenizer.from_gguf_fields(gguf.fields) if "tokenizer.ggml.tokens" in gguf.fields else None
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=str(path))
+
+
+def _gguf_tokenizer(gguf: GGUFFile) -> Tokenizer | None:
+    """The file's tokenizer (None when it has no vocabulary), built before the weights so that
+    an unsupported one fails fast."""
+    if "tokenizer.ggml.tokens" not in gguf.fields:
+        return None
+    try:
+        return Tokenizer.from_gguf_fields(gguf.fields)
+    except (ValueError, KeyError, TypeError) as error:
+        raise ModelLoadError(gguf.path, f"cannot build its tokenizer: {error}") from None
 
 
 def _named_tensors(gguf: GGUFFile) -> dict[str, GGUFTensorInfo]:

@@ -144,6 +144,8 @@ def read_gguf(path: Path) -> GGUFFile:
             mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     except ValueError:   # mmap of an empty file
         raise ModelLoadError(path, "the file is empty") from None
+    except OSError as error:
+        raise ModelLoadError(path, f"cannot read the file ({error.strerror or error})") from None
     cursor = _Cursor(path, memoryview(mapped))
     if cursor.buffer[:4].tobytes() != _MAGIC:
         raise ModelLoadError(path, f"not a GGUF file (magic {cursor.buffer[:4].tobytes()!r})")

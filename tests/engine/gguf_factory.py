@@ -55,9 +55,11 @@ def gguf_name(hf_name: str) -> str:
 
 def write_tiny_gguf(path: Path, weights: dict[str, np.ndarray], *, arch: str = "llama",
                     matrix_type: GGMLQuantizationType = GGMLQuantizationType.F32,
-                    types: dict[str, GGMLQuantizationType] | None = None) -> Path:
+                    types: dict[str, GGMLQuantizationType] | None = None,
+                    tokenizer_model: str | None = None) -> Path:
     """A GGUF of `weights` (HF order; Q/K get llama.cpp's permutation), matrices stored as
-    `matrix_type` unless `types` (HF name -> type) says otherwise; vectors stay F32."""
+    `matrix_type` unless `types` (HF name -> type) says otherwise; vectors stay F32.
+    With `tokenizer_model`, a vocabulary of single bytes (plus merges for 'gpt2') is written."""
     writer = GGUFWriter(str(path), arch)
     writer.add_name("tiny-test-llama")
     writer.add_block_count(TINY["num_layers"])
@@ -69,6 +71,8 @@ def write_tiny_gguf(path: Path, weights: dict[str, np.ndarray], *, arch: str = "
     writer.add_rope_freq_base(5000.0)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_vocab_size(TINY["vocab"])
+    if tokenizer_model is not None:
+        _add_tokenizer(writer, tokenizer_model)
     for hf_name, value in weights.items():
         if hf_name.endswith("q_proj.weight"):
             value = llama_cpp_permute(value, TINY["num_heads"])
@@ -84,3 +88,17 @@ def write_tiny_gguf(path: Path, weights: dict[str, np.ndarray], *, arch: str = "
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _add_tokenizer(writer: GGUFWriter, model: str) -> None:
+    """TINY["vocab"] tokens: '<eos>', then letters and their merges ('ab', 'Ġa', ...)."""
+    letters = [chr(ord("a") + index) for index in range(12)]
+    merges = ["a b", "Ġ a", "Ġ b", "c d"]
+    tokens = ["<eos>", "Ġ", *letters, *(merge.replace(" ", "") for merge in merges)]
+    tokens += [f"<unused{index}>" for index in range(TINY["vocab"] - len(tokens))]
+    writer.add_tokenizer_model(model)
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] + [1] * (len(tokens) - 1))
+    writer.add_eos_token_id(0)
+    if model == "gpt2":
+        writer.add_token_merges(merges)

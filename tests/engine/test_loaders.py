@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import quants
+from gguf import GGML_QUANT_SIZES, quants
 
 from engine.loaders import (LoadedModel, ModelLoadError, default_gguf_path, load_gguf,
                             load_model)
+from engine.loaders.dequant import dequantize
+from engine.loaders.gguf_reader import read_gguf
 from tests.engine.gguf_factory import TINY, tiny_hf_weights, write_tiny_gguf
 
 
@@ -87,12 +89,57 @@ def test_tiny_gguf_dequantizes_like_gguf_package(tmp_path, qtype):
         np.testing.assert_array_equal(model.weights[name].numpy(), expected, err_msg=name)
 
 
+def test_fast_reader_agrees_with_gguf_reader():
+    """Our metadata/tensor-table parser against the gguf package's (slow) GGUFReader."""
+    from gguf import GGUFReader
+
+    path = default_gguf_path()
+    ours, reference = read_gguf(path), GGUFReader(path)
+    expected = {key: field.contents() for key, field in reference.fields.items()
+                if not key.startswith("GGUF.")}
+    assert ours.fields == expected
+    assert len(ours.tensors) == len(reference.tensors) == 272
+    for mine, theirs in zip(ours.tensors, reference.tensors):
+        assert (mine.name, mine.qtype) == (theirs.name, theirs.tensor_type)
+        assert mine.shape == tuple(int(size) for size in theirs.shape)
+        assert np.array_equal(mine.data, theirs.data.reshape(-1).view(np.uint8)), mine.name
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q5_1])
+def test_other_supported_types_go_through_gguf(qtype):
+    """Types we do not vectorize ourselves (e.g. k-quants, no quantizer in gguf) equal
+    gguf.quants.dequantize of the same bytes, shaped [rows, row_len]."""
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    num_rows, blocks_per_row = 3, 2
+    raw = np.random.default_rng(5).integers(0, 256, num_rows * blocks_per_row * block_bytes, dtype=np.uint8)
+    raw.view(np.uint16)[::block_bytes // 2] = 0x3C00   # keep scales finite (1.0 in float16)
+    ours = dequantize(raw, qtype, num_rows, torch.float32)
+    assert ours.shape == (num_rows, blocks_per_row * block)
+    expected = quants.dequantize(raw, qtype).reshape(num_rows, -1)
+    np.testing.assert_array_equal(ours.numpy(), expected)
+
+
 def test_q_and_k_permutation_is_undone_per_head(tmp_path):
     """With exact F32 storage, q_proj/k_proj equal the HF originals row for row."""
     weights = tiny_hf_weights(seed=2)
     model = load_gguf(write_tiny_gguf(tmp_path / "tiny.gguf", weights), progress=False)
     for name in ("model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight"):
         assert torch.equal(model.weights[name], torch.from_numpy(weights[name])), name
+
+
+def test_tiny_gguf_tokenizer_is_built_from_its_vocabulary(tmp_path):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny_hf_weights(), tokenizer_model="gpt2")
+    tokenizer = load_gguf(path, progress=False).tokenizer
+    assert tokenizer is not None and tokenizer.vocab_size == TINY["vocab"]
+    ids = tokenizer.encode("ab a<eos>")
+    assert [tokenizer.token_strings()[i] for i in ids] == ["ab", "Ġa", "<eos>"]
+    assert tokenizer.decode(ids) == "ab a<eos>" and tokenizer.stop_token_ids == (0,)
+
+
+def test_unsupported_tokenizer_is_named(tmp_path):
+    path = write_tiny_gguf(tmp_path / "spm.gguf", tiny_hf_weights(), tokenizer_model="llama")
+    with pytest.raises(ModelLoadError, match=r"spm\.gguf.*tokenizer model 'llama' is not supported"):
+        load_gguf(path, progress=False)
 
 
 def test_missing_file_is_named(tmp_path):
