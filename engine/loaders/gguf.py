@@ -117,7 +117,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype | str = torch.float32,
     tokenizer = _gguf_tokenizer(gguf)
     named = _named_tensors(gguf)
     check_weight_shapes(path, config, {name: tuple(reversed(t.shape)) for name, t in named.items()})
-    with _progress_bar(progress, len(named), path.name) as advance, _single_threaded():
+    with _ProgressBar(progress, len(named), path.name) as advance, _single_threaded():
         weights = {}
         for hf_name, tensor in named.items():
             weights[hf_name] = _dequantize_tensor(tensor, config, dtype)
@@ -191,7 +191,7 @@ def _single_threaded() -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-class _progress_bar:
+class _ProgressBar:
     """A transient rich progress bar on stderr when asked and stderr is a terminal."""
 
     def __init__(self, enabled: bool, total: int, label: str) -> None:

@@ -47,7 +47,7 @@ def test_hyperparameters_come_from_metadata(smollm, hf_smollm):
     assert config.rope_theta == hf.rope_parameters["rope_theta"]
     assert config.rms_norm_eps == pytest.approx(hf.rms_norm_eps)
     assert config.tie_word_embeddings and hf.tie_word_embeddings
-    assert config.name == hf._model_name_or_path == "Smollm2 135M 8k Lc100K Mix1 Ep2"
+    assert config.name == "Smollm2 135M 8k Lc100K Mix1 Ep2"   # general.name
 
 
 def test_every_weight_equals_transformers(smollm, hf_smollm):
