@@ -1,0 +1,188 @@
+"""Engine throughput vs transformers (float32, use_cache) and llama.cpp, same prompts, same run.
+
+Rows: prefill_512 (one 512-token prompt, tok/s), decode_b1 / decode_b8 / decode_b32 (greedy decode of
+`--new-tokens` tokens after 32-token prompts, aggregate tok/s over the batch); plus our load time and
+peak RSS (measured before any baseline is loaded). Each figure is the median of `--repeats` runs.
+
+    .venv/bin/python bench/engine_bench.py                   # table
+    .venv/bin/python bench/engine_bench.py --json            # one JSON object
+    .venv/bin/python bench/engine_bench.py --rows decode_b1 --new-tokens 16 --no-hf   # quick
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+from typing import Callable
+
+ROWS = ("prefill_512", "decode_b1", "decode_b8", "decode_b32")
+PROMPT_LEN, PREFILL_LEN = 32, 512
+
+
+def median_seconds(run: Callable[[], object], repeats: int) -> float:
+    run()                                                       # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def make_prompts(vocab_size: int, batch: int, length: int) -> list[list[int]]:
+    """Deterministic, distinct prompts of ordinary token ids."""
+    return [[(1000 + 7919 * (b * length + i)) % (vocab_size - 1000) + 500 for i in range(length)]
+            for b in range(batch)]
+
+
+def batch_size(row: str) -> int:
+    return int(row.removeprefix("decode_b"))
+
+
+# ---- ours -------------------------------------------------------------------------------------
+def bench_ours(rows: list[str], new_tokens: int, repeats: int,
+               dtype: str) -> tuple[dict, float, float, int]:
+    from engine import load_default_engine
+
+    start = time.perf_counter()
+    engine = load_default_engine(dtype=dtype, progress=False, seed=0)
+    load_s = time.perf_counter() - start
+    vocab = engine.model_config.vocab_size
+    results = {}
+    for row in rows:
+        if row == "prefill_512":
+            prompt = make_prompts(vocab, 1, PREFILL_LEN)[0]
+            seconds = median_seconds(lambda: engine.prompt_logits(prompt), repeats)
+            results[row] = PREFILL_LEN / seconds
+        else:
+            prompts = make_prompts(vocab, batch_size(row), PROMPT_LEN)
+            prefill = median_seconds(lambda: engine.generate_greedy_batch(prompts, 1), repeats)
+            full = median_seconds(lambda: engine.generate_greedy_batch(prompts, new_tokens + 1),
+                                  repeats)
+            results[row] = len(prompts) * new_tokens / max(full - prefill, 1e-9)
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return results, load_s, peak_rss_mb, vocab
+
+
+# ---- transformers -----------------------------------------------------------------------------
+def bench_hf(rows: list[str], new_tokens: int, repeats: int, vocab: int) -> dict:
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        return {}
+    from engine.loaders import default_gguf_path
+
+    path = default_gguf_path()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                 dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    results = {}
+    with torch.inference_mode():
+        for row in rows:
+            if row == "prefill_512":
+                ids = torch.tensor(make_prompts(vocab, 1, PREFILL_LEN))
+                results[row] = PREFILL_LEN / median_seconds(lambda: model(ids), repeats)
+                continue
+            ids = torch.tensor(make_prompts(vocab, batch_size(row), PROMPT_LEN))
+            mask = torch.ones_like(ids)
+
+            def generate(n: int) -> object:
+                return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                                      do_sample=False, use_cache=True)
+
+            prefill = median_seconds(lambda: generate(1), repeats)
+            full = median_seconds(lambda: generate(new_tokens + 1), repeats)
+            results[row] = ids.shape[0] * new_tokens / max(full - prefill, 1e-9)
+    return results
+
+
+# ---- llama.cpp --------------------------------------------------------------------------------
+def bench_llama_cpp(rows: list[str], new_tokens: int, repeats: int, vocab: int) -> dict:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return {}
+    from engine.loaders import default_gguf_path
+
+    llm = Llama(model_path=str(default_gguf_path()), n_threads=2, n_threads_batch=2, n_ctx=1024,
+                n_batch=512, verbose=False)
+    results = {}
+    if "prefill_512" in rows:
+        prompt = make_prompts(vocab, 1, PREFILL_LEN)[0]
+
+        def prefill() -> None:
+            llm.reset()
+            llm.eval(prompt)
+
+        results["prefill_512"] = PREFILL_LEN / median_seconds(prefill, repeats)
+    if "decode_b1" in rows:     # the high-level API runs one sequence; b8/b32 stay null
+        prompt = make_prompts(vocab, 1, PROMPT_LEN)[0]
+
+        def decode(n: int) -> None:
+            llm.reset()
+            llm.eval(prompt)
+            for _ in range(n):
+                llm.eval([llm.sample(top_k=1, temp=0.0)])
+
+        prefill = median_seconds(lambda: decode(0), repeats)
+        full = median_seconds(lambda: decode(new_tokens), repeats)
+        results["decode_b1"] = new_tokens / max(full - prefill, 1e-9)
+    return results
+
+
+# ---- report -----------------------------------------------------------------------------------
+def ratio(ours: float | None, base: float | None) -> str:
+    return f"{ours / base:5.2f}x" if ours and base else "   -  "
+
+
+def print_table(report: dict) -> None:
+    print(f"load {report['load_s']:.2f} s, peak RSS {report['peak_rss_mb']:.0f} MB "
+          f"(ours, dtype {report['dtype']}, before baselines)")
+    print(f"{'row':<13}{'ours tok/s':>11}{'hf tok/s':>10}{'ours/hf':>9}{'llama.cpp':>11}"
+          f"{'ours/llama':>12}")
+    for row in report["rows"]:
+        ours, hf, cpp = row["ours_tok_s"], row["hf_tok_s"], row["llama_cpp_tok_s"]
+        fmt = lambda v: f"{v:.1f}" if v else "-"
+        print(f"{row['name']:<13}{fmt(ours):>11}{fmt(hf):>10}{ratio(ours, hf):>9}{fmt(cpp):>11}"
+              f"{ratio(ours, cpp):>12}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma list of {ROWS}")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
+    parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    parser.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp baseline")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    rows = [r for r in args.rows.split(",") if r]
+    unknown = set(rows) - set(ROWS)
+    if unknown:
+        parser.error(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
+    ours, load_s, peak_rss_mb, vocab = bench_ours(rows, args.new_tokens, args.repeats, args.dtype)
+    hf = {} if args.no_hf else bench_hf(rows, args.new_tokens, args.repeats, vocab)
+    cpp = {} if args.no_llama_cpp else bench_llama_cpp(rows, args.new_tokens, args.repeats, vocab)
+    report = {
+        "rows": [{"name": r, "ours_tok_s": ours.get(r), "hf_tok_s": hf.get(r),
+                  "llama_cpp_tok_s": cpp.get(r)} for r in rows],
+        "load_s": load_s, "peak_rss_mb": peak_rss_mb, "dtype": args.dtype,
+        "new_tokens": args.new_tokens, "repeats": args.repeats,
+    }
+    for row in report["rows"]:
+        row["ours_over_hf"] = row["ours_tok_s"] / row["hf_tok_s"] if row["hf_tok_s"] else None
+        row["ours_over_llama_cpp"] = (row["ours_tok_s"] / row["llama_cpp_tok_s"]
+                                      if row["llama_cpp_tok_s"] else None)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_table(report)
+
+
+if __name__ == "__main__":
+    main()
