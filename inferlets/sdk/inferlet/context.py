@@ -275,7 +275,7 @@ class Context:
     # -- export / import -----------------------------------------------------------------------
     def export(self, name: str, *, persistent: bool = False) -> None:
         """Publish this context's KV under `name` (tokens in the tenant's store) for `from_import`."""
-        if any(any(m) for m in self._page_masks) or self.next_position != self.kv_len + len(self.pending_token_ids):
+        if any(any(m) for m in self._page_masks) or self.next_position != self.kv_len:
             raise ValueError(f"export {name!r}: a masked or windowed context cannot be exported")
         self.flush()
         self.synchronize()

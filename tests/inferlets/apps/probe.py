@@ -1,0 +1,31 @@
+"""A test inferlet for the CLI and the SDK's error paths; its first argument picks what it does."""
+import inferlet
+from inferlet import _wit
+
+
+@inferlet.main
+def main(args: list[str]) -> str:
+    mode = args[0] if args else "ok"
+    if mode == "ok":
+        return "probe ok " + " ".join(args[1:])
+    if mode == "stream":
+        for index in range(3):
+            inferlet.send(f"line {index}\n")
+        return "done"
+    if mode == "echo":
+        return "echo: " + inferlet.receive()
+    if mode == "error":
+        raise inferlet.InferletError("probe failed on purpose")
+    if mode == "exception":
+        return str(1 / 0)
+    if mode == "trap":
+        _wit.kv.free_pages([987654])   # an id this instance does not own: the host traps it
+        return "unreachable"
+    if mode == "memory":
+        hog = []
+        while True:
+            hog.append(bytearray(1 << 20))
+    if mode == "info":
+        info = inferlet.model_info()
+        return f"{info.name} page_size={info.page_size} stop={list(info.stop_token_ids)}"
+    raise inferlet.InferletError(f"unknown mode {mode!r}")
