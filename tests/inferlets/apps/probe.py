@@ -12,7 +12,8 @@ def main(args: list[str]) -> str:
         for index in range(3):
             inferlet.send(f"line {index}\n")
         return "done"
-    if mode == "echo":
+    if mode == "echo":   # streams "ready" first, then waits for the client
+        inferlet.send("ready\n")
         return "echo: " + inferlet.receive()
     if mode == "error":
         raise inferlet.InferletError("probe failed on purpose")

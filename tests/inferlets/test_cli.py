@@ -1,0 +1,99 @@
+"""The `pie` command, as a user runs it (subprocesses): help, build errors, run exit codes,
+streaming and stdin messages."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.inferlets.conftest import REPO, TEST_APPS
+
+PIE = [sys.executable, "-m", "host.cli"]
+
+
+def pie(args: list[str], env: dict, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(PIE + args, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout, **kwargs)
+
+
+@pytest.mark.parametrize("command", [[], ["build"], ["run"]])
+def test_every_command_has_help(command, cli_env):
+    done = pie(command + ["--help"], cli_env, timeout=60)
+    assert done.returncode == 0 and "usage: pie" in done.stdout
+
+
+def write_app(tmp_path: Path, name: str, source: str) -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    return path
+
+
+def test_build_reports_a_syntax_error_with_its_line(tmp_path, cli_env):
+    app = write_app(tmp_path, "broken", "import inferlet\n\n@inferlet.main\ndef main(:\n    pass\n")
+    done = pie(["build", str(app)], cli_env)
+    assert done.returncode == 1 and f"{app}:4:" in done.stderr and "syntax error" in done.stderr
+    assert not app.with_suffix(".wasm").exists()
+
+
+def test_build_reports_a_missing_entry_point(tmp_path, cli_env):
+    app = write_app(tmp_path, "no_entry", "import inferlet\n\ndef main(args):\n    return 'x'\n")
+    done = pie(["build", str(app)], cli_env)
+    assert done.returncode == 1 and "no entry point" in done.stderr and "@inferlet.main" in done.stderr
+
+
+def test_build_reports_an_import_that_cannot_be_bundled(tmp_path, cli_env):
+    source = "import inferlet\nimport no_such_module_for_pie\n\n@inferlet.main\ndef main(args):\n    return 'x'\n"
+    app = write_app(tmp_path, "bad_import", source)
+    done = pie(["build", str(app), "-o", str(tmp_path / "out.wasm")], cli_env)
+    assert done.returncode == 1 and "cannot be bundled" in done.stderr
+    assert "no_such_module_for_pie" in done.stderr and not (tmp_path / "out.wasm").exists()
+
+
+def test_build_of_a_missing_file(tmp_path, cli_env):
+    done = pie(["build", str(tmp_path / "nope.py")], cli_env)
+    assert done.returncode == 1 and "no such file" in done.stderr
+
+
+def test_run_app_py_builds_then_runs_with_arguments(cli_env, component_path):
+    component_path("probe")   # the session's build cache is the CLI's ($PIE_CACHE_DIR/builds)
+    done = pie(["run", str(TEST_APPS / "probe.py"), "--", "ok", "a", "--b"], cli_env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "probe ok a --b\n"
+
+
+def test_run_streams_messages_before_the_end_and_forwards_stdin(cli_env, component_path):
+    wasm = component_path("probe")
+    process = subprocess.Popen(PIE + ["run", str(wasm), "--", "echo"], cwd=REPO, env=cli_env,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    timer = threading.Timer(300, process.kill)
+    timer.start()
+    try:
+        assert process.stdout.readline() == "ready\n"   # streamed while the instance waits
+        stdout, stderr = process.communicate("hello there\n")
+    finally:
+        timer.cancel()
+    assert process.returncode == 0, stderr
+    assert stdout == "echo: hello there\n"
+
+
+def test_run_exit_codes_and_causes(cli_env, component_path):
+    wasm = str(component_path("probe"))
+    error = pie(["run", wasm, "--", "error"], cli_env, stdin=subprocess.DEVNULL)
+    assert error.returncode == 1 and "probe failed on purpose" in error.stderr
+    trap = pie(["run", wasm, "--", "trap"], cli_env, stdin=subprocess.DEVNULL)
+    assert trap.returncode == 3 and "trapped" in trap.stderr and "987654" in trap.stderr
+    memory = pie(["run", wasm, "--memory-mb", "64", "--", "memory"], cli_env, stdin=subprocess.DEVNULL)
+    assert memory.returncode == 1 and "MemoryError" in memory.stderr
+
+
+def test_run_rejects_bad_options_and_files(cli_env, tmp_path):
+    assert pie(["run", "x.wasm", "--memory-mb", "lots"], cli_env, timeout=60).returncode == 2
+    missing = pie(["run", str(tmp_path / "missing.wasm")], cli_env, timeout=60)
+    assert missing.returncode == 1 and "no such file" in missing.stderr
+    (tmp_path / "junk.wasm").write_bytes(b"not a component")
+    junk = pie(["run", str(tmp_path / "junk.wasm")], cli_env)
+    assert junk.returncode == 1 and "junk.wasm" in junk.stderr
