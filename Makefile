@@ -22,5 +22,15 @@ test: setup
 bench: setup
 	$(PY) bench/engine_bench.py
 
+# `make run`: build the text-completion example (again only when it or the SDK changed) and run it.
+PROMPT ?= The three most important things to know about the ocean are
+EXAMPLE_WASM := build/text_completion.wasm
+
+$(EXAMPLE_WASM): inferlets/examples/text_completion.py $(wildcard inferlets/sdk/inferlet/*.py) wit/inferlet.wit $(STAMP)
+	$(VENV)/bin/pie build inferlets/examples/text_completion.py -o $@
+
+run: setup $(EXAMPLE_WASM)
+	$(VENV)/bin/pie run $(EXAMPLE_WASM) -- --prompt "$(PROMPT)" --max-tokens 48 --stream
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
