@@ -19,6 +19,7 @@ def main(args: list[str]) -> str:
     parser.add_argument("--chat", action="store_true", help="send the prompt as a user message")
     parser.add_argument("--stream", action="store_true", help="send text as it is generated")
     parser.add_argument("--json", action="store_true", help="return text, token ids, finish reason")
+    parser.add_argument("--ignore-eos", action="store_true", help="do not stop at stop tokens")
     opts = parser.parse_args(args)
 
     if opts.temperature == 0:
@@ -31,7 +32,8 @@ def main(args: list[str]) -> str:
         ctx.fill_user(opts.prompt)
     else:
         ctx.fill(opts.prompt)
-    generation = ctx.generation(opts.max_tokens, sampler, stream_text=opts.stream)
+    generation = ctx.generation(opts.max_tokens, sampler, stream_text=opts.stream,
+                                stop_token_ids=() if opts.ignore_eos else None)
     if opts.stream:
         for delta in generation.steps():
             inferlet.send(delta)

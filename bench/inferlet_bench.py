@@ -1,0 +1,150 @@
+"""Inferlets through Wasm vs the engine's own loop, on the real model.
+
+    python bench/inferlet_bench.py [--tokens 64] [--repeats 3] [--dtype auto]
+
+Rows (medians of --repeats runs, wall time):
+  greedy x1   text_completion (--ignore-eos, greedy) vs Engine.generate_greedy, same prompt/tokens
+  greedy x8   8 concurrent instances vs Engine.generate_greedy_batch of the 8 prompts
+  forks x8    parallel_generation with 8 forks vs 8 independent text_completion instances
+              (same prefix + suffixes): prefill tokens computed, tokens/s
+  launch      launch-to-result of a cached component (--help, no model work); load of a
+              compiled component from the disk cache in a fresh Runtime
+The ratio column is wasm time / engine time (target: within 1.03).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from engine.engine import load_default_engine  # noqa: E402
+from host.build import build_cached  # noqa: E402
+from host.config import RuntimeConfig  # noqa: E402
+from host.runtime import Runtime  # noqa: E402
+from host.scheduler import SchedulerPolicy  # noqa: E402
+
+PROMPTS = [f"Write a short story about a {animal} who learns to" for animal in
+           ("cat", "dog", "fox", "owl", "bear", "wolf", "frog", "hare")]
+PREFIX = "Here is a list of eight short stories about animals, each one a single sentence.\n"
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_all(runtime: Runtime, program, arg_lists: list[list[str]]) -> list[str]:
+    """Launch every instance at once, wait for all; returns their results."""
+    ids = [runtime.launch(program, args) for args in arg_lists]
+    outcomes = [runtime.wait(i, timeout=600) for i in ids]
+    bad = [o for o in outcomes if o.status != "ok"]
+    if bad:
+        raise SystemExit(f"an instance failed: {bad[0]}")
+    return [o.value for o in outcomes]
+
+
+def completion_args(prompt: str, num_tokens: int) -> list[str]:
+    return ["--prompt", prompt, "--max-tokens", str(num_tokens), "--ignore-eos", "--json"]
+
+
+def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int) -> None:
+    encode = engine.tokenizer.encode
+    for width in (1, 8):
+        prompts = PROMPTS[:width]
+        engine_s = median_time(lambda: engine.generate_greedy_batch([encode(p) for p in prompts],
+                                                                    num_tokens), repeats)
+        before = runtime.statistics().engine
+        wasm_s = median_time(lambda: run_all(runtime, program,
+                                             [completion_args(p, num_tokens) for p in prompts]),
+                             repeats)
+        after = runtime.statistics().engine
+        mean_batch = (after.num_requests - before.num_requests) / max(1, after.num_batches - before.num_batches)
+        results = run_all(runtime, program, [completion_args(p, num_tokens) for p in prompts])
+        same = [json.loads(r)["token_ids"] for r in results] == engine.generate_greedy_batch(
+            [encode(p) for p in prompts], num_tokens)
+        total = width * num_tokens
+        print(f"greedy x{width:<3} engine {engine_s:7.3f} s ({total / engine_s:7.1f} tok/s)   "
+              f"wasm {wasm_s:7.3f} s ({total / wasm_s:7.1f} tok/s)   ratio {wasm_s / engine_s:5.3f}"
+              f"   same tokens: {same}   wasm mean batch {mean_batch:.2f}")
+
+
+def bench_forks(runtime, engine, parallel, completion, num_tokens: int, repeats: int) -> None:
+    suffixes = [f"Story {i + 1}:" for i in range(8)]
+    fork_args = ["--prefix", PREFIX, "--max-tokens", str(num_tokens)]
+    for suffix in suffixes:
+        fork_args += ["--suffix", suffix]
+    separate_args = [completion_args(PREFIX + s, num_tokens) for s in suffixes]
+
+    def measure(program, arg_lists):
+        before = runtime.statistics().engine.num_input_tokens
+        seconds = median_time(lambda: run_all(runtime, program, arg_lists), repeats)
+        computed = (runtime.statistics().engine.num_input_tokens - before) // repeats
+        return seconds, computed
+
+    fork_s, fork_tokens = measure(parallel, [fork_args])
+    sep_s, sep_tokens = measure(completion, separate_args)
+    prefix_len = len(engine.tokenizer.encode(PREFIX))
+    total = 8 * num_tokens
+    print(f"forks x8    8 forks {fork_s:7.3f} s ({total / fork_s:7.1f} tok/s, {fork_tokens} tokens "
+          f"computed)   8 instances {sep_s:7.3f} s ({total / sep_s:7.1f} tok/s, {sep_tokens} "
+          f"computed)   prefill saved {sep_tokens - fork_tokens} tokens (prefix {prefix_len} x 7 = "
+          f"{prefix_len * 7})   speed-up {sep_s / fork_s:5.2f}")
+    print("            (forks stop at stop tokens, instances use --ignore-eos: token counts are "
+          "upper bounds for the forks)")
+
+
+def bench_launch(runtime, engine, wasm_path: Path, program, repeats: int) -> None:
+    launch_s = median_time(lambda: run_all(runtime, program, [["--help"]]), max(repeats, 5))
+    with Runtime(engine, RuntimeConfig(cache_dir=runtime.config.cache_dir)) as fresh:
+        wasm_bytes = wasm_path.read_bytes()
+        start = time.perf_counter()
+        fresh.load_program(wasm_bytes)
+        load_s = time.perf_counter() - start
+    print(f"launch      cached component launch-to-result {launch_s * 1e3:7.1f} ms   "
+          f"load from the disk cache (fresh Runtime) {load_s * 1e3:7.1f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
+    parser.add_argument("--policy", default="adaptive", choices=("adaptive", "k-or-t"),
+                        help="the scheduler policy of the Wasm path (k-or-t: k=8, t=--t-ms)")
+    parser.add_argument("--t-ms", type=float, default=2.0)
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="sys.setswitchinterval for this process (GIL hand-off latency)")
+    parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "pie-bench")
+    opts = parser.parse_args()
+    if opts.switch_interval_ms is not None:
+        sys.setswitchinterval(opts.switch_interval_ms / 1000)
+    builds = opts.cache_dir / "builds"
+    completion_path, _ = build_cached(REPO / "inferlets/examples/text_completion.py", builds)
+    parallel_path, _ = build_cached(REPO / "inferlets/examples/parallel_generation.py", builds)
+    engine = load_default_engine(progress=False, dtype=opts.dtype)
+    policy = SchedulerPolicy(opts.policy, k=8, t_ms=opts.t_ms)
+    print(f"model {engine.model_name}, dtype {opts.dtype}, {opts.tokens} new tokens, "
+          f"median of {opts.repeats}, scheduler {policy}")
+    with Runtime(engine, RuntimeConfig(cache_dir=opts.cache_dir, scheduler=policy)) as runtime:
+        completion = runtime.load_program(completion_path.read_bytes())
+        parallel = runtime.load_program(parallel_path.read_bytes())
+        run_all(runtime, completion, [completion_args("warm up", 4)])   # first-call costs
+        engine.generate_greedy(engine.tokenizer.encode("warm up"), 4)
+        bench_greedy(runtime, engine, completion, opts.tokens, opts.repeats)
+        bench_forks(runtime, engine, parallel, completion, opts.tokens, opts.repeats)
+        bench_launch(runtime, engine, completion_path, completion, opts.repeats)
+
+
+if __name__ == "__main__":
+    main()
