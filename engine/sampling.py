@@ -69,6 +69,8 @@ class Sampler:
                 greedy_rows.append(row)
             else:
                 sample_rows.append(row)
+        if len(greedy_rows) == len(specs):         # the common case: no row gather at all
+            return logits.argmax(dim=-1).tolist()
         if greedy_rows:
             tokens = logits[greedy_rows].argmax(dim=-1).tolist()
             for row, token in zip(greedy_rows, tokens):

@@ -32,8 +32,9 @@ class _PaddedGroup:
 
     query_rows: torch.Tensor    # [Bs, max_q] rows of the flat batch (padding repeats a valid row)
     valid_rows: torch.Tensor    # [Bs, max_q] bool, False for padding
-    kv_rows: torch.Tensor       # [Bs, max_kv] K rows in the slot view (V = K + page_size)
-    mask: torch.Tensor | None   # [Bs, 1, max_q, max_kv] bool, True = attend; None: attend all
+    kv_rows: torch.Tensor       # [2, Bs, max_kv] K rows then V rows in the slot view
+    mask: torch.Tensor | None   # [Bs, 1, G * max_q, max_kv] bool, True = attend; None: attend all
+    is_whole_batch: bool        # pure decode: the group is every row of the batch, in order
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class _LongRequest:
     start: int                  # first row of the flat batch
     end: int
     kv_rows: torch.Tensor       # [kv_len] K rows in the slot view
+    kv_rows_v: torch.Tensor     # [kv_len] V rows
     mask: torch.Tensor | None   # [q_len, kv_len] bool; None: plain causal with q_len == kv_len
 
 
@@ -68,7 +70,8 @@ class TorchPagedAttention:
         self.group_size = num_qo_heads // num_kv_heads
         self.head_dim = head_dim
         self.page_size = page_size
-        self._append_rows: torch.Tensor | None = None
+        self._append_rows: torch.Tensor | None = None       # [N] K rows of the new tokens
+        self._append_rows_v: torch.Tensor | None = None     # [N] V rows
         self._padded: _PaddedGroup | None = None
         self._long: list[_LongRequest] = []
 
@@ -76,6 +79,7 @@ class TorchPagedAttention:
     def plan(self, table: PageTable) -> None:
         """Precompute every index of this batch; the layers reuse them."""
         self._append_rows = table.append_page_ids * (2 * self.page_size) + table.append_slots
+        self._append_rows_v = self._append_rows + self.page_size
         q_lens = table.q_lens()                                           # [B]
         short_ids = (q_lens <= MAX_PADDED_Q).nonzero().flatten()
         self._padded = self._plan_padded(table, short_ids) if len(short_ids) else None
@@ -91,6 +95,7 @@ class TorchPagedAttention:
         starts = table.qo_indptr[:-1].long()[request_ids].unsqueeze(1)
         query_rows = starts + torch.where(valid_rows, q_offsets, 0)       # [Bs, max_q]
         kv_rows = _kv_rows(table, request_ids, max_kv)                    # [Bs, max_kv]
+        kv_rows = torch.stack([kv_rows, kv_rows + self.page_size])       # [2, Bs, max_kv]
         # query i of a request sits at slot kv_len - q_len + i; padding rows see every valid slot
         query_slots = (kv_lens - q_lens).unsqueeze(1) + q_offsets         # [Bs, max_q]
         kv_slots = torch.arange(max_kv).view(1, 1, max_kv)
@@ -102,9 +107,11 @@ class TorchPagedAttention:
                 mask[i, :q_len, :kv_len] &= custom
         if bool(mask.all()):
             mask = None
-        else:
-            mask = mask.unsqueeze(1)                                      # [Bs, 1, max_q, max_kv]
-        return _PaddedGroup(query_rows, valid_rows, kv_rows, mask)
+        else:   # GQA: the G heads of a KV head are folded into the query rows (head-major)
+            g = self.group_size
+            mask = mask.unsqueeze(1).expand(-1, g, -1, -1).reshape(len(request_ids), 1, g * max_q, max_kv)
+        is_whole_batch = max_q == 1 and len(request_ids) == table.num_requests
+        return _PaddedGroup(query_rows, valid_rows, kv_rows, mask, is_whole_batch)
 
     def _plan_long(self, table: PageTable, b: int) -> _LongRequest:
         start, end = int(table.qo_indptr[b]), int(table.qo_indptr[b + 1])
@@ -114,7 +121,7 @@ class TorchPagedAttention:
         if mask is None and kv_len != end - start:
             query_slots = torch.arange(kv_len - (end - start), kv_len).unsqueeze(1)
             mask = torch.arange(kv_len).unsqueeze(0) <= query_slots       # [q_len, kv_len]
-        return _LongRequest(start, end, kv_rows, mask)
+        return _LongRequest(start, end, kv_rows, kv_rows + self.page_size, mask)
 
     # ---- per layer ---------------------------------------------------------------------------
     def append_kv(self, kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -124,8 +131,10 @@ class TorchPagedAttention:
         k, v:     [num_tokens, num_kv_heads, head_dim]
         """
         slot_view = kv_layer.view(-1, self.num_kv_heads, self.head_dim)
-        slot_view.index_copy_(0, self._append_rows, k.to(kv_layer.dtype))
-        slot_view.index_copy_(0, self._append_rows + self.page_size, v.to(kv_layer.dtype))
+        if k.dtype != kv_layer.dtype:
+            k, v = k.to(kv_layer.dtype), v.to(kv_layer.dtype)
+        slot_view.index_copy_(0, self._append_rows, k)
+        slot_view.index_copy_(0, self._append_rows_v, v)
 
     def run(self, q: torch.Tensor, kv_layer: torch.Tensor) -> torch.Tensor:
         """Attention of the new tokens over their contexts (after append_kv).
@@ -135,6 +144,8 @@ class TorchPagedAttention:
         returns   [num_tokens, num_qo_heads, head_dim]
         """
         slot_view = kv_layer.view(-1, self.num_kv_heads, self.head_dim)
+        if self._padded is not None and self._padded.is_whole_batch:
+            return self._run_decode(q, slot_view)
         out = torch.empty_like(q)
         if self._padded is not None:
             self._run_padded(q, slot_view, out)
@@ -142,19 +153,31 @@ class TorchPagedAttention:
             self._run_long(q, slot_view, request, out)
         return out
 
+    def _gather(self, slot_view: torch.Tensor, kv_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V [Bs, max_kv, Hkv, D] of rows kv_rows [2, Bs, max_kv] (one index_select: ~10x
+        faster than advanced indexing on the CPU for these short rows)."""
+        _, bs, max_kv = kv_rows.shape
+        gathered = slot_view.index_select(0, kv_rows.view(-1))
+        return gathered.view(2, bs, max_kv, self.num_kv_heads, self.head_dim).unbind(0)
+
+    def _run_decode(self, q: torch.Tensor, slot_view: torch.Tensor) -> torch.Tensor:
+        """Every request decodes one token: no query gather, no scatter, few ops per layer."""
+        group = self._padded
+        k, v = self._gather(slot_view, group.kv_rows)                     # [B, max_kv, Hkv, D]
+        bs = k.shape[0]
+        qg = q.view(bs, self.num_kv_heads, self.group_size, self.head_dim)  # [B, Hkv, G, D]
+        attn = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2),
+                                              attn_mask=group.mask)      # [B, Hkv, G, D]
+        return attn.view(bs, self.num_qo_heads, self.head_dim)
+
     def _run_padded(self, q: torch.Tensor, slot_view: torch.Tensor, out: torch.Tensor) -> None:
         group, hkv, g, d = self._padded, self.num_kv_heads, self.group_size, self.head_dim
         bs, max_q = group.query_rows.shape
-        max_kv = group.kv_rows.shape[1]
-        k = slot_view.index_select(0, group.kv_rows.flatten()).view(bs, max_kv, hkv, d)
-        v = slot_view.index_select(0, group.kv_rows.flatten() + self.page_size).view(bs, max_kv, hkv, d)
+        k, v = self._gather(slot_view, group.kv_rows)                     # [Bs, max_kv, Hkv, D]
         qp = q.index_select(0, group.query_rows.flatten()).view(bs, max_q, hkv, g, d)
         qp = qp.permute(0, 2, 3, 1, 4).reshape(bs, hkv, g * max_q, d)     # [Bs, Hkv, G*max_q, D]
-        mask = group.mask
-        if mask is not None:                                              # [Bs, 1, G*max_q, max_kv]
-            mask = mask.expand(bs, g, max_q, max_kv).reshape(bs, 1, g * max_q, max_kv)
         attn = F.scaled_dot_product_attention(qp, k.transpose(1, 2), v.transpose(1, 2),
-                                              attn_mask=mask)            # [Bs, Hkv, G*max_q, D]
+                                              attn_mask=group.mask)      # [Bs, Hkv, G*max_q, D]
         attn = attn.view(bs, hkv, g, max_q, d).permute(0, 3, 1, 2, 4)    # [Bs, max_q, Hkv, G, D]
         attn = attn.reshape(bs * max_q, hkv * g, d)
         if max_q == 1:
@@ -166,7 +189,7 @@ class TorchPagedAttention:
     def _run_long(self, q: torch.Tensor, slot_view: torch.Tensor, request: _LongRequest,
                   out: torch.Tensor) -> None:
         k = slot_view.index_select(0, request.kv_rows)                    # [kv_len, Hkv, D]
-        v = slot_view.index_select(0, request.kv_rows + self.page_size)
+        v = slot_view.index_select(0, request.kv_rows_v)
         q_req = q[request.start:request.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
         attn = F.scaled_dot_product_attention(
             q_req, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),

@@ -97,3 +97,13 @@ def test_factory_gives_torch_backend_on_cpu():
     backend = make_attention_backend("auto", num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D,
                                      page_size=PAGE_SIZE)
     assert backend.name == "torch"
+
+
+def test_pure_decode_batch_with_masks_and_ragged_lengths():
+    batch = ForwardBatch((
+        req(1, (3, 4), 2, mask=((1, 4, 1),)),
+        req(1, (5,), 4),
+        req(1, (3, 6, 7), 1, mask=((0, 2, 7),)),
+    ))
+    ours, expected = run_backend(batch, seed=3)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
