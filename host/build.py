@@ -24,7 +24,8 @@ from pathlib import Path
 
 import inferlets.sdk
 
-__all__ = ["BuildError", "build", "build_cached", "sdk_path", "wit_path", "default_build_cache"]
+__all__ = ["BuildError", "build", "build_cached", "componentize_py", "default_build_cache", "sdk_path",
+           "source_hash", "wit_path"]
 
 WORLD = "inferlet"
 _RESERVED_NAMES = {"inferlet", "wit_world", "componentize_py_types", "componentize_py_runtime",
@@ -93,7 +94,7 @@ def build(app_path: str | Path, output_path: str | Path, *, timeout_s: float = 3
     app_path, output_path = Path(app_path).resolve(), Path(output_path).resolve()
     module = check_app(app_path)
     output_path.parent.mkdir(parents=True, exist_ok=True)
-    tool = _componentize_py()
+    tool = componentize_py()
     with tempfile.TemporaryDirectory(prefix="pie-build-") as work_dir:
         tmp_out = Path(work_dir) / "app.wasm"
         command = [tool, "-q", "-d", str(wit_path()), "-w", WORLD, "componentize",
@@ -109,7 +110,7 @@ def build(app_path: str | Path, output_path: str | Path, *, timeout_s: float = 3
     return output_path
 
 
-def _componentize_py() -> str:
+def componentize_py() -> str:
     beside = Path(sys.executable).parent / "componentize-py"
     found = str(beside) if beside.is_file() else shutil.which("componentize-py")
     if not found:

@@ -1,0 +1,131 @@
+"""The SDK's pure logic, run on the host against componentize-py's generated bindings (no Wasm):
+incremental detokenization and stop strings, sampler validation, the generation stop rules.
+Host calls are replaced by small fakes (a byte-level "tokenizer": token id = one byte)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from host.build import componentize_py, sdk_path, wit_path
+
+
+@pytest.fixture(scope="module")
+def sdk(tmp_path_factory, monkeypatch_module):
+    """The `inferlet` package importable on the host, decode faked as bytes -> utf-8."""
+    bindings = tmp_path_factory.mktemp("bindings")
+    subprocess.run([componentize_py(), "-d", str(wit_path()), "-w", "inferlet", "bindings", str(bindings)],
+                   check=True, capture_output=True)
+    for path in (str(bindings), str(sdk_path())):
+        monkeypatch_module.syspath_prepend(path)
+    import inferlet
+    from inferlet import generation, model, text
+
+    def fake_decode(token_ids) -> str:
+        return bytes(token_ids).decode("utf-8", errors="replace")
+    monkeypatch_module.setattr(text, "decode", fake_decode)
+    monkeypatch_module.setattr(model, "decode", fake_decode)
+    monkeypatch_module.setattr(generation, "decode", fake_decode)
+    yield inferlet
+    for name in [n for n in sys.modules if n == "inferlet" or n.startswith(("inferlet.", "wit_world"))]:
+        del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def push_all(stream, data: bytes) -> str:
+    return "".join(stream.push(b) for b in data) + stream.finish()
+
+
+def test_text_stream_joins_multibyte_characters(sdk):
+    from inferlet.text import TextStream
+    stream = TextStream()
+    deltas = [stream.push(b) for b in "é€!".encode()]
+    assert "".join(deltas) == "é€!" and "\ufffd" not in "".join(deltas)
+    assert deltas[0] == ""   # half a character is held back
+
+
+def test_text_stream_cuts_at_the_first_stop_string_across_tokens(sdk):
+    from inferlet.text import TextStream
+    stream = TextStream(("END", "\n\n"))
+    out = []
+    for b in b"hello EN":
+        out.append(stream.push(b))
+    assert "".join(out) == "hello "   # "EN" may still become "END": held back
+    out.append(stream.push(ord("D")))
+    assert stream.stopped and stream.text == "hello " and "".join(out) + stream.finish() == "hello "
+
+
+def test_text_stream_releases_held_text_at_the_end(sdk):
+    from inferlet.text import TextStream
+    stream = TextStream(("STOP",))
+    assert push_all(stream, b"a ST") == "a ST" and not stream.stopped
+
+
+def test_sampler_validation(sdk):
+    from inferlet import Sampler, sampling
+    assert sampling.temperature(0) == Sampler() and sampling.top_k(5).top_k == 5
+    with pytest.raises(ValueError, match="temperature"):
+        Sampler("sample", temperature=0.0)
+    with pytest.raises(ValueError, match="top_p"):
+        sampling.top_p(0.0)
+    with pytest.raises(ValueError, match="min_p"):
+        sampling.min_p(1.0)
+    with pytest.raises(ValueError, match="num_top"):
+        Sampler("distribution")
+    with pytest.raises(ValueError, match="kind"):
+        Sampler("beam")
+    wit = sampling.top_p(0.9, 0.7, seed=3).to_wit()
+    assert (wit.top_p, wit.seed, wit.kind.name) == (pytest.approx(0.9), 3, "SAMPLE")
+
+
+class FakeContext:
+    """What Generation needs of a Context: stop ids, pending tokens, accept, chat hooks."""
+
+    def __init__(self) -> None:
+        self.stop_token_ids = frozenset({0})
+        self.pending_token_ids = [1]
+        self.accepted: list[int] = []
+        self.turns: list[tuple[str, str]] = []
+
+    def fill_generation_prompt(self) -> None:
+        pass
+
+    def accept(self, token_id: int) -> None:
+        self.accepted.append(token_id)
+
+    def record_assistant_turn(self, text: str, generated_text: str) -> None:
+        self.turns.append((text, generated_text))
+
+
+@pytest.mark.parametrize("tokens, stop, reason, text", [
+    (b"abcdef", (), "length", "abcd"),
+    (b"ab\0cd", (), "stop_token", "ab"),
+    (b"ab\n\ncd", ("\n\n",), "stop_string", "ab"),
+])
+def test_generation_stop_rules(sdk, tokens, stop, reason, text):
+    from inferlet.generation import Generation
+    ctx = FakeContext()
+    gen = Generation(ctx, 4, stop=stop)
+    for token in tokens:
+        gen.accept(token)
+        if gen.done:
+            break
+    assert gen.finish_reason == reason and gen.text == text
+    assert ctx.accepted == list(tokens[:len(ctx.accepted)])   # the stop token stays in the context
+    assert len(ctx.turns) == 1
+
+
+def test_generation_needs_a_filled_context(sdk):
+    from inferlet.generation import Generation
+    ctx = FakeContext()
+    ctx.pending_token_ids = []
+    with pytest.raises(sdk.InferletError, match="fill the context"):
+        Generation(ctx, 4)
+    with pytest.raises(ValueError, match="max_tokens"):
+        Generation(FakeContext(), 0)
