@@ -91,7 +91,8 @@ class FakeContext:
         self.stop_token_ids = frozenset({0})
         self.pending_token_ids = [1]
         self.accepted: list[int] = []
-        self.turns: list[tuple[str, str]] = []
+        self.turns: list[tuple[str, list[int]]] = []
+        self.in_chat = True
 
     def fill_generation_prompt(self) -> None:
         pass
@@ -99,8 +100,8 @@ class FakeContext:
     def accept(self, token_id: int) -> None:
         self.accepted.append(token_id)
 
-    def record_assistant_turn(self, text: str, generated_text: str) -> None:
-        self.turns.append((text, generated_text))
+    def record_assistant_turn(self, text: str, generated_token_ids: list[int]) -> None:
+        self.turns.append((text, generated_token_ids))
 
 
 @pytest.mark.parametrize("tokens, stop, reason, text", [
@@ -118,7 +119,7 @@ def test_generation_stop_rules(sdk, tokens, stop, reason, text):
             break
     assert gen.finish_reason == reason and gen.text == text
     assert ctx.accepted == list(tokens[:len(ctx.accepted)])   # the stop token stays in the context
-    assert len(ctx.turns) == 1
+    assert ctx.turns == [(text, ctx.accepted)]   # the stop token is recorded, the stop string's tokens too
 
 
 def test_generation_needs_a_filled_context(sdk):

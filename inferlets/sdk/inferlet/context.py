@@ -15,7 +15,7 @@ import json
 from inferlet._wit import Err, forward, kv, messaging, queue
 from inferlet.errors import InferletError
 from inferlet.generation import Generation
-from inferlet.model import encode, model_info, render_chat
+from inferlet.model import decode, encode, model_info, render_chat
 from inferlet.sampling import Sampler
 
 __all__ = ["Context", "list_exports", "release_export"]
@@ -88,16 +88,22 @@ class Context:
         self.fill(rendered[common:])
         self._chat_text = rendered
 
+    @property
+    def in_chat(self) -> bool:
+        """True once a chat message was filled (generations then record assistant turns)."""
+        return bool(self._chat)
+
     def fill_generation_prompt(self) -> None:
         """In chat mode, append the assistant header when the last message is not the assistant's."""
         if self._chat and self._chat[-1][0] != "assistant":
             self._fill_rendered(render_chat(self._chat, True))
 
-    def record_assistant_turn(self, text: str, generated_text: str) -> None:
-        """After a chat generation: `text` is the answer, `generated_text` all decoded tokens."""
+    def record_assistant_turn(self, text: str, generated_token_ids: list[int]) -> None:
+        """After a generation in chat mode, record `text` as the assistant's turn;
+        `generated_token_ids` (the stop token included) are what the context now holds."""
         if self._chat:
             self._chat.append(("assistant", text))
-            self._chat_text += generated_text
+            self._chat_text += decode(generated_token_ids)
 
     # -- generating ----------------------------------------------------------------------------
     def generation(self, max_tokens: int = 256, sampler: Sampler | None = None, *,

@@ -83,7 +83,8 @@ class Generation:
 
     def _finish(self, reason: str) -> str:
         self.finish_reason = reason
-        self.ctx.record_assistant_turn(self.text, decode(self.token_ids + self._stop_token))
+        if self.ctx.in_chat:
+            self.ctx.record_assistant_turn(self.text, self.token_ids + self._stop_token)
         return self._text.finish() if self._text is not None else ""
 
     def steps(self) -> Iterator[str]:

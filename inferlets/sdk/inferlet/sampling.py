@@ -1,6 +1,7 @@
 """Samplers: how each output position turns logits into a token (all sampling runs on the host)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from inferlet._wit import forward
@@ -49,7 +50,11 @@ class Sampler:
                        self.num_top)
 
     def to_wit(self) -> forward.Sampler:
-        """The WIT record."""
+        """The WIT record (built once per sampler; do not mutate it)."""
+        return self._wit
+
+    @functools.cached_property
+    def _wit(self) -> forward.Sampler:
         kind = {"greedy": forward.SamplerKind.GREEDY, "sample": forward.SamplerKind.SAMPLE,
                 "distribution": forward.SamplerKind.DISTRIBUTION}[self.kind]
         return forward.Sampler(kind=kind, temperature=float(self.temperature), top_k=self.top_k,
