@@ -139,9 +139,14 @@ def ratio(ours: float | None, base: float | None) -> str:
     return f"{ours / base:5.2f}x" if ours and base else "   -  "
 
 
+def torch_threads() -> int:
+    import torch
+    return torch.get_num_threads()
+
+
 def print_table(report: dict) -> None:
     print(f"load {report['load_s']:.2f} s, peak RSS {report['peak_rss_mb']:.0f} MB "
-          f"(ours, dtype {report['dtype']}, before baselines)")
+          f"(ours, dtype {report['dtype']}, before baselines); torch threads {report['threads']}")
     print(f"{'row':<13}{'ours tok/s':>11}{'hf tok/s':>10}{'ours/hf':>9}{'llama.cpp':>11}"
           f"{'ours/llama':>12}")
     for row in report["rows"]:
@@ -159,8 +164,14 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     parser.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp baseline")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads for ours and transformers (default: torch's choice); "
+                             "llama.cpp always uses 2")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
     rows = [r for r in args.rows.split(",") if r]
     unknown = set(rows) - set(ROWS)
     if unknown:
@@ -172,7 +183,7 @@ def main() -> None:
         "rows": [{"name": r, "ours_tok_s": ours.get(r), "hf_tok_s": hf.get(r),
                   "llama_cpp_tok_s": cpp.get(r)} for r in rows],
         "load_s": load_s, "peak_rss_mb": peak_rss_mb, "dtype": args.dtype,
-        "new_tokens": args.new_tokens, "repeats": args.repeats,
+        "new_tokens": args.new_tokens, "repeats": args.repeats, "threads": torch_threads(),
     }
     for row in report["rows"]:
         row["ours_over_hf"] = row["ours_tok_s"] / row["hf_tok_s"] if row["hf_tok_s"] else None

@@ -5,7 +5,6 @@ Calls come from one thread at a time (the host's engine thread); nothing here lo
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 from pathlib import Path
 from typing import Any, Sequence
@@ -18,10 +17,13 @@ from engine.config import EngineConfig, ModelConfig
 from engine.generation import generate_greedy_batch, prompt_logits
 from engine.kv_cache import KVCache, num_pages_for
 from engine.model.llama import LlamaModel
+from engine.model.memory import release_freed_memory
 from engine.page_table import build_page_table
 from engine.protocol import EngineStats, TokenizerLike
 from engine.sampling import Sampler
 from engine.validate import validate_batch
+
+LARGE_BATCH_TOKENS = 256     # after a batch this large, return freed activation memory to the OS
 
 __all__ = ["Engine", "load_engine", "load_default_engine", "resolve_dtype", "cpu_has_native_bf16"]
 
@@ -49,18 +51,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if device.type == "cuda" or cpu_has_native_bf16():
         return torch.bfloat16
     return torch.float32
-
-
-def release_freed_memory() -> None:
-    """Hand the heap pages freed while building the model back to the OS (glibc malloc_trim).
-
-    Loading and packing free hundreds of MB in pieces that glibc would otherwise keep mapped, so
-    the process RSS would stay at the build peak. No-op where glibc is absent.
-    """
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class Engine:
@@ -102,14 +92,12 @@ class Engine:
         Raises ValueError naming the request index and field for malformed input; a rejected batch
         writes nothing and the engine serves the next batch normally.
         """
-        validate_batch(batch, page_size=self.page_size, num_pages=self.num_pages,
-                       vocab_size=self.model_config.vocab_size,
-                       max_position=self.model_config.max_position)
         if not batch.requests:
+            validate_batch(batch, page_size=self.page_size, num_pages=self.num_pages,
+                           vocab_size=self.model_config.vocab_size,
+                           max_position=self.model_config.max_position)
             return []
-        table = build_page_table(batch, self.page_size)
-        self.attention.plan(table)
-        logits = self.model.forward(table, self.kv_cache, self.attention)  # [num_outputs, vocab]
+        logits = self.logits(batch)                                        # [num_outputs, vocab]
         specs = [spec for request in batch.requests for spec in request.samplers]
         outputs = self.sampler.sample(logits, specs) if specs else []
         results, start = [], 0
@@ -119,6 +107,19 @@ class Engine:
             start = end
         self._count(batch, len(outputs))
         return results
+
+    def logits(self, batch: ForwardBatch) -> torch.Tensor:
+        """Validate and run a non-empty batch: float32 logits [num_outputs, vocab] of its output
+        rows, in request order (no sampling, no statistics)."""
+        validate_batch(batch, page_size=self.page_size, num_pages=self.num_pages,
+                       vocab_size=self.model_config.vocab_size,
+                       max_position=self.model_config.max_position)
+        table = build_page_table(batch, self.page_size)
+        self.attention.plan(table)
+        logits = self.model.forward(table, self.kv_cache, self.attention)
+        if table.num_tokens >= LARGE_BATCH_TOKENS:
+            release_freed_memory()      # a prefill's activations: hand them back, RSS stays low
+        return logits
 
     def copy_tokens(self, copies: Sequence[TokenCopy]) -> None:
         """Copy K/V token slots between pages (all layers); ValueError naming the copy if bad."""

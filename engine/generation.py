@@ -59,20 +59,11 @@ def prompt_logits(engine: "Engine", prompt_ids: list[int], all_positions: bool =
 
     Borrows pages from the start of the pool, like generate_greedy_batch.
     """
-    from engine.page_table import build_page_table
-    from engine.validate import validate_batch
-
     num_tokens = len(prompt_ids)
     outputs = tuple(range(num_tokens)) if all_positions else (num_tokens - 1,)
     request = ForwardRequest(tuple(prompt_ids), tuple(range(num_tokens)),
                              tuple(range(_pages_needed(num_tokens, engine.page_size))),
                              (num_tokens - 1) % engine.page_size + 1, outputs,
                              (GREEDY,) * len(outputs))
-    batch = ForwardBatch((request,))
-    validate_batch(batch, page_size=engine.page_size, num_pages=engine.num_pages,
-                   vocab_size=engine.model_config.vocab_size,
-                   max_position=engine.model_config.max_position)
-    table = build_page_table(batch, engine.page_size)
-    engine.attention.plan(table)
-    logits = engine.model.forward(table, engine.kv_cache, engine.attention)
+    logits = engine.logits(ForwardBatch((request,)))
     return logits if all_positions else logits[0]

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from engine.config import ModelConfig
 from engine.kv_cache import KVCache
 from engine.model.linear import Linear
+from engine.model.memory import release_freed_memory
 from engine.model.rope import apply_rope, rope_tables
 from engine.page_table import PageTable
 
@@ -83,8 +84,10 @@ class LlamaModel:
         self.dtype = dtype
         vocab_shape = (config.vocab_size, config.hidden_size)
         self.embed = _take(weights, "model.embed_tokens.weight", vocab_shape).to(device, dtype)
-        self.layers = [_layer_weights(config, weights, i, dtype, device, allow_int4)
-                       for i in range(config.num_layers)]
+        self.layers = []
+        for i in range(config.num_layers):
+            self.layers.append(_layer_weights(config, weights, i, dtype, device, allow_int4))
+            release_freed_memory()        # the layer's unpacked weights are gone: keep RSS flat
         self.final_norm = _take(weights, "model.norm.weight", (config.hidden_size,)).to(device, dtype)
         if "lm_head.weight" in weights:
             lm_head = _take(weights, "lm_head.weight", vocab_shape).to(device, dtype)
