@@ -63,10 +63,11 @@ class KVCache:
         # [num_layers, num_pages, 2, page_size, num_kv_heads, head_dim]
         self.pool = torch.empty(model.num_layers, num_pages, 2, page_size, model.num_kv_heads,
                                 model.head_dim, dtype=dtype, device=device)
+        self.layers = list(self.pool.unbind(0))       # per-layer views, made once
 
     def layer(self, layer_idx: int) -> torch.Tensor:
         """[num_pages, 2, page_size, num_kv_heads, head_dim] view of one layer."""
-        return self.pool[layer_idx]
+        return self.layers[layer_idx]
 
     def check_copies(self, copies: Sequence[TokenCopy]) -> None:
         """Raise ValueError naming the copy index and field for an out-of-range copy."""

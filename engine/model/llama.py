@@ -96,8 +96,9 @@ class LlamaModel:
         else:
             raise ValueError("weight lm_head.weight is missing and the embeddings are not tied")
         self.lm_head = Linear(lm_head, allow_int4)                       # [vocab, hidden]
-        self.rope_cos, self.rope_sin = rope_tables(config, dtype)        # [max_position, D]
-        self.rope_cos, self.rope_sin = self.rope_cos.to(device), self.rope_sin.to(device)
+        self.rope_cos, self.rope_signed_sin = rope_tables(config, dtype)  # [max_position, D]
+        self.rope_cos = self.rope_cos.to(device)
+        self.rope_signed_sin = self.rope_signed_sin.to(device)
         self.q_dim = config.num_heads * config.head_dim
         self.kv_dim = config.num_kv_heads * config.head_dim
 
@@ -113,12 +114,13 @@ class LlamaModel:
         eps = config.rms_norm_eps
         hidden_shape = (config.hidden_size,)
         cos = self.rope_cos[table.positions].unsqueeze(1)                 # [N, 1, D]
-        sin = self.rope_sin[table.positions].unsqueeze(1)
+        signed_sin = self.rope_signed_sin[table.positions].unsqueeze(1)
         x = F.embedding(table.input_ids, self.embed)                      # [N, hidden]
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, hidden_shape, layer.input_norm, eps)
             qkv = layer.qkv_proj(h)                            # [N, (Hq + 2 Hkv) * D]
-            qk = apply_rope(qkv[:, :self.q_dim + self.kv_dim].view(n, num_qk_heads, d), cos, sin)
+            qk = apply_rope(qkv[:, :self.q_dim + self.kv_dim].view(n, num_qk_heads, d), cos,
+                            signed_sin)
             q, k = qk[:, :config.num_heads], qk[:, config.num_heads:]     # [N, Hq|Hkv, D]
             v = qkv[:, self.q_dim + self.kv_dim:].view(n, config.num_kv_heads, d)
             kv_layer = kv_cache.layer(i)

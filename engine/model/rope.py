@@ -44,15 +44,22 @@ def inverse_frequencies(config: ModelConfig) -> torch.Tensor:
 
 
 def rope_tables(config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin tables [max_position, head_dim] (each half repeated, as HF does)."""
+    """cos, signed sin tables [max_position, head_dim].
+
+    cos is HF's (each half repeated); the sin table's first half is negated, so that
+    rotate_half(x) * sin == x.roll(head_dim // 2) * signed_sin (see apply_rope).
+    """
     positions = torch.arange(config.max_position, dtype=torch.int64).float()
     freqs = torch.outer(positions, inverse_frequencies(config))       # [max_position, head_dim/2]
-    angles = torch.cat((freqs, freqs), dim=-1)                        # [max_position, head_dim]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    signed_sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)       # [max_position, head_dim]
+    cos = torch.cat((freqs, freqs), dim=-1).cos()
+    return cos.to(dtype), signed_sin.to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [num_tokens, num_heads, head_dim] by cos/sin [num_tokens, 1, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [num_tokens, num_heads, head_dim] by cos/signed_sin [num_tokens, 1, head_dim].
+
+    HF: x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1). Rolling x by half a head
+    gives cat(x2, x1), and the negation lives in signed_sin: 3 ops instead of 7.
+    """
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
