@@ -141,3 +141,15 @@ def test_mask_hiding_a_span_equals_recomputing_without_it(real_engine):
     assert_same_distribution(masked, expected.outputs[0])
     unmasked = distribution_at_end(real_engine, full, 0, (123, 124, 125)[:(kv_len + 15) // 16])
     assert unmasked.probs[0] != pytest.approx(masked.probs[0], abs=1e-3)   # the mask mattered
+
+
+def test_statistics_count_batches_tokens_outputs_and_copies(make_tiny_engine):
+    engine = make_tiny_engine(page_size=4)
+    sample = SamplerSpec(kind="sample", temperature=0.8, seed=3)
+    engine.forward(ForwardBatch((fill([1, 2, 3], 0, (0,), 4, outputs=(1, 2), samplers=(GREEDY, sample)),
+                                 fill([4], 0, (1,), 4, outputs=()))))
+    engine.copy_tokens([TokenCopy(0, 2, 0, 0, 3)])
+    stats = engine.statistics()
+    assert (stats.num_batches, stats.num_requests, stats.num_input_tokens,
+            stats.num_output_tokens, stats.num_copied_tokens) == (1, 2, 4, 2, 3)
+    assert torch.equal(engine.kv_cache.pool[:, 2, :, :3], engine.kv_cache.pool[:, 0, :, :3])
