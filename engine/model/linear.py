@@ -23,6 +23,7 @@ __all__ = ["Linear", "pack_int4", "GROUP_SIZE", "INT4_MAX_TOKENS"]
 GROUP_SIZE = 32
 INT4_MAX_TOKENS = 8
 PACK_CHUNK_ROWS = 1024
+CHECK_ROW_STRIDE = 8
 ON_GRID_TOLERANCE = 0.1        # max |requantized - weight| / scale for a lossless repack
 
 
@@ -32,36 +33,39 @@ def _int4_kernels_available() -> bool:
         ops, "_convert_weight_to_int4pack_for_cpu")
 
 
-def _levels_on_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """Rows [n, K] -> (levels [n, K/32, 32], scale, low [n, K/32, 1]) if on a 4-bit grid, else None."""
-    groups = weight.float().view(weight.shape[0], -1, GROUP_SIZE)
+def _grid(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """groups [n, K/32, 32] float32 -> (levels 0..15, scale, low [n, K/32, 1]) of its 4-bit grid."""
     low = groups.amin(dim=-1, keepdim=True)
     scale = (groups.amax(dim=-1, keepdim=True) - low) / 15
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    levels = ((groups - low) / scale).round_().clamp_(0, 15)
-    if float(((levels * scale + low - groups).abs_() / scale).max()) > ON_GRID_TOLERANCE:
-        return None
+    levels = (groups - low).mul_(1 / scale).round_().clamp_(0, 15)
     return levels, scale, low
+
+
+def _on_grid(rows: torch.Tensor) -> bool:
+    """True when every group of 32 in rows [n, K] is on a 4-bit grid (up to bf16 rounding)."""
+    groups = rows.float().view(rows.shape[0], -1, GROUP_SIZE)
+    levels, scale, low = _grid(groups)
+    return float(((levels * scale + low - groups).abs_() / scale).max()) <= ON_GRID_TOLERANCE
 
 
 def pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Pack weight [N, K] for the int4 CPU kernel when it is on a 4-bit grid per 32 inputs.
 
     returns (packed [N, K/2] uint8, scales_and_zeros [K/32, N, 2] bf16), or None when the weight
-    is not on such a grid (repacking would lose precision) or the kernel is missing. Works in
-    chunks of rows (a sample first), so a large off-grid matrix costs little memory or time.
+    is not on such a grid (repacking would lose precision) or the kernel is missing. The grid test
+    runs on every CHECK_ROW_STRIDE-th row (a GGUF tensor has one quantization type throughout);
+    packing goes in chunks of rows to keep memory low.
     """
     num_rows, num_cols = weight.shape
     if num_cols % GROUP_SIZE or not _int4_kernels_available():
         return None
-    if _levels_on_grid(weight[:PACK_CHUNK_ROWS // 8]) is None:
+    if not _on_grid(weight[::CHECK_ROW_STRIDE]):
         return None
     packed, scales_and_zeros = [], []
     for start in range(0, num_rows, PACK_CHUNK_ROWS):
-        found = _levels_on_grid(weight[start:start + PACK_CHUNK_ROWS])
-        if found is None:
-            return None
-        levels, scale, low = found
+        rows = weight[start:start + PACK_CHUNK_ROWS]
+        levels, scale, low = _grid(rows.float().view(rows.shape[0], -1, GROUP_SIZE))
         zero = low + 8 * scale                                             # w = (q - 8) * s + z
         scales_and_zeros.append(torch.cat([scale, zero], dim=-1).transpose(0, 1).to(torch.bfloat16))
         packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(
