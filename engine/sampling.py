@@ -71,6 +71,7 @@ class Sampler:
                 sample_rows.append(row)
         if len(greedy_rows) == len(specs):         # the common case: no row gather at all
             return logits.argmax(dim=-1).tolist()
+        logits = logits.cpu()                      # seeded draws and filters run on the CPU
         if greedy_rows:
             tokens = logits[greedy_rows].argmax(dim=-1).tolist()
             for row, token in zip(greedy_rows, tokens):

@@ -45,4 +45,4 @@ def make_attention_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, h
         else:
             return FlashInferAttention(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
                                        head_dim=head_dim, page_size=page_size, device=device)
-    return TorchPagedAttention(num_qo_heads, num_kv_heads, head_dim, page_size)
+    return TorchPagedAttention(num_qo_heads, num_kv_heads, head_dim, page_size, device)

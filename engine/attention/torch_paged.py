@@ -64,7 +64,9 @@ class TorchPagedAttention:
 
     name = "torch"
 
-    def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int) -> None:
+    def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
+                 device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)       # where the pool lives; plan moves indices there
         self.num_qo_heads = num_qo_heads
         self.num_kv_heads = num_kv_heads
         self.group_size = num_qo_heads // num_kv_heads
@@ -78,8 +80,9 @@ class TorchPagedAttention:
     # ---- plan (once per forward) -------------------------------------------------------------
     def plan(self, table: PageTable) -> None:
         """Precompute every index of this batch; the layers reuse them."""
-        self._append_rows = table.append_page_ids * (2 * self.page_size) + table.append_slots
-        self._append_rows_v = self._append_rows + self.page_size
+        append_rows = table.append_page_ids * (2 * self.page_size) + table.append_slots
+        self._append_rows = append_rows.to(self.device)
+        self._append_rows_v = (append_rows + self.page_size).to(self.device)
         q_lens = table.q_lens()                                           # [B]
         short_ids = (q_lens <= MAX_PADDED_Q).nonzero().flatten()
         self._padded = self._plan_padded(table, short_ids) if len(short_ids) else None
@@ -111,7 +114,9 @@ class TorchPagedAttention:
             g = self.group_size
             mask = mask.unsqueeze(1).expand(-1, g, -1, -1).reshape(len(request_ids), 1, g * max_q, max_kv)
         is_whole_batch = max_q == 1 and len(request_ids) == table.num_requests
-        return _PaddedGroup(query_rows, valid_rows, kv_rows, mask, is_whole_batch)
+        to_device = (lambda t: t if t is None else t.to(self.device))
+        return _PaddedGroup(to_device(query_rows), to_device(valid_rows), to_device(kv_rows),
+                            to_device(mask), is_whole_batch)
 
     def _plan_long(self, table: PageTable, b: int) -> _LongRequest:
         start, end = int(table.qo_indptr[b]), int(table.qo_indptr[b + 1])
@@ -121,7 +126,9 @@ class TorchPagedAttention:
         if mask is None and kv_len != end - start:
             query_slots = torch.arange(kv_len - (end - start), kv_len).unsqueeze(1)
             mask = torch.arange(kv_len).unsqueeze(0) <= query_slots       # [q_len, kv_len]
-        return _LongRequest(start, end, kv_rows, kv_rows + self.page_size, mask)
+        return _LongRequest(start, end, kv_rows.to(self.device),
+                            (kv_rows + self.page_size).to(self.device),
+                            None if mask is None else mask.to(self.device))
 
     # ---- per layer ---------------------------------------------------------------------------
     def append_kv(self, kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

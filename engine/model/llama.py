@@ -113,9 +113,11 @@ class LlamaModel:
         num_qk_heads = config.num_heads + config.num_kv_heads
         eps = config.rms_norm_eps
         hidden_shape = (config.hidden_size,)
-        cos = self.rope_cos[table.positions].unsqueeze(1)                 # [N, 1, D]
-        signed_sin = self.rope_signed_sin[table.positions].unsqueeze(1)
-        x = F.embedding(table.input_ids, self.embed)                      # [N, hidden]
+        device = self.embed.device                 # the table is on the CPU; no-op there
+        positions = table.positions.to(device)
+        cos = self.rope_cos[positions].unsqueeze(1)                       # [N, 1, D]
+        signed_sin = self.rope_signed_sin[positions].unsqueeze(1)
+        x = F.embedding(table.input_ids.to(device), self.embed)           # [N, hidden]
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, hidden_shape, layer.input_norm, eps)
             qkv = layer.qkv_proj(h)                            # [N, (Hq + 2 Hkv) * D]
@@ -130,5 +132,5 @@ class LlamaModel:
             h = F.rms_norm(x, hidden_shape, layer.post_norm, eps)
             gate, up = layer.gate_up_proj(h).chunk(2, dim=-1) # [N, intermediate] each
             x = x + layer.down_proj(F.silu(gate) * up)
-        x = F.rms_norm(x[table.output_rows], hidden_shape, self.final_norm, eps)
+        x = F.rms_norm(x[table.output_rows.to(device)], hidden_shape, self.final_norm, eps)
         return self.lm_head(x).float()                         # [num_outputs, vocab]
