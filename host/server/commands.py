@@ -1,0 +1,147 @@
+"""`pie serve` and `pie submit`: argparse sub-commands that host/cli.py registers.
+
+    pie serve [--config pie.toml] [--host 127.0.0.1] [--port 8080]
+    pie submit app.wasm --server URL --token T [-- args...]
+
+Each parser sets `func` to a handler taking the parsed namespace and returning an exit status.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from functools import partial
+from pathlib import Path
+
+import trio
+
+__all__ = ["add_serve_parser", "add_submit_parser", "run_serve", "run_submit"]
+
+_EXAMPLE_CONFIG = """\
+[server]
+port = 8080
+
+[[tenants]]
+name = "me"
+token_env = "PIE_TOKEN"     # or: token = "a-long-secret"
+"""
+
+
+def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("serve", help="run the multi-tenant server",
+                                   description="Serve pie over HTTP/websocket (see docs/server.md).")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="TOML config (default: ./pie.toml)")
+    parser.add_argument("--host", default=None, help="address to listen on (overrides config)")
+    parser.add_argument("--port", type=int, default=None, help="port (overrides config; 0 = any)")
+    parser.set_defaults(func=run_serve)
+    return parser
+
+
+def add_submit_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("submit", help="upload and run an inferlet on a server",
+                                   description="Upload a component (or build an app.py first), "
+                                   "launch it and stream its messages, like `pie run`.")
+    parser.add_argument("program", type=Path, help="app.wasm (or app.py, built first)")
+    parser.add_argument("--server", default=os.environ.get("PIE_SERVER", "http://127.0.0.1:8080"),
+                        help="server URL (default: $PIE_SERVER or http://127.0.0.1:8080)")
+    parser.add_argument("--token", default=os.environ.get("PIE_TOKEN"),
+                        help="API token (default: $PIE_TOKEN)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then the inferlet's arguments")
+    parser.set_defaults(func=run_submit)
+    return parser
+
+
+def run_serve(namespace: argparse.Namespace) -> int:
+    """Load the config and serve until SIGINT/SIGTERM (then shut down gracefully)."""
+    from host.server.config import ConfigError, load_config
+
+    path = namespace.config or Path("pie.toml")
+    if namespace.config is None and not path.exists():
+        print(f"pie serve: no config: pass --config FILE or create ./pie.toml, e.g.\n\n"
+              f"{_EXAMPLE_CONFIG}", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(path)
+        for tenant in config.tenants:
+            tenant.resolved_token()
+    except ConfigError as exc:
+        print(f"pie serve: {exc}", file=sys.stderr)
+        return 2
+    trio.run(partial(_serve_until_signal, config, namespace.host, namespace.port))
+    return 0
+
+
+async def _serve_until_signal(config, host: str | None, port: int | None) -> None:
+    from host.server.app import serve
+
+    shutdown = trio.Event()
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(serve, config, host=host, port=port,
+                                                shutdown=shutdown))
+            print(f"pie serve: listening on {', '.join(binds)} (Ctrl-C to stop)", flush=True)
+            async for _ in signals:
+                print("pie serve: shutting down (running instances get "
+                      f"{config.server.shutdown_grace_s:g} s)", flush=True)
+                shutdown.set()
+                break
+
+
+def _program_bytes(path: Path) -> bytes:
+    if path.suffix == ".py":
+        from host.build import build_cached
+        path, _ = build_cached(path)
+    return path.read_bytes()
+
+
+def run_submit(namespace: argparse.Namespace) -> int:
+    """Upload, launch, stream the messages to stdout; the exit status says how it ended."""
+    from host.client import PieError
+
+    args = namespace.args[1:] if namespace.args[:1] == ["--"] else namespace.args
+    if not namespace.token:
+        print("pie submit: no token: pass --token or set PIE_TOKEN", file=sys.stderr)
+        return 2
+    try:
+        data = _program_bytes(namespace.program)
+    except OSError as exc:
+        print(f"pie submit: {namespace.program}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # host.build.BuildError, named by its message
+        print(f"pie submit: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return trio.run(_submit, namespace.server, namespace.token, data, args)
+    except PieError as exc:
+        print(f"pie submit: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"pie submit: cannot reach {namespace.server}: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _submit(server: str, token: str, data: bytes, args: list[str]) -> int:
+    from host.client import connect
+
+    async with connect(server, token) as client:
+        program = await client.upload(data)
+        instance = await client.launch(program, args)
+        try:
+            async for event in instance.events():
+                if event.kind == "message":
+                    print(event.data, flush=True)
+                elif event.kind == "result":
+                    if event.data:
+                        print(event.data, flush=True)
+                    return 0
+                else:
+                    print(f"pie submit: instance {instance.id} {event.kind}: {event.data}",
+                          file=sys.stderr)
+                    return 1
+        except KeyboardInterrupt:
+            with trio.CancelScope(shield=True):
+                await instance.terminate()
+            return 130
+    return 1

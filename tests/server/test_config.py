@@ -1,0 +1,52 @@
+"""Config validation at load: every mistake is a ConfigError naming the file and the field."""
+from __future__ import annotations
+
+import pytest
+
+from host.server.config import ConfigError, load_config, parse_config
+
+TENANT = {"name": "a", "token": "t"}
+
+
+@pytest.mark.parametrize("data, expected", [
+    ({}, "at least one [[tenants]]"),
+    ({"tenants": [{**TENANT, "max_instances": 0}]}, "max_instances must be positive, got 0"),
+    ({"tenants": [{**TENANT, "max_instances": "3"}]}, "expected int, got str '3' @ pie.toml.tenants[0].max_instances"),
+    ({"tenants": [TENANT], "engine": {"page_size": 3}}, "engine.page_size must be a power of two"),
+    ({"tenants": [TENANT], "server": {"openai": 1}}, "expected bool, got int 1 @ pie.toml.server.openai"),
+    ({"tenants": [TENANT], "bogus": {}}, "extra fields found (bogus)"),
+    ({"tenants": [TENANT, {"name": "a", "token": "u"}]}, "duplicate tenant name"),
+    ({"tenants": [TENANT, {"name": "b", "token": "t"}]}, "two tenants share one token"),
+    ({"tenants": [{"name": "a b", "token": "t"}]}, "name must be non-empty letters"),
+    ({"tenants": [{"name": "a"}]}, "exactly one of token, token_env"),
+    ({"tenants": [TENANT], "scheduler": {"policy": "fifo"}}, "scheduler.policy must be"),
+    ({"tenants": [TENANT], "server": {"port": 70000}}, "server.port must be in 0..65535"),
+])
+def test_invalid_configs_are_named(data: dict, expected: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config(data)
+    assert expected in str(error.value)
+
+
+def test_load_config_reads_toml_and_names_the_file(tmp_path) -> None:
+    path = tmp_path / "pie.toml"
+    path.write_text('[server]\nport = 9000\n[engine]\nnum_pages = 64\n'
+                    '[[tenants]]\nname = "a"\ntoken = "t"\nmax_kv_pages = 32\n')
+    config = load_config(path)
+    assert config.server.port == 9000
+    assert config.engine.to_engine_config().num_pages == 64
+    assert config.tenants[0].max_kv_pages == 32
+    path.write_text("[server\n")
+    with pytest.raises(ConfigError, match=f"{path}: invalid TOML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_token_env_is_resolved(monkeypatch) -> None:
+    config = parse_config({"tenants": [{"name": "a", "token_env": "PIE_TEST_TOKEN"}]})
+    monkeypatch.delenv("PIE_TEST_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match="PIE_TEST_TOKEN is unset"):
+        config.tenants[0].resolved_token()
+    monkeypatch.setenv("PIE_TEST_TOKEN", "secret")
+    assert config.tenants[0].resolved_token() == "secret"
