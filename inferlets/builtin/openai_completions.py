@@ -15,7 +15,7 @@ in parallel, each on its own queue, so their passes share batches.
 import json
 
 import inferlet
-from inferlet import Context, Sampler, generate_parallel, send_json
+from inferlet import Context, Sampler, encode, generate_parallel, render_chat, send_json
 
 _FINISH_REASONS = {"length": "length", "stop_token": "stop", "stop_string": "stop"}
 
@@ -28,26 +28,33 @@ def _sampler(request: dict, index: int) -> Sampler:
                    seed=None if seed is None else (seed + index) % 2**64)
 
 
-def _prompt_context(request: dict) -> Context:
-    ctx = Context()
+def _prompt_token_ids(request: dict) -> list[int]:
     if request["mode"] == "chat":
-        fills = {"system": ctx.fill_system, "user": ctx.fill_user,
-                 "assistant": ctx.fill_assistant}
-        for role, content in request["messages"]:
-            fills[role](content)
-        ctx.fill_generation_prompt()
-    else:
-        ctx.fill(request["prompt"])
-    return ctx
+        return encode(render_chat([tuple(m) for m in request["messages"]], True))
+    return encode(request["prompt"])
+
+
+def _contexts(prompt_ids: list[int], num_choices: int) -> list[Context]:
+    """One context per choice. Forks share the prompt's KV, computed once; each fork keeps the
+    prompt's last token to feed, so that its first pass samples its first token."""
+    ctx = Context()
+    if num_choices == 1:
+        ctx.fill(prompt_ids)
+        return [ctx]
+    ctx.fill(prompt_ids[:-1])
+    forks = [ctx.fork() for _ in range(num_choices)]
+    ctx.close()
+    for fork in forks:
+        fork.fill(prompt_ids[-1:])
+    return forks
 
 
 @inferlet.main
 def main(args: list[str]) -> str:
     request = json.loads(args[0])
-    ctx = _prompt_context(request)
-    num_prompt_tokens = len(ctx.token_ids)
+    prompt_ids = _prompt_token_ids(request)
     num_choices = request["n"]
-    contexts = [ctx] if num_choices == 1 else [ctx.fork() for _ in range(num_choices)]
+    contexts = _contexts(prompt_ids, num_choices)
     on_text = None
     if request["stream"]:
         def on_text(index: int, delta: str) -> None:
@@ -57,8 +64,8 @@ def main(args: list[str]) -> str:
                                     stop=tuple(request["stop"]), on_text=on_text)
     choices = [{"index": i, "text": gen.text, "finish_reason": _FINISH_REASONS[gen.finish_reason]}
                for i, gen in enumerate(generations)]
-    usage = {"prompt_tokens": num_prompt_tokens,
+    usage = {"prompt_tokens": len(prompt_ids),
              "completion_tokens": sum(len(gen.token_ids) for gen in generations)}
-    for context in contexts + ([ctx] if num_choices > 1 else []):
+    for context in contexts:
         context.close()
     return json.dumps({"choices": choices, "usage": usage})
