@@ -72,7 +72,10 @@ class Instance:
         """The next event (after the final one: PieError)."""
         if self.final is not None:
             raise PieError(f"instance {self.id} has ended ({self.final.kind})")
-        event = await self.client._channel(self.id)[1].receive()
+        try:
+            event = await self.client._channel(self.id)[1].receive()
+        except trio.EndOfChannel:
+            raise PieError(f"connection closed before instance {self.id} ended") from None
         if event.is_final:
             self.final = event
         return event
@@ -211,15 +214,29 @@ def _b64(data: bytes) -> str:
 async def connect(server: str, token: str | None, *, binary: bool = True,
                   max_message_bytes: int = 16 * 1024 * 1024) -> AsyncIterator[PieClient]:
     """Open a connection to `server` (URL or host:port) and authenticate with `token`
-    (None: stay unauthenticated, for tests of the refusal)."""
-    async with open_websocket_url(websocket_url(server),
-                                  max_message_size=max_message_bytes) as websocket:
-        client = PieClient(websocket, binary)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(client._read)
-            try:
-                if token is not None:
-                    await client.authenticate(token)
-                yield client
-            finally:
-                nursery.cancel_scope.cancel()
+    (None: stay unauthenticated, for tests of the refusal). A single error inside (PieError,
+    ConnectionClosed, ...) is raised as itself, not wrapped in exception groups."""
+    try:
+        async with open_websocket_url(websocket_url(server),
+                                      max_message_size=max_message_bytes) as websocket:
+            client = PieClient(websocket, binary)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(client._read)
+                try:
+                    if token is not None:
+                        await client.authenticate(token)
+                    yield client
+                finally:
+                    nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) == 1 and isinstance(leaves[0], Exception):
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found

@@ -39,18 +39,34 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     return parser
 
 
+def _add_submit_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", default=os.environ.get("PIE_SERVER", "http://127.0.0.1:8080"),
+                        help="server URL (default: $PIE_SERVER or http://127.0.0.1:8080)")
+    parser.add_argument("--token", default=os.environ.get("PIE_TOKEN"),
+                        help="API token (default: $PIE_TOKEN)")
+
+
 def add_submit_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("submit", help="upload and run an inferlet on a server",
                                    description="Upload a component (or build an app.py first), "
                                    "launch it and stream its messages, like `pie run`.")
     parser.add_argument("program", type=Path, help="app.wasm (or app.py, built first)")
-    parser.add_argument("--server", default=os.environ.get("PIE_SERVER", "http://127.0.0.1:8080"),
-                        help="server URL (default: $PIE_SERVER or http://127.0.0.1:8080)")
-    parser.add_argument("--token", default=os.environ.get("PIE_TOKEN"),
-                        help="API token (default: $PIE_TOKEN)")
+    _add_submit_options(parser)
+    # REMAINDER takes everything after the program (options too); run_submit splits it at "--"
     parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then the inferlet's arguments")
     parser.set_defaults(func=run_submit)
     return parser
+
+
+def _split_submit_args(namespace: argparse.Namespace) -> list[str]:
+    """Parse the options left in the remainder (before "--"); return the inferlet's arguments."""
+    rest = list(namespace.args)
+    own, inferlet_args = (rest[:rest.index("--")], rest[rest.index("--") + 1:]) if "--" in rest \
+        else (rest, [])
+    options = argparse.ArgumentParser(prog="pie submit", add_help=False)
+    _add_submit_options(options)
+    options.parse_args(own, namespace=namespace)
+    return inferlet_args
 
 
 def run_serve(namespace: argparse.Namespace) -> int:
@@ -100,7 +116,7 @@ def run_submit(namespace: argparse.Namespace) -> int:
     """Upload, launch, stream the messages to stdout; the exit status says how it ended."""
     from host.client import PieError
 
-    args = namespace.args[1:] if namespace.args[:1] == ["--"] else namespace.args
+    args = _split_submit_args(namespace)
     if not namespace.token:
         print("pie submit: no token: pass --token or set PIE_TOKEN", file=sys.stderr)
         return 2

@@ -179,10 +179,13 @@ class PieService:
         if handle.instance_id and not handle.done.is_set():
             await trio.to_thread.run_sync(self.runtime.terminate, handle.instance_id, reason)
 
-    async def terminate_and_wait(self, handles: list[InstanceHandle], reason: str) -> None:
-        """Terminate instances and wait until the runtime has released them (pages returned)."""
+    async def terminate_and_wait(self, handles: list[InstanceHandle], reason: str, *,
+                                 detach: bool = True) -> None:
+        """Terminate instances and wait until the runtime has released them (pages returned).
+        `detach`: drop their remaining events (their client is gone)."""
         for handle in handles:
-            handle.sink = None
+            if detach:
+                handle.sink = None
             await self.terminate(handle, reason)
         for handle in handles:
             if handle.instance_id:

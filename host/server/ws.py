@@ -52,6 +52,7 @@ class Connection:
         self._upload_ids = itertools.count(1)
         self._handles: list = []
         self._send_lock = trio.Lock()
+        self._writer_done = trio.Event()
         self._events_out, self._events_in = trio.open_memory_channel(EVENT_BUFFER)
 
     async def run(self) -> None:
@@ -112,13 +113,19 @@ class Connection:
     async def _write_events(self) -> None:
         async for event in self._events_in:
             await self._send(p.event_message(event.instance_id, event.kind, event.data))
+        self._writer_done.set()
 
     async def _close_on_shutdown(self, cancel_scope: trio.CancelScope) -> None:
+        """On server shutdown: grace period, terminate the rest (their final events still go
+        out), flush the events, say why, close."""
         await self.service.closing.wait()
         with trio.move_on_after(self.grace_s):
             for handle in self._live_handles():
                 await handle.done.wait()
-        await self.service.terminate_and_wait(self._live_handles(), "server shutting down")
+        await self.service.terminate_and_wait(self._live_handles(), "server shutting down",
+                                              detach=False)
+        await self._events_out.aclose()    # no launches now: the writer drains and returns
+        await self._writer_done.wait()
         await self._send(p.error_message("server shutting down"))
         try:
             await self.websocket.close(code=1001)

@@ -20,7 +20,8 @@ from tests.server.harness import ServerThread
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 BUILD_CACHE = REPO_DIR / ".cache" / "test-inferlets"
-TOKENS = {"alice": "tok-alice", "bob": "tok-bob", "tiny": "tok-tiny", "small": "tok-small"}
+TOKENS = {"alice": "tok-alice", "bob": "tok-bob", "tiny": "tok-tiny", "small": "tok-small",
+          "carol": "tok-carol"}   # carol: only test_two_tenants_are_isolated uses it
 
 
 def server_config(data_dir: Path, **server: object) -> object:
@@ -33,6 +34,7 @@ def server_config(data_dir: Path, **server: object) -> object:
             {"name": "tiny", "token": TOKENS["tiny"], "max_instances": 1, "max_kv_pages": 4,
              "max_program_bytes": 1024 * 1024},
             {"name": "small", "token": TOKENS["small"], "max_instances": 1, "max_kv_pages": 4},
+            {"name": "carol", "token": TOKENS["carol"]},
         ]})
 
 

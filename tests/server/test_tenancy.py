@@ -17,9 +17,9 @@ async def _result(client, program: str, *args: str) -> str:
 
 
 def test_two_tenants_are_isolated(fake_server, probe_wasm) -> None:
-    async def main() -> None:
+    async def main() -> None:   # "bob" here is tenant carol, who has uploaded nothing yet
         async with connect(fake_server.url, TOKENS["alice"]) as alice, \
-                connect(fake_server.url, TOKENS["bob"]) as bob:
+                connect(fake_server.url, TOKENS["carol"]) as bob:
             program = await alice.upload(probe_wasm)
             # programs: bob cannot see or launch alice's upload
             assert program not in [p["sha256"] for p in await bob.list_programs()]
