@@ -137,7 +137,7 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
 
 def _batch_histogram(counts: dict[int, int]) -> HistogramMetricFamily:
     bounds = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-    buckets, running = [], 0
+    buckets = []
     for bound in bounds:
         running = sum(n for size, n in counts.items() if size <= bound)
         buckets.append((str(bound), running))

@@ -172,7 +172,8 @@ class PieService:
 
     def send(self, tenant: Tenant, instance_id: str, message: str) -> None:
         handle = self.find(tenant, instance_id)
-        self.runtime.send(handle.instance_id, message)
+        if not self.runtime.send(handle.instance_id, message):
+            raise ServiceError(f"instance {instance_id!r} has ended")
 
     async def terminate(self, handle: InstanceHandle, reason: str) -> None:
         """Ask the runtime to end the instance (its final event follows)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ from host.server.tenants import Tenant, TenantRegistry
 
 __all__ = ["Connection", "MAX_UPLOADS_PER_CONNECTION", "EVENT_BUFFER"]
 
+_log = logging.getLogger(__name__)
 MAX_UPLOADS_PER_CONNECTION = 4
 EVENT_BUFFER = 256      # events queued per connection before instance threads block
 
@@ -98,6 +100,10 @@ class Connection:
                 await self._handle(request)
             except ServiceError as exc:
                 await self._send(p.error_message(str(exc), request.id))
+            except Exception as exc:  # noqa: BLE001 -- a bug must not take the connection down
+                _log.exception("websocket: %s failed", type(request).__name__)
+                await self._send(p.error_message(
+                    f"internal error handling {type(request).__name__}: {exc}", request.id))
 
     async def _send(self, message: dict[str, Any]) -> None:
         frame = p.encode_message(message, self.binary)
