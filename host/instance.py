@@ -30,6 +30,7 @@ from wasmtime.component import Linker, Variant
 from host.errors import Cancelled, TrapError
 from host.events import InstanceOutcome
 from host.instance_traps import classify_trap
+from host.scheduler_types import SubmissionFuture
 
 __all__ = ["Instance", "HostServices", "ModelInfo", "ForwardFutureEntry"]
 
@@ -161,7 +162,10 @@ class Instance:
     def wait_future(self, future: Future, call: str) -> Any:
         """Block until `future` resolves, `terminate` is called, or max_blocking_s passes.
         Returns its result; raises Cancelled / TrapError otherwise (the future's own exception
-        is re-raised as is)."""
+        is re-raised as is). A scheduler submission is marked awaited first (the adaptive
+        policy holds the next batch for queues whose results were awaited)."""
+        if isinstance(future, SubmissionFuture):
+            future.awaited = True
         if not future.done():
             waker = threading.Event()
             with self._lock:

@@ -1,15 +1,25 @@
-"""BatchScheduler: the engine thread, and the one rule that forms batches.
+"""BatchScheduler: the engine thread, and the rules that form batches.
 
-Rule: each queue contributes at most its head pass to a batch; queues are taken in priority order
-(high, normal, low), oldest head first, until the batch holds max_batch_tokens (a pass larger than
-that still runs, alone). Copies queued before a queue's head pass (kv.copy-tokens) and the
-copy-on-write copies of the chosen passes run on the engine thread, in that order, right before the
-batch's forward. Policies decide *when* a batch fires: "adaptive" as soon as the engine is idle and
-anything is pending; "k-or-t" when k queues have work or the oldest item has waited t ms.
+What goes in a batch: each queue contributes at most its head pass; queues are taken in priority
+order (high, normal, low), oldest head first, until the batch holds max_batch_tokens (a pass
+larger than that still runs, alone). Copies queued before a queue's head pass (kv.copy-tokens) and
+the copy-on-write copies of the chosen passes run on the engine thread, in that order, right
+before the batch's forward.
 
-Submitting never blocks (eager calls never wait on a batch); it returns a concurrent.futures.Future.
-An engine exception fails the futures of that batch with the exception and the scheduler goes on;
-a ValueError that names one request ("request i: ...") fails that pass alone and the rest re-run.
+When a batch fires -- "adaptive": as soon as the engine is idle and anything is pending, except
+right after a batch, when the next one is held until every *expected* queue has submitted again
+or the hold bound has passed, whichever comes first. The expected queues are those of the last
+batch whose pass was awaited (a consumer was blocked on its future when it resolved), that had
+nothing pending when it resolved, and whose owner has not been cancelled/ended since. The bound is
+min(max_hold_ms, hold_fraction x the engine time of that batch), counted from its end. So decode
+steps of many instances, which resubmit at slightly different times, regroup into full batches,
+and a lone instance (expected = its own queue) is never held once it is back. "k-or-t": when k
+queues have work or the oldest item has waited t_ms.
+
+Submitting never blocks (eager calls never wait on a batch); it returns a SubmissionFuture (a
+concurrent.futures.Future). An engine exception fails the futures of that batch with the exception
+and the scheduler goes on; a ValueError that names one request ("request i: ...") fails that pass
+alone and the rest re-run.
 """
 from __future__ import annotations
 
@@ -20,58 +30,20 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
 
 from engine.batch import ForwardBatch, ForwardResult, TokenCopy
 from engine.protocol import EngineLike
 from host.errors import Cancelled
 from host.resources import PreparedCopy, PreparedForward
+from host.scheduler_types import PRIORITIES, SchedulerPolicy, SchedulerStats, SubmissionFuture
 
-__all__ = ["SchedulerPolicy", "SchedulerStats", "BatchScheduler", "PRIORITIES"]
+__all__ = ["SchedulerPolicy", "SchedulerStats", "BatchScheduler", "SubmissionFuture",
+           "PRIORITIES"]
 
-PRIORITIES = ("high", "normal", "low")     # batch order
-POLICY_KINDS = ("adaptive", "k-or-t")
 _NUM_RECENT = 64
 _REQUEST_INDEX = re.compile(r"request (\d+):")
 _log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SchedulerPolicy:
-    """When batches fire. k / t_ms are used by "k-or-t" only."""
-
-    kind: str = "adaptive"
-    max_batch_tokens: int = 4096
-    k: int = 8
-    t_ms: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in POLICY_KINDS:
-            raise ValueError(f"SchedulerPolicy.kind must be one of {POLICY_KINDS}, got {self.kind!r}")
-        if self.max_batch_tokens <= 0:
-            raise ValueError(f"SchedulerPolicy.max_batch_tokens must be positive, "
-                             f"got {self.max_batch_tokens}")
-        if self.k <= 0:
-            raise ValueError(f"SchedulerPolicy.k must be positive, got {self.k}")
-        if self.t_ms < 0:
-            raise ValueError(f"SchedulerPolicy.t_ms must be >= 0, got {self.t_ms}")
-
-
-@dataclass(frozen=True)
-class SchedulerStats:
-    """Counters since start. batch_size_histogram: (num passes, num batches) ascending."""
-
-    num_batches: int
-    num_failed_batches: int
-    num_forwards: int
-    num_copy_items: int
-    num_cancelled: int
-    num_pending: int
-    num_queues: int
-    max_batch_size: int
-    batch_size_histogram: tuple[tuple[int, int], ...]
-    recent_batch_sizes: tuple[int, ...]
 
 
 class _Item:
@@ -84,7 +56,7 @@ class _Item:
         self.order = order
         self.request = request                 # ForwardRequest, or None for a copy item
         self.copies = copies
-        self.future: Future = Future()
+        self.future = SubmissionFuture()
         self.on_done = on_done
         self.num_tokens = len(request.token_ids) if request is not None else 0
         self.enqueued_at = time.monotonic()
@@ -104,7 +76,10 @@ class BatchScheduler:
         self._num_pending = 0
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._counts = {"batches": 0, "failed": 0, "forwards": 0, "copies": 0, "cancelled": 0}
+        self._counts = {"batches": 0, "failed": 0, "forwards": 0, "copies": 0, "cancelled": 0,
+                        "holds": 0, "hold_timeouts": 0}
+        self._expected: set[Hashable] = set()   # adaptive: queues the next batch is held for
+        self._hold_until = 0.0                  # monotonic end of that hold
         self._histogram: dict[int, int] = {}
         self._recent: deque[int] = deque(maxlen=_NUM_RECENT)
 
@@ -123,6 +98,7 @@ class BatchScheduler:
             items = [item for queue in self._queues.values() for item in queue]
             self._queues.clear()
             self._last_futures.clear()
+            self._expected.clear()
             self._num_pending = 0
             self._cond.notify_all()
             thread = self._thread
@@ -163,7 +139,9 @@ class BatchScheduler:
                 self._queues.setdefault(queue_key, deque()).append(item)
                 self._last_futures[queue_key] = item.future
                 self._num_pending += 1
-                self._cond.notify()
+                self._expected.discard(queue_key)
+                if not self._expected or self._num_pending == 1:   # may fire, or start a hold
+                    self._cond.notify()
         if not accepted:
             self._finish([item], [Cancelled("scheduler closed: submission refused")])
         return item.future
@@ -186,6 +164,10 @@ class BatchScheduler:
                     del self._last_futures[key]
             self._num_pending -= len(items)
             self._counts["cancelled"] += len(items)
+            if self._expected:                             # an ended owner is not waited for
+                self._expected = {key for key in self._expected if _owner(key) != owner_id}
+                if not self._expected:
+                    self._cond.notify()
         error = Cancelled(f"instance {owner_id} terminated: pending submission cancelled")
         self._finish(items, [error] * len(items))
         return len(items)
@@ -199,7 +181,8 @@ class BatchScheduler:
                 num_cancelled=c["cancelled"], num_pending=self._num_pending,
                 num_queues=len(self._queues), max_batch_size=max(self._histogram, default=0),
                 batch_size_histogram=tuple(sorted(self._histogram.items())),
-                recent_batch_sizes=tuple(self._recent))
+                recent_batch_sizes=tuple(self._recent), num_holds=c["holds"],
+                num_hold_timeouts=c["hold_timeouts"])
 
     # ---------------------------------------------------------- engine thread
     def _run_loop(self) -> None:
@@ -215,20 +198,49 @@ class BatchScheduler:
 
     def _wait_for_batch(self) -> bool:
         """Under the lock: wait until the policy fires. False when closed."""
+        held = False
         while not self._closed:
-            if self._num_pending and self.policy.kind == "adaptive":
-                return True
-            if self._num_pending:
-                if len(self._queues) >= self.policy.k:
-                    return True
-                oldest = min(queue[0].enqueued_at for queue in self._queues.values())
-                wait_s = oldest + self.policy.t_ms / 1000 - time.monotonic()
-                if wait_s <= 0:
-                    return True
-                self._cond.wait(wait_s)
-            else:
+            if not self._num_pending:
                 self._cond.wait()
+                continue
+            adaptive = self.policy.kind == "adaptive"
+            wait_s = self._adaptive_wait_s() if adaptive else self._k_or_t_wait_s()
+            if wait_s <= 0:
+                self._end_hold(held)
+                return True
+            held = True
+            self._cond.wait(wait_s)
         return False
+
+    def _adaptive_wait_s(self) -> float:
+        """Under the lock: seconds the next batch is still held (<= 0: fire now)."""
+        if not self._expected:
+            return 0.0
+        return self._hold_until - time.monotonic()
+
+    def _k_or_t_wait_s(self) -> float:
+        if len(self._queues) >= self.policy.k:
+            return 0.0
+        oldest = min(queue[0].enqueued_at for queue in self._queues.values())
+        return oldest + self.policy.t_ms / 1000 - time.monotonic()
+
+    def _end_hold(self, held: bool) -> None:
+        """Under the lock, as a batch fires: count the hold (if any) and forget who was expected."""
+        if held and self.policy.kind == "adaptive":
+            self._counts["holds"] += 1
+            self._counts["hold_timeouts"] += bool(self._expected)
+        self._expected.clear()
+
+    def _expect(self, forward_items: list[_Item], engine_s: float) -> None:
+        """Under the lock, right before the batch's futures resolve: hold the next batch for the
+        queues of `forward_items` whose pass is awaited and that have nothing pending."""
+        if self.policy.kind != "adaptive":
+            return
+        bound_s = min(self.policy.max_hold_ms / 1000, self.policy.hold_fraction * engine_s)
+        self._expected = {item.queue_key for item in forward_items
+                          if item.future.awaited and item.queue_key not in self._queues
+                          } if bound_s > 0 else set()
+        self._hold_until = time.monotonic() + bound_s
 
     def _take_batch(self) -> tuple[list[_Item], list[_Item]]:
         """Under the lock: apply the rule. Returns (copy items, forward items) in run order."""
@@ -255,6 +267,7 @@ class BatchScheduler:
     def _run_batch(self, copy_items: list[_Item], forward_items: list[_Item]) -> None:
         items = copy_items + forward_items
         copies = [copy for item in items for copy in item.copies]
+        started = time.monotonic()
         try:
             if copies:
                 self.engine.copy_tokens(copies)
@@ -263,7 +276,7 @@ class BatchScheduler:
         else:
             outcomes = [None] * len(copy_items) + self._forward(forward_items)
         failed = any(isinstance(outcome, BaseException) for outcome in outcomes)
-        self._record(copy_items, forward_items, failed)
+        self._record(copy_items, forward_items, failed, time.monotonic() - started)
         self._finish(items, outcomes)
         self._forget(items)
 
@@ -293,8 +306,10 @@ class BatchScheduler:
             break
         return [outcomes[i] for i in range(len(items))]
 
-    def _record(self, copy_items: list[_Item], forward_items: list[_Item], failed: bool) -> None:
+    def _record(self, copy_items: list[_Item], forward_items: list[_Item], failed: bool,
+                engine_s: float) -> None:
         with self._cond:
+            self._expect(forward_items, engine_s)
             c = self._counts
             c["copies"] += len(copy_items)
             if forward_items:

@@ -199,3 +199,108 @@ def test_fork_with_copy_on_write_matches_running_alone():
     assert engine.page_tokens(1) == (14, 15, -1, -1)      # the shared page was never written
     resources.release_all()
     assert pool.statistics().num_free == 8
+
+
+# ------------------------------------------------- adaptive: regrouping after a batch
+LONG_HOLD = SchedulerPolicy(max_hold_ms=1000, hold_fraction=1000)   # bound: 1 s
+
+
+def decode_loop(scheduler: BatchScheduler, owner: str, num_steps: int, page_id: int,
+                start: threading.Barrier | None = None) -> None:
+    """An instance's decode loop: submit, block on the result, submit again; end (cancel_owner,
+    as the runtime does when an instance ends)."""
+    if start is not None:
+        start.wait(timeout=30)
+    for step in range(num_steps):
+        prepared = pass_on(page_id, [step + 1], step % 4 + 1)
+        scheduler.submit_forward((owner, 0), "normal", prepared).result(timeout=30)
+    scheduler.cancel_owner(owner)
+
+
+def test_adaptive_regroups_decode_steps_into_full_batches():
+    """8 submitters that resubmit right after their result, at slightly different times: every
+    steady-state batch carries all 8 (the old fire-when-idle rule split them, e.g. 1 + 7)."""
+    engine = FakeEngine(num_pages=64, page_size=4, batch_delay_s=0.003, keep_log=False)
+    num_steps = 20
+    start = threading.Barrier(8)
+    with BatchScheduler(engine, LONG_HOLD) as scheduler:
+        threads = [threading.Thread(target=decode_loop,
+                                    args=(scheduler, f"i{i}", num_steps, i, start))
+                   for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        stats = scheduler.statistics()
+    sizes = dict(stats.batch_size_histogram)
+    assert stats.num_forwards == 8 * num_steps
+    # the first pass fires alone (nothing expected yet); the others join from the next batch on
+    assert sizes.get(8, 0) >= num_steps - 3, stats.batch_size_histogram
+    assert stats.num_batches <= num_steps + 3, stats.batch_size_histogram
+    assert stats.num_hold_timeouts == 0
+
+
+def test_adaptive_never_holds_a_lone_instance_once_it_is_back():
+    engine = FakeEngine(num_pages=64, page_size=4, batch_delay_s=0.002, keep_log=False)
+    with BatchScheduler(engine, LONG_HOLD) as scheduler:
+        started = time.monotonic()
+        decode_loop(scheduler, "alone", 10, 0)
+        elapsed = time.monotonic() - started
+        stats = scheduler.statistics()
+    assert elapsed < 0.5          # one held-to-the-bound step alone would take 1 s
+    assert stats.num_batches == 10 and stats.num_hold_timeouts == 0
+
+
+def held_submission_s(scheduler: BatchScheduler, consume) -> float:
+    """Run one pass on queue a, consume its result with `consume`, then time a pass on queue b
+    (a never submits again)."""
+    consume(scheduler.submit_forward(("a", 0), "normal", pass_on(0, [1], 1)))
+    started = time.monotonic()
+    scheduler.submit_forward(("b", 0), "normal", pass_on(1, [2], 1)).result(timeout=10)
+    return time.monotonic() - started
+
+
+def test_adaptive_holds_for_an_awaited_queue_up_to_the_bound():
+    engine = FakeEngine(num_pages=64, page_size=4, batch_delay_s=0.002)
+    policy = SchedulerPolicy(max_hold_ms=300, hold_fraction=1000)
+    with BatchScheduler(engine, policy) as scheduler:
+        held_s = held_submission_s(scheduler, lambda future: future.result(timeout=10))
+        stats = scheduler.statistics()
+    assert 0.25 <= held_s < 2.0
+    assert (stats.num_holds, stats.num_hold_timeouts) == (1, 1)
+
+
+def test_adaptive_does_not_hold_for_a_result_nobody_awaited():
+    engine = FakeEngine(num_pages=64, page_size=4, batch_delay_s=0.002)
+    policy = SchedulerPolicy(max_hold_ms=1000, hold_fraction=1000)
+
+    def poll(future) -> None:     # consumes the result without blocking on it
+        while not future.done():
+            time.sleep(0.001)
+
+    with BatchScheduler(engine, policy) as scheduler:
+        held_s = held_submission_s(scheduler, poll)
+        assert scheduler.statistics().num_holds == 0
+    assert held_s < 0.5
+
+
+def test_adaptive_stops_holding_for_an_owner_that_ended():
+    engine = FakeEngine(num_pages=64, page_size=4, batch_delay_s=0.002)
+    with BatchScheduler(engine, LONG_HOLD) as scheduler:
+        ender = threading.Timer(0.05, scheduler.cancel_owner, args=("a",))
+
+        def consume(future) -> None:
+            future.result(timeout=10)
+            ender.start()
+
+        held_s = held_submission_s(scheduler, consume)
+        ender.join()
+        stats = scheduler.statistics()
+    assert 0.04 <= held_s < 0.5
+    assert (stats.num_holds, stats.num_hold_timeouts) == (1, 0)
+
+
+@pytest.mark.parametrize("field, value", [("max_hold_ms", -1.0), ("hold_fraction", -0.5)])
+def test_hold_bounds_are_validated(field, value):
+    with pytest.raises(ValueError, match=f"SchedulerPolicy.{field} must be >= 0"):
+        SchedulerPolicy(**{field: value})

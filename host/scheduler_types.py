@@ -1,0 +1,80 @@
+"""The scheduler's value types: its policy (when batches fire), its statistics, and the future a
+submission returns. See host/scheduler.py for the rules."""
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+__all__ = ["SchedulerPolicy", "SchedulerStats", "SubmissionFuture", "PRIORITIES", "POLICY_KINDS"]
+
+PRIORITIES = ("high", "normal", "low")     # batch order
+POLICY_KINDS = ("adaptive", "k-or-t")
+
+
+@dataclass(frozen=True)
+class SchedulerPolicy:
+    """When batches fire. k / t_ms are used by "k-or-t" only; max_hold_ms / hold_fraction (the
+    bound of the hold after a batch) by "adaptive" only."""
+
+    kind: str = "adaptive"
+    max_batch_tokens: int = 4096
+    k: int = 8
+    t_ms: float = 5.0
+    max_hold_ms: float = 10.0
+    hold_fraction: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.kind not in POLICY_KINDS:
+            raise ValueError(f"SchedulerPolicy.kind must be one of {POLICY_KINDS}, "
+                             f"got {self.kind!r}")
+        if self.max_batch_tokens <= 0:
+            raise ValueError(f"SchedulerPolicy.max_batch_tokens must be positive, "
+                             f"got {self.max_batch_tokens}")
+        if self.k <= 0:
+            raise ValueError(f"SchedulerPolicy.k must be positive, got {self.k}")
+        if self.t_ms < 0:
+            raise ValueError(f"SchedulerPolicy.t_ms must be >= 0, got {self.t_ms}")
+        if self.max_hold_ms < 0:
+            raise ValueError(f"SchedulerPolicy.max_hold_ms must be >= 0, got {self.max_hold_ms}")
+        if self.hold_fraction < 0:
+            raise ValueError(f"SchedulerPolicy.hold_fraction must be >= 0, "
+                             f"got {self.hold_fraction}")
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """Counters since start. batch_size_histogram: (num passes, num batches) ascending.
+    num_holds: batches held (adaptive) for expected queues; num_hold_timeouts: holds that ended
+    at the bound with some expected queue still missing."""
+
+    num_batches: int
+    num_failed_batches: int
+    num_forwards: int
+    num_copy_items: int
+    num_cancelled: int
+    num_pending: int
+    num_queues: int
+    max_batch_size: int
+    batch_size_histogram: tuple[tuple[int, int], ...]
+    recent_batch_sizes: tuple[int, ...]
+    num_holds: int = 0
+    num_hold_timeouts: int = 0
+
+
+class SubmissionFuture(Future):
+    """The future of one submission. `awaited` turns True when a consumer asks for the result
+    (`result()` / `exception()`), or sets it itself right before blocking on the future in
+    another way (Instance.wait_future does). Whether it was awaited when it resolved decides if
+    the adaptive policy holds the next batch for this queue."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.awaited = False
+
+    def result(self, timeout: float | None = None):
+        self.awaited = True
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None):
+        self.awaited = True
+        return super().exception(timeout)
