@@ -1,5 +1,6 @@
 """The WIT bindings: one module per interface of wit/inferlet.wit, each a thin adapter (check,
-translate, submit). `build_linker` registers them all, plus WASI 0.2, on one component Linker.
+translate, submit). `build_linker` registers them all, plus WASI 0.2, on one component Linker,
+through `fast_calls.add_host_function` (converters built once per function and program).
 
 Every host function is wrapped by `_host_function`: it finds the calling Instance (the one whose
 thread this is), runs the adapter, stamps the instance's last host exit (the idle clock), and lets
@@ -17,6 +18,7 @@ from wasmtime import Engine, WasmtimeError
 from wasmtime.component import Linker, ResourceType
 
 from host.bindings import forward, kv, messaging, queue, runtime, tokenize
+from host.bindings.fast_calls import add_host_function
 from host.errors import TrapError
 
 __all__ = ["build_linker", "provided_items", "INTERFACE_MODULES"]
@@ -43,11 +45,11 @@ def build_linker(engine: Engine, current: threading.local) -> Linker:
                                            _resource_dtor(f"{name}.drop", dtor, current))
                 short = module.INTERFACE.split("/")[1].split("@")[0]
                 for name, impl in module.FUNCTIONS.items():
-                    interface.add_func(name, _host_function(f"{short}.{name}", impl, current,
-                                                            with_store=False))
+                    add_host_function(interface, name, _host_function(
+                        f"{short}.{name}", impl, current, with_store=False), current)
                 for name, impl in module.METHODS.items():
-                    interface.add_func(name, _host_function(f"{short}.{name}", impl, current,
-                                                            with_store=True))
+                    add_host_function(interface, name, _host_function(
+                        f"{short}.{name}", impl, current, with_store=True), current)
     return linker
 
 

@@ -1,0 +1,201 @@
+"""Host functions whose argument/result converters are built once per (function, program).
+
+wasmtime-py 50's `LinkerInstance.add_func` callback rebuilds the function's type on every call
+(`FuncType.params` / `.result`: a few FFI calls and Python objects per parameter), and its list,
+record, variant, option and result converters ask the C API again, for every value they convert,
+for their element / field / case types. Profiled on a decode step (forward.submit + get + drop),
+that reflection was most of the instance thread's time.
+
+`add_host_function` registers a function like `add_func` does, with a callback that converts with
+*frozen* copies of those types: the same wasmtime-py classes (so the same conversion code and
+ownership of C values) whose type queries answer from fields filled once. The signature is cached
+per program (keyed by its sha256 hash, taken from the instance the calling thread runs): the type
+a host function is called with comes from the importing component, so a guest that imports a
+name with another signature gets converters built from its own signature, never another
+program's. A call on a thread without an instance converts without caching.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable
+
+from wasmtime import WasmtimeError
+from wasmtime import _ffi as ffi
+from wasmtime.component import _linker
+from wasmtime.component._types import (FuncType, ListType, OptionType, RecordType, ResultType, U8,
+                                       ValType, Variant, VariantType)
+
+__all__ = ["add_host_function", "freeze_type"]
+
+Signature = tuple[tuple[ValType, ...], "ValType | None"]
+
+
+class _FrozenList(ListType):
+    def __init__(self, element: ValType) -> None:   # no C pointer: Managed.close() skips it
+        self._element = element
+        self._bytes = isinstance(element, U8)
+
+    @property
+    def element(self) -> ValType:
+        return self._element
+
+    def _is_bytes(self) -> bool:
+        return self._bytes
+
+
+class _FrozenRecord(RecordType):
+    def __init__(self, fields: list[tuple[str, ValType]]) -> None:
+        self._fields = fields
+
+    @property
+    def fields(self) -> list[tuple[str, ValType]]:
+        return self._fields
+
+
+class _FrozenCases:
+    """The variant-like part: cases, taggedness and each case's Python classes, computed once.
+    `_lower` is wasmtime-py's `VariantLikeType._lower` (as fixed in host/wasmtime_fix.py) reading
+    those fields instead of querying the types."""
+
+    def _freeze_cases(self, cases: list[tuple[str, ValType | None]]) -> None:
+        self._frozen_cases = cases
+        self._is_tagged = super()._tagged()       # type: ignore[misc]  # reads _cases()
+        self._case_tests = [(name, ty, _classes_of(ty)) for name, ty in cases]
+
+    def _cases(self) -> list[tuple[str, ValType | None]]:
+        return self._frozen_cases
+
+    def _tagged(self) -> bool:
+        return self._is_tagged
+
+    def _lower(self, store: Any, val: Any) -> tuple[str, Any]:
+        tagged = self._is_tagged
+        if tagged and not isinstance(val, Variant):
+            raise TypeError("expected Variant type")
+        for name, ty, classes in self._case_tests:
+            if tagged:
+                if name != val.tag:
+                    continue
+            elif ty is None:
+                if val is not None:
+                    continue
+            elif not isinstance(val, classes):
+                continue
+            if ty is None:
+                return (name, None)
+            raw = ffi.wasmtime_component_val_t()
+            ty.convert_to_c(store, val.payload if tagged else val, ctypes.pointer(raw))
+            return (name, ffi.wasmtime_component_val_new(ctypes.byref(raw)))
+        raise ValueError("value not valid for this variant")
+
+
+class _FrozenVariant(_FrozenCases, VariantType):
+    def __init__(self, cases: list[tuple[str, ValType | None]]) -> None:
+        self._freeze_cases(cases)
+
+    @property
+    def cases(self) -> list[tuple[str, ValType | None]]:
+        return self._frozen_cases
+
+
+class _FrozenOption(_FrozenCases, OptionType):
+    def __init__(self, payload: ValType) -> None:
+        self._payload = payload
+        self._freeze_cases([("none", None), ("some", payload)])
+
+    @property
+    def payload(self) -> ValType:
+        return self._payload
+
+
+class _FrozenResult(_FrozenCases, ResultType):
+    def __init__(self, ok: ValType | None, err: ValType | None) -> None:
+        self._ok, self._err = ok, err
+        self._freeze_cases([("ok", ok), ("err", err)])
+
+    @property
+    def ok(self) -> ValType | None:
+        return self._ok
+
+    @property
+    def err(self) -> ValType | None:
+        return self._err
+
+
+def _classes_of(ty: ValType | None) -> tuple[type, ...]:
+    if ty is None:
+        return ()
+    classes: set[type] = set()
+    ty.add_classes(classes)
+    return tuple(classes)
+
+
+def freeze_type(ty: ValType | None) -> ValType | None:
+    """A copy of `ty` whose type queries need no FFI call. Types whose conversion asks nothing
+    (primitives, strings, enums, resources) and the kinds pie's WIT does not use (tuple, flags)
+    are returned as they are."""
+    if ty is None:
+        return None
+    if isinstance(ty, ListType):
+        return _FrozenList(freeze_type(ty.element))
+    if isinstance(ty, RecordType):
+        return _FrozenRecord([(name, freeze_type(field)) for name, field in ty.fields])
+    if isinstance(ty, VariantType):
+        return _FrozenVariant([(name, freeze_type(case)) for name, case in ty.cases])
+    if isinstance(ty, OptionType):
+        return _FrozenOption(freeze_type(ty.payload))
+    if isinstance(ty, ResultType):
+        return _FrozenResult(freeze_type(ty.ok), freeze_type(ty.err))
+    return ty
+
+
+class _HostEntry:
+    """What the callback finds under its handle: the function and its signatures per program."""
+
+    __slots__ = ("func", "current", "signatures")
+
+    def __init__(self, func: Callable[..., Any], current: Any) -> None:
+        self.func = func
+        self.current = current
+        self.signatures: dict[str, Signature] = {}
+
+    def signature(self, ty_raw: Any, store: Any) -> Signature:
+        instance = getattr(self.current, "instance", None)
+        key = instance.program.hash if instance is not None else None
+        signature = self.signatures.get(key) if key is not None else None
+        if signature is None:
+            with FuncType._from_ptr(ty_raw, owner=store) as func_type:
+                signature = (tuple(freeze_type(ty) for _, ty in func_type.params),
+                             freeze_type(func_type.result))
+            if key is not None:
+                self.signatures[key] = signature
+        return signature
+
+
+@ffi.wasmtime_component_func_callback_t
+def _call_host_function(idx, context, ty_raw, args, nargs, results, nresults):  # type: ignore
+    def run(store: Any) -> None:
+        entry: _HostEntry = _linker.FUNCTIONS.get(idx or 0)
+        param_types, result_type = entry.signature(ty_raw, store)
+        if len(param_types) != nargs or nresults != (0 if result_type is None else 1):
+            raise WasmtimeError(f"host function called with {nargs} arguments / {nresults} "
+                                f"results for a signature of {len(param_types)}")
+        value = entry.func(store, *[ty.convert_from_c(args[i])
+                                    for i, ty in enumerate(param_types)])
+        if result_type is not None:
+            result_type.convert_to_c(store, value, results)
+    return _linker.catch_exceptions(context, run)
+
+
+def add_host_function(interface: Any, name: str, func: Callable[..., Any], current: Any) -> None:
+    """`interface.add_func(name, func)` with cached converters. `current` is the thread-local
+    whose `instance` attribute is the Instance running on the calling thread."""
+    interface._assert_not_locked()
+    name_bytes = name.encode("utf-8")
+    name_buf = ctypes.create_string_buffer(name_bytes)
+    idx = _linker.FUNCTIONS.allocate(_HostEntry(func, current))
+    error = ffi.wasmtime_component_linker_instance_add_func(
+        interface.ptr(), name_buf, len(name_bytes), _call_host_function, idx,
+        _linker.func_finalize)
+    if error:
+        raise WasmtimeError._from_ptr(error)
