@@ -9,6 +9,7 @@ that goes away mid-stream has its instance terminated (its pages return to the p
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -26,7 +27,7 @@ from host.server.tenants import Tenant, TenantRegistry
 
 __all__ = ["OpenAIFrontend"]
 
-_EVENT_BUFFER = 64
+_EVENT_BUFFER = math.inf   # the service bounds what piles up
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -100,7 +101,7 @@ class OpenAIFrontend:
         try:
             final = await _final_event(receive)
         finally:
-            receive.close()     # an instance thread blocked on a full channel wakes up
+            receive.close()
             with trio.CancelScope(shield=True):
                 await self.service.terminate_and_wait([handle], "http request ended")
         if final.kind != "result":

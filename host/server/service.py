@@ -1,10 +1,11 @@
 """The server's core, owned by its trio thread: programs, instances, tenancy, events, shutdown.
 
 Instance threads never touch this object's state. The runtime calls `on_event` from an instance's
-thread; that callback hops into trio with `trio.from_thread.run` (the trio token is taken at
-`start`) and the event is then handled here, in the trio thread, and forwarded to the sink (a
-trio memory channel) of whoever launched the instance: a websocket connection or an OpenAI
-request. A full sink blocks the instance thread (back-pressure); a closed sink drops the event.
+thread; that callback queues the event onto the trio loop (`TrioToken.run_sync_soon`, the token is
+taken at `start`) and it is then handled here, in the trio thread, and forwarded to the sink (an
+unbounded trio memory channel) of whoever launched the instance: a websocket connection or an
+OpenAI request. A closed sink drops the event; a client that stops reading has its instance
+terminated once MAX_BUFFERED_EVENTS pile up.
 Blocking runtime calls (load_program, launch, terminate, wait, close) run in `trio.to_thread`.
 """
 from __future__ import annotations
@@ -20,9 +21,10 @@ from host.server.metrics import ServerMetrics
 from host.server.store import ProgramStore, StoredProgram, UnknownProgramError
 from host.server.tenants import QuotaBook, QuotaExceeded, Tenant
 
-__all__ = ["ServiceError", "InstanceHandle", "PieService", "FINAL_KINDS"]
+__all__ = ["ServiceError", "InstanceHandle", "PieService", "FINAL_KINDS", "MAX_BUFFERED_EVENTS"]
 
 FINAL_KINDS = frozenset({"result", "error", "trap", "terminated"})
+MAX_BUFFERED_EVENTS = 100_000   # per sink; sinks are unbounded trio memory channels
 
 
 class ServiceError(Exception):
@@ -137,21 +139,30 @@ class PieService:
         return handle
 
     def _on_event_threaded(self, handle: InstanceHandle, event: Any) -> None:
-        """Runtime callback, on the instance's thread: hand the event to the trio thread."""
+        """Runtime callback, on the instance's thread: queue the event for the trio thread.
+
+        `run_sync_soon` does not wait for the trio loop, so an instance never stalls on a busy
+        server (callbacks run in FIFO order: events stay in order). Sinks are unbounded; an
+        instance whose client lets more than MAX_BUFFERED_EVENTS pile up is terminated."""
         try:
-            trio.from_thread.run(self._deliver, handle, event, trio_token=self._token)
-        except (trio.RunFinishedError, trio.Cancelled):
+            self._token.run_sync_soon(self._deliver, handle, event)
+        except trio.RunFinishedError:
             pass  # the server is gone; nobody is listening
 
-    async def _deliver(self, handle: InstanceHandle, event: Any) -> None:
+    def _deliver(self, handle: InstanceHandle, event: Any) -> None:
         self.metrics.count_event(event.kind, event.data)
         if event.kind in FINAL_KINDS:
             handle.final_kind, handle.final_data = event.kind, event.data
         if handle.sink is not None:
             try:
-                await handle.sink.send(event)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                handle.sink.send_nowait(event)
+                backlog = handle.sink.statistics().current_buffer_used
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+                handle.sink, backlog = None, 0
+            if backlog > MAX_BUFFERED_EVENTS and event.kind not in FINAL_KINDS:
                 handle.sink = None
+                self.runtime.terminate(handle.instance_id, f"client not reading: more than "
+                                       f"{MAX_BUFFERED_EVENTS} events waiting")
         if event.kind in FINAL_KINDS:
             self._forget(handle)
 

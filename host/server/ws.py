@@ -10,6 +10,7 @@ every page they held is back in the pool before the handler returns.
 from __future__ import annotations
 
 import hashlib
+import math
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ __all__ = ["Connection", "MAX_UPLOADS_PER_CONNECTION", "EVENT_BUFFER"]
 
 _log = logging.getLogger(__name__)
 MAX_UPLOADS_PER_CONNECTION = 4
-EVENT_BUFFER = 256      # events queued per connection before instance threads block
+EVENT_BUFFER = math.inf  # the service bounds what piles up (MAX_BUFFERED_EVENTS)
 
 
 @dataclass
@@ -69,7 +70,7 @@ class Connection:
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
-                self._events_in.close()   # instance threads blocked on a full channel wake up
+                self._events_in.close()   # later events are dropped
                 await self.service.terminate_and_wait(self._live_handles(), "client disconnected")
 
     def _authenticate_header(self) -> None:
