@@ -56,6 +56,19 @@ def make_tiny_engine(tiny_model):
     return make
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Run a module's heavy model tests on one torch thread, then restore the setting.
+
+    On this shared 2-core machine, two OpenMP threads competing with other processes spin at
+    barriers and run several times slower than one thread (measured: a 512-token prefill 3.0 s
+    with 2 threads vs 1.0 s with 1 under load)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def real_engine():
     """The default model (SmolLM2-135M GGUF), float32, page_size 16, loaded once."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 PARAGRAPH = ("The river wound through the valley, past farms and old stone bridges, carrying the "
              "spring rain down from the mountains toward the distant sea. Villagers gathered on its "
              "banks each evening to talk about the harvest, the weather and the news from the city. ")

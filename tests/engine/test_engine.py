@@ -7,6 +7,8 @@ import torch
 
 from engine.batch import GREEDY, ForwardBatch, ForwardRequest, SamplerSpec, TokenCopy
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TOP10 = SamplerSpec(kind="distribution", num_top=10)
 
 
