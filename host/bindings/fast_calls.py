@@ -17,12 +17,14 @@ program's. A call on a thread without an instance converts without caching.
 from __future__ import annotations
 
 import ctypes
+import operator
 from typing import Any, Callable
 
 from wasmtime import WasmtimeError
 from wasmtime import _ffi as ffi
 from wasmtime.component import _linker
-from wasmtime.component._types import (FuncType, ListType, OptionType, RecordType, ResultType, U8,
+from wasmtime.component._types import (F32, F64, S8, S16, S32, S64, U8, U16, U32, U64, FuncType,
+                                       ListType, OptionType, Record, RecordType, ResultType,
                                        ValType, Variant, VariantType)
 
 __all__ = ["add_host_function", "freeze_type"]
@@ -30,10 +32,23 @@ __all__ = ["add_host_function", "freeze_type"]
 Signature = tuple[tuple[ValType, ...], "ValType | None"]
 
 
+# Numbers: lifted straight from the union field, and nothing to free or reset afterwards.
+_SCALAR_FIELDS = {S8: "s8", S16: "s16", S32: "s32", S64: "s64", U16: "u16", U32: "u32",
+                  U64: "u64", F32: "f32", F64: "f64"}
+
+
+def _scalar_getter(ty: ValType | None) -> Callable[[Any], Any] | None:
+    field = _SCALAR_FIELDS.get(type(ty))
+    return None if field is None else operator.attrgetter(f"of.{field}")
+
+
 class _FrozenList(ListType):
+    """list<T>; a list of numbers is lifted in one comprehension (list<u32> token ids)."""
+
     def __init__(self, element: ValType) -> None:   # no C pointer: Managed.close() skips it
         self._element = element
         self._bytes = isinstance(element, U8)
+        self._get_scalar = _scalar_getter(element)
 
     @property
     def element(self) -> ValType:
@@ -42,14 +57,48 @@ class _FrozenList(ListType):
     def _is_bytes(self) -> bool:
         return self._bytes
 
+    def convert_from_c(self, c: Any) -> Any:
+        get = self._get_scalar
+        if get is None:
+            return super().convert_from_c(c)
+        if c.kind != ffi.WASMTIME_COMPONENT_LIST.value:
+            raise TypeError(f"expected a list value, got kind {c.kind}")
+        try:
+            data = c.of.list.data
+            return [get(data[i]) for i in range(c.of.list.size)]
+        finally:
+            ffi.wasmtime_component_valtuple_delete(ctypes.byref(c.of.tuple))   # as wasmtime-py
+
 
 class _FrozenRecord(RecordType):
+    """A record, lifted without decoding each field's name again (the names are the type's)."""
+
     def __init__(self, fields: list[tuple[str, ValType]]) -> None:
         self._fields = fields
+        self._owns_memory = [_scalar_getter(ty) is None for _, ty in fields]
 
     @property
     def fields(self) -> list[tuple[str, ValType]]:
         return self._fields
+
+    def convert_from_c(self, c: Any) -> Any:
+        if c.kind != ffi.WASMTIME_COMPONENT_RECORD.value:
+            raise TypeError(f"expected a record value, got kind {c.kind}")
+        try:
+            if c.of.record.size != len(self._fields):
+                raise TypeError(f"record of {c.of.record.size} fields, expected "
+                                f"{len(self._fields)}")
+            record = Record()
+            data = c.of.record.data
+            for i, ((name, ty), owns_memory) in enumerate(zip(self._fields, self._owns_memory)):
+                value = data[i].val
+                setattr(record, name, ty.convert_from_c(value))
+                if owns_memory:          # lifted (moved out): the record's delete must skip it
+                    value.kind = ffi.WASMTIME_COMPONENT_BOOL
+                    value.of.boolean = False
+            return record
+        finally:
+            ffi.wasmtime_component_valrecord_delete(c.of.record)
 
 
 class _FrozenCases:

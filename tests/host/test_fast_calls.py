@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from wasmtime import _ffi as ffi
 from wasmtime.component import Record, Variant
-from wasmtime.component._types import F32, U32, String
+from wasmtime.component._types import F32, U8, U32, U64, EnumType, String
 
 from host.bindings.fast_calls import (_FrozenList, _FrozenOption, _FrozenRecord, _FrozenResult,
                                       _FrozenVariant)
@@ -90,8 +90,27 @@ def distribution(token_ids: list[int], probs: list[float]) -> Record:
     return record
 
 
+def sampler(seed: int | None) -> Record:
+    record = Record()
+    for name, value in (("kind", "sample"), ("temperature", 0.5), ("top-k", 40), ("top-p", 1.0),
+                        ("min-p", 0.0), ("seed", seed), ("num-top", 0)):
+        setattr(record, name, value)
+    return record
+
+
+ENUM = EnumType.__new__(EnumType)     # an enum's conversion asks its type nothing
+SAMPLER = _FrozenRecord([("kind", ENUM),
+                         ("temperature", F32()), ("top-k", U32()), ("top-p", F32()),
+                         ("min-p", F32()), ("seed", _FrozenOption(U64())), ("num-top", U32())])
+
+
 @pytest.mark.parametrize("ty, value", [
     (U32_LIST, [1, 2, 3]),
+    (U32_LIST, []),
+    (_FrozenList(String()), ["a", "bc", ""]),
+    (_FrozenList(U8()), b"bytes"),
+    (_FrozenList(_FrozenList(U32())), [[1], [], [2, 3]]),
+    (_FrozenList(SAMPLER), [sampler(7), sampler(None)]),
     (_FrozenOption(U32_LIST), None),
     (_FrozenOption(U32_LIST), [4, 5]),
     (_FrozenResult(_FrozenList(OUTPUT), String()), [7, distribution([1, 2], [0.5, 0.25])]),
