@@ -36,16 +36,14 @@ def _prompt_token_ids(request: dict) -> list[int]:
 
 def _contexts(prompt_ids: list[int], num_choices: int) -> list[Context]:
     """One context per choice. Forks share the prompt's KV, computed once; each fork keeps the
-    prompt's last token to feed, so that its first pass samples its first token."""
+    prompt's last token to recompute (`generate` reopens it), so that its first pass samples
+    its first token."""
     ctx = Context()
+    ctx.fill(prompt_ids)
     if num_choices == 1:
-        ctx.fill(prompt_ids)
         return [ctx]
-    ctx.fill(prompt_ids[:-1])
     forks = [ctx.fork() for _ in range(num_choices)]
     ctx.close()
-    for fork in forks:
-        fork.fill(prompt_ids[-1:])
     return forks
 
 

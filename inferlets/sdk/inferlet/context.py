@@ -43,6 +43,7 @@ class Context:
         self.last_page_len = 0
         self.token_ids: list[int] = []           # every token of the context, pending included
         self.pending_token_ids: list[int] = []   # filled, KV not computed yet
+        self._read_only_page_ids: set[int] = set()   # imported pages (never written)
         self.next_position = 0                   # position of the next token a pass computes
         self._unsynchronized = False             # passes submitted since the last synchronize
         self._dropped_futures: list[forward.ForwardFuture] = []
@@ -177,6 +178,31 @@ class Context:
                 self._dropped_futures.append(future)
         return last
 
+    def reopen_last_token(self) -> None:
+        """Make the last computed token pending again, so a generation can start from a context
+        whose tokens are all computed (a fresh fork, an import): its KV slot is given back and
+        the next pass recomputes it (and samples after it)."""
+        if self.pending_token_ids or not self.token_ids or not self.page_ids:
+            return
+        last_index = len(self.page_ids) - 1
+        if self.last_page_len == 1:   # the page would be empty: drop it
+            kv.sequence_remove(self.sequence_id, last_index, 1)
+            kv.free_pages([self.page_ids.pop()])
+            self._page_masks.pop()
+            self.last_page_len = self.page_size
+        else:
+            self.last_page_len -= 1
+            if self.page_ids[last_index] in self._read_only_page_ids:   # imported: copy it
+                own_id = kv.allocate_pages(1)[0]
+                kv.copy_tokens(self.queue_id, self.page_ids[last_index], own_id, 0, 0,
+                               self.last_page_len)
+                kv.sequence_remove(self.sequence_id, last_index, 1)
+                kv.free_pages([self.page_ids[last_index]])
+                kv.sequence_append(self.sequence_id, [own_id])
+                self.page_ids[last_index] = own_id
+        self.next_position -= 1
+        self.pending_token_ids.append(self.token_ids[-1])
+
     def take_pending(self) -> list[int]:
         """The pending tokens, now counted as submitted (the caller submits them)."""
         token_ids, self.pending_token_ids = self.pending_token_ids, []
@@ -222,6 +248,8 @@ class Context:
         child = Context(priority=priority or self.priority)
         if self.page_ids:
             child.page_ids = list(kv.share_pages(self.page_ids))
+            child._read_only_page_ids = {child_id for child_id, page_id in zip(child.page_ids, self.page_ids)
+                                         if page_id in self._read_only_page_ids}
             kv.sequence_append(child.sequence_id, child.page_ids)
             child._page_masks = [bytearray(mask) for mask in self._page_masks]
             for page_id, mask in zip(child.page_ids, child._page_masks):
@@ -314,6 +342,8 @@ class Context:
             page_ids[-1] = own_id
         kv.sequence_append(ctx.sequence_id, page_ids)
         ctx.page_ids = page_ids
+        ctx._read_only_page_ids = set(page_ids) - {page_ids[-1]} if ctx.last_page_len < ctx.page_size \
+            else set(page_ids)
         ctx._page_masks = [bytearray(ctx.page_size) for _ in page_ids]
         ctx.token_ids = list(meta["token_ids"])
         ctx.next_position = len(ctx.token_ids)

@@ -41,7 +41,9 @@ class Generation:
         self._text = TextStream(stop_strings) if stop_strings or stream_text else None
         ctx.fill_generation_prompt()
         if not ctx.pending_token_ids:
-            raise InferletError("generate: nothing to start from; fill the context first")
+            if not ctx.token_ids:
+                raise InferletError("generate: nothing to start from; fill the context first")
+            ctx.reopen_last_token()   # e.g. a fresh fork: recompute its last token
 
     @property
     def done(self) -> bool:

@@ -1,4 +1,6 @@
 """A test inferlet for the CLI and the SDK's error paths; its first argument picks what it does."""
+import json
+
 import inferlet
 from inferlet import _wit
 
@@ -29,4 +31,14 @@ def main(args: list[str]) -> str:
     if mode == "info":
         info = inferlet.model_info()
         return f"{info.name} page_size={info.page_size} stop={list(info.stop_token_ids)}"
+    if mode == "forks":   # generate from contexts whose tokens are all computed
+        prompt, num_tokens = args[1], int(args[2])
+        ctx = inferlet.Context()
+        ctx.fill(prompt)
+        ctx.flush()
+        forks = [ctx.fork() for _ in range(2)]   # nothing pending in ctx or the forks
+        ctx.export("probe-forks")
+        imported = inferlet.Context.from_import("probe-forks")
+        runs = [c.generate_tokens(num_tokens, stop_token_ids=()) for c in forks + [ctx, imported]]
+        return json.dumps(runs)
     raise inferlet.InferletError(f"unknown mode {mode!r}")
