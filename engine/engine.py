@@ -14,6 +14,7 @@ import torch
 from engine.attention import make_attention_backend
 from engine.batch import ForwardBatch, ForwardResult, TokenCopy
 from engine.config import EngineConfig, ModelConfig
+from engine.device import choose_device
 from engine.generation import generate_greedy_batch, prompt_logits
 from engine.kv_cache import KVCache, num_pages_for
 from engine.model.llama import LlamaModel
@@ -23,9 +24,9 @@ from engine.protocol import EngineStats, TokenizerLike
 from engine.sampling import Sampler
 from engine.validate import validate_batch
 
-LARGE_BATCH_TOKENS = 256     # after a batch this large, return freed activation memory to the OS
-
 __all__ = ["Engine", "load_engine", "load_default_engine", "resolve_dtype", "cpu_has_native_bf16"]
+
+LARGE_BATCH_TOKENS = 256     # after a batch this large, return freed activation memory to the OS
 
 
 def cpu_has_native_bf16() -> bool:
@@ -64,8 +65,6 @@ class Engine:
         int4_decode: in bf16 on the CPU, weights that sit on a 4-bit grid (a Q4 GGUF's) are also
         kept packed for the int4 kernel used by small batches (engine/model/linear.py).
         """
-        from engine.device import choose_device   # local: keeps module import light
-
         choice = choose_device(config)
         self.config = config
         self.device = choice.device

@@ -26,10 +26,10 @@ __all__ = ["LlamaModel", "LayerWeights"]
 class LayerWeights:
     """One decoder layer's weights, fused for fewer matmuls."""
 
-    input_norm: torch.Tensor     # [hidden]
+    input_norm: torch.Tensor     # [hidden] float32 (norms run on the float32 residual stream)
     qkv_proj: Linear             # [(Hq + 2 Hkv) * D, hidden]
     o_proj: Linear               # [hidden, Hq * D]
-    post_norm: torch.Tensor      # [hidden]
+    post_norm: torch.Tensor      # [hidden] float32
     gate_up_proj: Linear         # [2 * intermediate, hidden]
     down_proj: Linear            # [hidden, intermediate]
 
@@ -59,10 +59,10 @@ def _layer_weights(config: ModelConfig, weights: dict[str, torch.Tensor], i: int
     gate_up = torch.cat([take("mlp.gate_proj.weight", (config.intermediate_size, hidden)),
                          take("mlp.up_proj.weight", (config.intermediate_size, hidden))])
     return LayerWeights(
-        input_norm=take("input_layernorm.weight", (hidden,)),
+        input_norm=take("input_layernorm.weight", (hidden,)).float(),
         qkv_proj=Linear(qkv, allow_int4),
         o_proj=Linear(take("self_attn.o_proj.weight", (hidden, q_dim)), allow_int4),
-        post_norm=take("post_attention_layernorm.weight", (hidden,)),
+        post_norm=take("post_attention_layernorm.weight", (hidden,)).float(),
         gate_up_proj=Linear(gate_up, allow_int4),
         down_proj=Linear(take("mlp.down_proj.weight", (hidden, config.intermediate_size)),
                          allow_int4),
@@ -88,7 +88,7 @@ class LlamaModel:
         for i in range(config.num_layers):
             self.layers.append(_layer_weights(config, weights, i, dtype, device, allow_int4))
             release_freed_memory()        # the layer's unpacked weights are gone: keep RSS flat
-        self.final_norm = _take(weights, "model.norm.weight", (config.hidden_size,)).to(device, dtype)
+        self.final_norm = _take(weights, "model.norm.weight", (config.hidden_size,)).to(device).float()
         if "lm_head.weight" in weights:
             lm_head = _take(weights, "lm_head.weight", vocab_shape).to(device, dtype)
         elif config.tie_word_embeddings:
@@ -117,9 +117,12 @@ class LlamaModel:
         positions = table.positions.to(device)
         cos = self.rope_cos[positions].unsqueeze(1)                       # [N, 1, D]
         signed_sin = self.rope_signed_sin[positions].unsqueeze(1)
-        x = F.embedding(table.input_ids.to(device), self.embed)           # [N, hidden]
+        dtype = self.dtype
+        # the residual stream stays float32 (cheaper norms in bf16 mode, closer to exact);
+        # matmul inputs are cast to the weights' dtype (a no-op in float32 mode)
+        x = F.embedding(table.input_ids.to(device), self.embed).float()   # [N, hidden]
         for i, layer in enumerate(self.layers):
-            h = F.rms_norm(x, hidden_shape, layer.input_norm, eps)
+            h = F.rms_norm(x, hidden_shape, layer.input_norm, eps).to(dtype)
             qkv = layer.qkv_proj(h)                            # [N, (Hq + 2 Hkv) * D]
             qk = apply_rope(qkv[:, :self.q_dim + self.kv_dim].view(n, num_qk_heads, d), cos,
                             signed_sin)
@@ -129,8 +132,8 @@ class LlamaModel:
             attention.append_kv(kv_layer, k, v)
             attn = attention.run(q, kv_layer)                             # [N, Hq, D]
             x = x + layer.o_proj(attn.reshape(n, self.q_dim))
-            h = F.rms_norm(x, hidden_shape, layer.post_norm, eps)
+            h = F.rms_norm(x, hidden_shape, layer.post_norm, eps).to(dtype)
             gate, up = layer.gate_up_proj(h).chunk(2, dim=-1) # [N, intermediate] each
             x = x + layer.down_proj(F.silu(gate) * up)
-        x = F.rms_norm(x[table.output_rows.to(device)], hidden_shape, self.final_norm, eps)
+        x = F.rms_norm(x[table.output_rows.to(device)], hidden_shape, self.final_norm, eps).to(dtype)
         return self.lm_head(x).float()                         # [num_outputs, vocab]
