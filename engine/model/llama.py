@@ -2,8 +2,10 @@
 
 Weights come in Hugging Face naming (model.layers.{i}.self_attn.q_proj.weight, ...). At build time
 Q/K/V are fused into one [ (Hq + 2 Hkv) * D, hidden ] matrix and gate/up into one
-[2 * intermediate, hidden] matrix, so a layer is 4 matmuls. Logits are computed only at the output
-rows of the batch.
+[2 * intermediate, hidden] matrix, so a layer is 4 matmuls (each an engine.model.linear.Linear:
+oneDNN-packed bf16, plus an int4 copy for small batches when the weights are a Q4 GGUF's).
+The residual stream and the RMSNorms are float32 whatever the weight dtype. Logits are computed
+only at the output rows of the batch.
 """
 from __future__ import annotations
 

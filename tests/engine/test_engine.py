@@ -49,7 +49,8 @@ BAD_REQUESTS = {
     "positions": ForwardRequest((1, 2), (0,), (0,), 2, (0,), (GREEDY,)),
     "output_indices": ForwardRequest((1, 2), (0, 1), (0,), 2, (2,), (GREEDY,)),
     "samplers": ForwardRequest((1, 2), (0, 1), (0,), 2, (1,), ()),
-    "mask": ForwardRequest((1, 2), (0, 1), (0,), 2, (1,), (GREEDY,), mask=((2,), (1,))),
+    "mask": ForwardRequest((1, 2), (0, 1), (0,), 2, (1,), (GREEDY,), mask=((2,),)),  # 1 row
+    "mask ": ForwardRequest((1, 2), (0, 1), (0,), 2, (1,), (GREEDY,), mask=((2,), (1,))),  # sum
     "token_ids": ForwardRequest((), (), (0,), 1),
     "token_ids ": ForwardRequest((1, 97), (0, 1), (0,), 2, (1,), (GREEDY,)),      # id >= vocab
 }
