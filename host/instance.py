@@ -110,7 +110,11 @@ class Instance:
         self._partial_output = {"stdout": b"", "stderr": b""}
         self._lock = threading.Lock()
         self._cancel_reason: str | None = None
-        self._wakers: set[threading.Event] = set()
+        # The waker of the instance thread's blocking waits: a lock used as a binary semaphore
+        # (held = not signalled); released by a future's done-callback or by terminate. Only the
+        # instance thread waits on it, one wait at a time.
+        self._waker = threading.Lock()
+        self._waker.acquire()
         self._done = threading.Event()
         self._deadline_callback = _DeadlineCallback(self._on_deadline)
         self._check_ticks = max(1, min(_MAX_CHECK_TICKS, math.ceil(
@@ -128,9 +132,7 @@ class Instance:
             if self._done.is_set() or self._cancel_reason is not None:
                 return False
             self._cancel_reason = reason
-            wakers = list(self._wakers)
-        for waker in wakers:
-            waker.set()
+        self._wake()
         self.channel.close(f"instance {self.instance_id} terminated: {reason}")
         self.services.scheduler.cancel_owner(self.instance_id)
         return True
@@ -167,20 +169,27 @@ class Instance:
         if isinstance(future, SubmissionFuture):
             future.awaited = True
         if not future.done():
-            waker = threading.Event()
-            with self._lock:
-                self.check_not_cancelled(call)
-                self._wakers.add(waker)
-            try:
-                future.add_done_callback(lambda _: waker.set())
-                waker.wait(self.limits.max_blocking_s)
-            finally:
-                with self._lock:
-                    self._wakers.discard(waker)
+            self._waker.acquire(blocking=False)        # forget a stale signal
+            self.check_not_cancelled(call)             # terminate signals after setting this
+            future.add_done_callback(self._wake)
+            timeout = self.limits.max_blocking_s
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not future.done() and self._cancel_reason is None:
+                remaining = -1 if deadline is None else deadline - time.monotonic()
+                if deadline is not None and remaining <= 0:
+                    break
+                self._waker.acquire(timeout=remaining)
             self.check_not_cancelled(call)
             if not future.done():
-                raise TrapError(f"{call}: no answer within {self.limits.max_blocking_s:g} s")
+                raise TrapError(f"{call}: no answer within {timeout:g} s")
         return future.result()
+
+    def _wake(self, _future: Any = None) -> None:
+        """Signal the instance thread's blocking wait (a future resolved, or terminate)."""
+        try:
+            self._waker.release()
+        except RuntimeError:     # already signalled
+            pass
 
     def check_not_cancelled(self, call: str) -> None:
         reason = self._cancel_reason
