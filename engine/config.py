@@ -46,7 +46,7 @@ class EngineConfig:
     num_pages: int | None = None     # explicit page count (overrides kv_memory_mb)
     max_batch_tokens: int = 4096     # most input tokens in one forward pass
     dtype: str = "auto"              # auto | float32 | bfloat16
-    device: str = "cpu"              # cpu | cuda | auto
+    device: str = "auto"             # cpu | cuda | auto (cuda when available)
     attention_backend: str = "auto"  # auto | torch | flashinfer
 
     def __post_init__(self) -> None:

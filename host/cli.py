@@ -48,7 +48,8 @@ def _add_run_parser(subparsers) -> None:
                         help="most KV pages the instance may hold (default: the whole pool)")
     parser.add_argument("--kv-memory-mb", type=int, default=512, help="KV page pool size (MiB)")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
-    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
+                        help="where the model runs (default: cuda when available, else cpu)")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="compiled components and builds (default: $PIE_CACHE_DIR or ~/.cache/pie)")
     parser.add_argument("--lines", action="store_true",

@@ -84,7 +84,7 @@ class EngineSection:
     kv_memory_mb: int = 512
     num_pages: int | None = None
     max_batch_tokens: int = 4096
-    device: str = "cpu"
+    device: str = "auto"    # cpu | cuda | auto (cuda when available)
     dtype: str = "auto"
 
     def __post_init__(self) -> None:
