@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup test bench run clean
+.PHONY: setup test bench bench-quick run clean
 
 setup: $(STAMP)
 
@@ -19,8 +19,19 @@ $(STAMP): pyproject.toml Makefile
 test: setup
 	$(PY) -m pytest -q
 
+# Every benchmark prints its figures next to a baseline measured in the same run.
+# `make bench-quick` skips the slow ones (transformers baseline, OpenAI load test).
 bench: setup
 	$(PY) bench/engine_bench.py
+	$(PY) bench/host_overhead.py
+	$(PY) bench/inferlet_bench.py
+	$(PY) bench/load.py
+	if $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
+		$(PY) bench/cuda_decode_bench.py; else echo "no CUDA: bench/cuda_decode_bench.py not run"; fi
+
+bench-quick: setup
+	$(PY) bench/engine_bench.py --no-hf --repeats 1
+	$(PY) bench/host_overhead.py --quick
 
 # `make run`: build the text-completion example (again only when it or the SDK changed) and run it.
 PROMPT ?= The three most important things to know about the ocean are
