@@ -164,10 +164,10 @@ class Instance:
     def wait_future(self, future: Future, call: str) -> Any:
         """Block until `future` resolves, `terminate` is called, or max_blocking_s passes.
         Returns its result; raises Cancelled / TrapError otherwise (the future's own exception
-        is re-raised as is). A scheduler submission is marked awaited first (the adaptive
-        policy holds the next batch for queues whose results were awaited)."""
+        is re-raised as is). A scheduler submission is told first (`wait_started`: the adaptive
+        policy's hold after a batch waits for instances until they block again)."""
         if isinstance(future, SubmissionFuture):
-            future.awaited = True
+            future.wait_started()
         if not future.done():
             self._waker.acquire(blocking=False)        # forget a stale signal
             self.check_not_cancelled(call)             # terminate signals after setting this

@@ -7,14 +7,16 @@ the copy-on-write copies of the chosen passes run on the engine thread, in that 
 before the batch's forward.
 
 When a batch fires -- "adaptive": as soon as the engine is idle and anything is pending, except
-right after a batch, when the next one is held until every *expected* queue has submitted again
-or the hold bound has passed, whichever comes first. The expected queues are those of the last
-batch whose pass was awaited (a consumer was blocked on its future when it resolved), that had
-nothing pending when it resolved, and whose owner has not been cancelled/ended since. The bound is
-min(max_hold_ms, hold_fraction x the engine time of that batch), counted from its end. So decode
-steps of many instances, which resubmit at slightly different times, regroup into full batches,
-and a lone instance (expected = its own queue) is never held once it is back. "k-or-t": when k
-queues have work or the oldest item has waited t_ms.
+right after a batch, when the next one is held until every *expected* owner has blocked again or
+ended, or until the hold bound has passed, whichever comes first. The expected owners (instances)
+are those that were blocked on one of the batch's passes when it resolved (the batch wakes them);
+one has blocked again when it waits on a pass that is not done yet (forward-future.get,
+queue.synchronize), or on a message (`owner_waiting`), and has ended when `cancel_owner` is
+called for it. The bound is min(max_hold_ms, hold_fraction x the engine time of that batch),
+counted from its end. So the decode steps of many instances (or of one instance's forks), which
+come back at slightly different times, regroup into full batches; a lone instance is held only
+until it waits again, i.e. not at all once its next pass is in. "k-or-t": when k queues have work
+or the oldest item has waited t_ms.
 
 Submitting never blocks (eager calls never wait on a batch); it returns a SubmissionFuture (a
 concurrent.futures.Future). An engine exception fails the futures of that batch with the exception
@@ -50,13 +52,14 @@ class _Item:
     __slots__ = ("queue_key", "rank", "order", "request", "copies", "future", "on_done",
                  "num_tokens", "enqueued_at")
 
-    def __init__(self, queue_key: Hashable, rank: int, order: int, request, copies, on_done):
+    def __init__(self, queue_key: Hashable, rank: int, order: int, request, copies, on_done,
+                 on_wait: Callable[[Hashable], None]) -> None:
         self.queue_key = queue_key
         self.rank = rank
         self.order = order
         self.request = request                 # ForwardRequest, or None for a copy item
         self.copies = copies
-        self.future = SubmissionFuture()
+        self.future = SubmissionFuture(_owner(queue_key), on_wait)
         self.on_done = on_done
         self.num_tokens = len(request.token_ids) if request is not None else 0
         self.enqueued_at = time.monotonic()
@@ -78,7 +81,7 @@ class BatchScheduler:
         self._closed = False
         self._counts = {"batches": 0, "failed": 0, "forwards": 0, "copies": 0, "cancelled": 0,
                         "holds": 0, "hold_timeouts": 0}
-        self._expected: set[Hashable] = set()   # adaptive: queues the next batch is held for
+        self._expected: set[Hashable] = set()   # adaptive: owners the next batch is held for
         self._hold_until = 0.0                  # monotonic end of that hold
         self._histogram: dict[int, int] = {}
         self._recent: deque[int] = deque(maxlen=_NUM_RECENT)
@@ -131,7 +134,8 @@ class BatchScheduler:
     def _submit(self, queue_key, priority, request, copies, on_done) -> Future:
         if priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
-        item = _Item(queue_key, PRIORITIES.index(priority), 0, request, copies, on_done)
+        item = _Item(queue_key, PRIORITIES.index(priority), 0, request, copies, on_done,
+                     self.owner_waiting)
         with self._cond:
             accepted = not self._closed
             if accepted:
@@ -139,8 +143,7 @@ class BatchScheduler:
                 self._queues.setdefault(queue_key, deque()).append(item)
                 self._last_futures[queue_key] = item.future
                 self._num_pending += 1
-                self._expected.discard(queue_key)
-                if not self._expected or self._num_pending == 1:   # may fire, or start a hold
+                if not self._expected:                # no hold: the engine may fire now
                     self._cond.notify()
         if not accepted:
             self._finish([item], [Cancelled("scheduler closed: submission refused")])
@@ -164,13 +167,19 @@ class BatchScheduler:
                     del self._last_futures[key]
             self._num_pending -= len(items)
             self._counts["cancelled"] += len(items)
-            if self._expected:                             # an ended owner is not waited for
-                self._expected = {key for key in self._expected if _owner(key) != owner_id}
-                if not self._expected:
-                    self._cond.notify()
+        self.owner_waiting(owner_id)                       # an ended owner is not waited for
         error = Cancelled(f"instance {owner_id} terminated: pending submission cancelled")
         self._finish(items, [error] * len(items))
         return len(items)
+
+    def owner_waiting(self, owner_id: Hashable) -> None:
+        """`owner_id` is about to block (on a pass, a synchronize, a receive) or has ended: the
+        hold after the last batch no longer waits for it."""
+        with self._cond:
+            if owner_id in self._expected:
+                self._expected.discard(owner_id)
+                if not self._expected:
+                    self._cond.notify()
 
     def statistics(self) -> SchedulerStats:
         with self._cond:
@@ -198,25 +207,24 @@ class BatchScheduler:
 
     def _wait_for_batch(self) -> bool:
         """Under the lock: wait until the policy fires. False when closed."""
-        held = False
         while not self._closed:
+            if self._expected:                            # adaptive: holding after a batch
+                wait_s = self._hold_until - time.monotonic()
+                if wait_s > 0:
+                    self._cond.wait(wait_s)
+                    continue
+                self._counts["hold_timeouts"] += 1
+                self._expected.clear()
             if not self._num_pending:
                 self._cond.wait()
                 continue
-            adaptive = self.policy.kind == "adaptive"
-            wait_s = self._adaptive_wait_s() if adaptive else self._k_or_t_wait_s()
-            if wait_s <= 0:
-                self._end_hold(held)
+            if self.policy.kind == "adaptive":
                 return True
-            held = True
+            wait_s = self._k_or_t_wait_s()
+            if wait_s <= 0:
+                return True
             self._cond.wait(wait_s)
         return False
-
-    def _adaptive_wait_s(self) -> float:
-        """Under the lock: seconds the next batch is still held (<= 0: fire now)."""
-        if not self._expected:
-            return 0.0
-        return self._hold_until - time.monotonic()
 
     def _k_or_t_wait_s(self) -> float:
         if len(self._queues) >= self.policy.k:
@@ -224,23 +232,16 @@ class BatchScheduler:
         oldest = min(queue[0].enqueued_at for queue in self._queues.values())
         return oldest + self.policy.t_ms / 1000 - time.monotonic()
 
-    def _end_hold(self, held: bool) -> None:
-        """Under the lock, as a batch fires: count the hold (if any) and forget who was expected."""
-        if held and self.policy.kind == "adaptive":
-            self._counts["holds"] += 1
-            self._counts["hold_timeouts"] += bool(self._expected)
-        self._expected.clear()
-
     def _expect(self, forward_items: list[_Item], engine_s: float) -> None:
         """Under the lock, right before the batch's futures resolve: hold the next batch for the
-        queues of `forward_items` whose pass is awaited and that have nothing pending."""
+        owners blocked on one of them."""
         if self.policy.kind != "adaptive":
             return
         bound_s = min(self.policy.max_hold_ms / 1000, self.policy.hold_fraction * engine_s)
-        self._expected = {item.queue_key for item in forward_items
-                          if item.future.awaited and item.queue_key not in self._queues
-                          } if bound_s > 0 else set()
+        self._expected = {_owner(item.queue_key) for item in forward_items
+                          if item.future.awaited} if bound_s > 0 else set()
         self._hold_until = time.monotonic() + bound_s
+        self._counts["holds"] += bool(self._expected)
 
     def _take_batch(self) -> tuple[list[_Item], list[_Item]]:
         """Under the lock: apply the rule. Returns (copy items, forward items) in run order."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Callable, Hashable
 
 __all__ = ["SchedulerPolicy", "SchedulerStats", "SubmissionFuture", "PRIORITIES", "POLICY_KINDS"]
 
@@ -62,19 +63,32 @@ class SchedulerStats:
 
 
 class SubmissionFuture(Future):
-    """The future of one submission. `awaited` turns True when a consumer asks for the result
-    (`result()` / `exception()`), or sets it itself right before blocking on the future in
-    another way (Instance.wait_future does). Whether it was awaited when it resolved decides if
-    the adaptive policy holds the next batch for this queue."""
+    """The future of one submission, owned by `owner` (the first element of its queue key).
 
-    def __init__(self) -> None:
+    A consumer about to block on it calls `wait_started()` (`result()` / `exception()` do,
+    Instance.wait_future does): if it is not done yet, `awaited` turns True (its owner is
+    blocked on it: the adaptive policy expects the owner back after the batch that resolves it)
+    and `on_wait(owner)` tells the scheduler the owner has blocked (its turn after the last
+    batch is over)."""
+
+    def __init__(self, owner: Hashable = None,
+                 on_wait: Callable[[Hashable], None] | None = None) -> None:
         super().__init__()
         self.awaited = False
+        self._owner = owner
+        self._on_wait = on_wait
+
+    def wait_started(self) -> None:
+        if self.done():
+            return
+        self.awaited = True
+        if self._on_wait is not None:
+            self._on_wait(self._owner)
 
     def result(self, timeout: float | None = None):
-        self.awaited = True
+        self.wait_started()
         return super().result(timeout)
 
     def exception(self, timeout: float | None = None):
-        self.awaited = True
+        self.wait_started()
         return super().exception(timeout)

@@ -18,6 +18,7 @@ def send(instance: Any, message: str) -> None:
 
 
 def receive(instance: Any) -> str:
+    _blocking(instance)
     return _received(instance, "messaging.receive",
                      instance.channel.receive(instance.blocking_timeout()))
 
@@ -36,6 +37,7 @@ def subscribe(instance: Any, topic: str) -> None:
 
 
 def receive_topic(instance: Any, topic: str) -> str:
+    _blocking(instance)
     return _received(instance, "messaging.receive-topic",
                      instance.channel.receive_topic(topic, instance.blocking_timeout()))
 
@@ -55,6 +57,11 @@ def store_set(instance: Any, key: str, value: str) -> None:
 
 def store_delete(instance: Any, key: str) -> bool:
     return instance.channel.store_delete(key)
+
+
+def _blocking(instance: Any) -> None:
+    """The instance is about to block: the scheduler's hold after a batch stops waiting for it."""
+    instance.services.scheduler.owner_waiting(instance.instance_id)
 
 
 def _received(instance: Any, call: str, message: str | None) -> str:
