@@ -89,6 +89,7 @@ class FakeContext:
 
     def __init__(self) -> None:
         self.stop_token_ids = frozenset({0})
+        self.token_ids = [1]
         self.pending_token_ids = [1]
         self.accepted: list[int] = []
         self.turns: list[tuple[str, list[int]]] = []
@@ -99,6 +100,9 @@ class FakeContext:
 
     def accept(self, token_id: int) -> None:
         self.accepted.append(token_id)
+
+    def reopen_last_token(self) -> None:
+        self.pending_token_ids.append(self.token_ids[-1])
 
     def record_assistant_turn(self, text: str, generated_token_ids: list[int]) -> None:
         self.turns.append((text, generated_token_ids))
@@ -125,8 +129,16 @@ def test_generation_stop_rules(sdk, tokens, stop, reason, text):
 def test_generation_needs_a_filled_context(sdk):
     from inferlet.generation import Generation
     ctx = FakeContext()
-    ctx.pending_token_ids = []
+    ctx.token_ids, ctx.pending_token_ids = [], []
     with pytest.raises(sdk.InferletError, match="fill the context"):
         Generation(ctx, 4)
     with pytest.raises(ValueError, match="max_tokens"):
         Generation(FakeContext(), 0)
+
+
+def test_generation_reopens_the_last_token_of_a_computed_context(sdk):
+    from inferlet.generation import Generation
+    ctx = FakeContext()
+    ctx.token_ids, ctx.pending_token_ids = [7, 9], []   # e.g. a fresh fork: all computed
+    Generation(ctx, 4)
+    assert ctx.pending_token_ids == [9]
