@@ -11,6 +11,7 @@ from engine.batch import GREEDY, ForwardRequest, ForwardResult, TokenCopy
 from host.errors import Cancelled
 from host.resources import ExportRegistry, InstanceResources, PagePool, PreparedForward
 from host.scheduler import BatchScheduler, SchedulerPolicy
+from tests.host.components import components, make_runtime, program_cache_dir  # noqa: F401
 from tests.host.fake_engine import FakeEngine, fake_next_token
 
 
@@ -325,3 +326,19 @@ def test_adaptive_stops_holding_for_an_owner_that_ended():
 def test_hold_bounds_are_validated(field, value):
     with pytest.raises(ValueError, match=f"SchedulerPolicy.{field} must be >= 0"):
         SchedulerPolicy(**{field: value})
+
+
+def test_runtime_instances_regroup_through_wasm(components, make_runtime):  # noqa: F811
+    """End to end: 8 Wasm guests in a decode loop (forward.submit, get, drop) block through
+    Instance.wait_future, which tells the scheduler; steady-state batches carry all 8."""
+    engine = FakeEngine(num_pages=64, page_size=4, batch_delay_s=0.003, keep_log=False)
+    runtime = make_runtime(engine, policy=LONG_HOLD)
+    program = runtime.load_program(components.component("bench_calls"))
+    num_steps = 20
+    instance_ids = [runtime.launch(program, ["step", str(num_steps)]) for _ in range(8)]
+    assert [runtime.wait(i, timeout=60).status for i in instance_ids] == ["ok"] * 8
+    stats = runtime.statistics().scheduler
+    sizes = dict(stats.batch_size_histogram)
+    assert stats.num_forwards == 8 * num_steps
+    assert sizes.get(8, 0) >= num_steps - 4, stats.batch_size_histogram   # launches trickle in
+    assert stats.num_hold_timeouts == 0
