@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from inferlet._wit import Err
 from inferlet.errors import InferletError
+from inferlet.generation import wait_outputs
 from inferlet.model import decode
 from inferlet.sampling import Sampler
 
@@ -44,13 +44,7 @@ def _top_tokens(ctx, sampler: Sampler):
 
 
 def _collect(future) -> list[tuple[int, float]]:
-    try:
-        outputs = future.get()
-    except Err as err:
-        raise InferletError(f"forward pass failed: {err.value}") from None
-    finally:
-        future.__exit__(None, None, None)
-    dist = outputs[0].value
+    dist = wait_outputs(future)[0].value
     return [(t, math.log(p)) for t, p in zip(dist.token_ids, dist.probs) if p > 0.0]
 
 

@@ -15,9 +15,21 @@ from inferlet.model import decode
 from inferlet.sampling import Sampler
 from inferlet.text import TextStream
 
-__all__ = ["Generation", "generate_parallel"]
+__all__ = ["Generation", "generate_parallel", "wait_outputs"]
 
 _GREEDY = Sampler()
+
+
+def wait_outputs(future: forward.ForwardFuture) -> list:
+    """Block until a submitted pass has run; its outputs (the future is dropped).
+
+    An engine failure becomes InferletError("forward pass failed: ...")."""
+    try:
+        return future.get()
+    except Err as err:
+        raise InferletError(f"forward pass failed: {err.value}") from None
+    finally:
+        future.__exit__(None, None, None)
 
 
 class Generation:
@@ -60,12 +72,7 @@ class Generation:
 
     def receive(self, future: forward.ForwardFuture) -> str:
         """Wait for the step's pass, take its token; returns the new final text ("" if none)."""
-        try:
-            outputs = future.get()
-        except Err as err:
-            raise InferletError(f"forward pass failed: {err.value}") from None
-        finally:
-            future.__exit__(None, None, None)
+        outputs = wait_outputs(future)
         self.ctx.passes_done()
         return self.accept(outputs[0].value)
 
