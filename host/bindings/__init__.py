@@ -1,6 +1,7 @@
 """The WIT bindings: one module per interface of wit/inferlet.wit, each a thin adapter (check,
 translate, submit). `build_linker` registers them all, plus WASI 0.2, on one component Linker,
-through `fast_calls.add_host_function` (converters built once per function and program).
+through `fast_calls.add_host_function` (converters built once per function and program), with
+the value helpers of libwasmtime keeping the GIL (`gil_calls`).
 
 Every host function is wrapped by `_host_function`: it finds the calling Instance (the one whose
 thread this is), runs the adapter, stamps the instance's last host exit (the idle clock), and lets
@@ -17,7 +18,7 @@ from typing import Any, Callable
 from wasmtime import Engine, WasmtimeError
 from wasmtime.component import Linker, ResourceType
 
-from host.bindings import forward, kv, messaging, queue, runtime, tokenize
+from host.bindings import forward, gil_calls, kv, messaging, queue, runtime, tokenize
 from host.bindings.fast_calls import add_host_function
 from host.errors import TrapError
 
@@ -35,6 +36,7 @@ def provided_items() -> dict[str, frozenset[str]]:
 
 def build_linker(engine: Engine, current: threading.local) -> Linker:
     """A Linker with WASI 0.2 (sandboxed per store by its WasiConfig) and every pie interface."""
+    gil_calls.keep_gil_in_value_helpers()
     linker = Linker(engine)
     linker.add_wasip2()
     with linker.root() as root:

@@ -131,3 +131,15 @@ def test_frozen_types_refuse_what_wasmtime_py_refuses():
         round_trip(_FrozenResult(U32_LIST, String()), 3)
     with pytest.raises(TypeError, match="expected list value"):
         round_trip(U32_LIST, (1, 2))
+
+
+def test_value_helpers_keep_the_gil_and_calls_into_wasm_release_it(make_runtime):  # noqa: F811
+    from wasmtime import _bindings
+
+    from host.bindings.gil_calls import GIL_KEEPING_FUNCTIONS, keeps_gil
+
+    make_runtime(FakeEngine())          # building the linker installs it
+    assert all(keeps_gil(getattr(_bindings, f"_{name}")) for name in GIL_KEEPING_FUNCTIONS)
+    for name in ("wasmtime_component_func_call", "wasmtime_component_linker_instantiate",
+                 "wasmtime_component_resource_any_drop", "wasmtime_component_list_type_element"):
+        assert not keeps_gil(getattr(_bindings, f"_{name}")), name
