@@ -45,8 +45,8 @@ class SchedulerPolicy:
 @dataclass(frozen=True)
 class SchedulerStats:
     """Counters since start. batch_size_histogram: (num passes, num batches) ascending.
-    num_holds: batches held (adaptive) for expected queues; num_hold_timeouts: holds that ended
-    at the bound with some expected queue still missing."""
+    num_holds: holds started after a batch (adaptive: an owner was blocked on one of its passes);
+    num_hold_timeouts: holds that ended at the bound with an expected owner still missing."""
 
     num_batches: int
     num_failed_batches: int
