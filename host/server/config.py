@@ -103,16 +103,20 @@ class EngineSection:
 
 @dataclass(frozen=True)
 class SchedulerSection:
-    """Batching policy: "adaptive" (fire when the engine is idle) or "k-or-t"."""
+    """Batching policy: "adaptive" (fire when the engine is idle; right after a batch, hold the
+    next one until the instances it answered have resubmitted, at most max_hold_ms) or "k-or-t"."""
 
     policy: str = "adaptive"
     k: int = 8                 # k-or-t: fire at k pending passes ...
     t_ms: float = 5.0          # ... or after t milliseconds
+    max_hold_ms: float = 10.0  # adaptive: longest hold after a batch (0 = fire at once)
 
     def __post_init__(self) -> None:
         if self.policy not in ("adaptive", "k-or-t"):
             raise ValueError(f"scheduler.policy must be 'adaptive' or 'k-or-t', got {self.policy!r}")
         _positive("scheduler", k=self.k, t_ms=self.t_ms)
+        if self.max_hold_ms < 0:
+            raise ValueError(f"scheduler.max_hold_ms must be >= 0, got {self.max_hold_ms}")
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def build_runtime(config: ServerConfig, engine: Any) -> Any:
     from host.scheduler import SchedulerPolicy
 
     policy = SchedulerPolicy(kind=config.scheduler.policy, k=config.scheduler.k,
-                             t_ms=config.scheduler.t_ms,
+                             t_ms=config.scheduler.t_ms, max_hold_ms=config.scheduler.max_hold_ms,
                              max_batch_tokens=config.engine.max_batch_tokens)
     limits = InstanceLimits(memory_mb=config.limits.memory_mb, max_idle_s=config.limits.max_idle_s)
     return Runtime(engine, RuntimeConfig(scheduler=policy, limits=limits))

@@ -20,6 +20,7 @@ TENANT = {"name": "a", "token": "t"}
     ({"tenants": [{"name": "a b", "token": "t"}]}, "name must be non-empty letters"),
     ({"tenants": [{"name": "a"}]}, "exactly one of token, token_env"),
     ({"tenants": [TENANT], "scheduler": {"policy": "fifo"}}, "scheduler.policy must be"),
+    ({"tenants": [TENANT], "scheduler": {"max_hold_ms": -1}}, "scheduler.max_hold_ms must be >= 0, got -1"),
     ({"tenants": [TENANT], "server": {"port": 70000}}, "server.port must be in 0..65535"),
 ])
 def test_invalid_configs_are_named(data: dict, expected: str) -> None:
