@@ -152,10 +152,10 @@ async def _submit(server: str, token: str, data: bytes, args: list[str]) -> int:
                     if event.data:
                         print(event.data, flush=True)
                     return 0
-                else:
+                else:   # the exit status of `pie run`: 1 error, 3 trap, 4 terminated
                     print(f"pie submit: instance {instance.id} {event.kind}: {event.data}",
                           file=sys.stderr)
-                    return 1
+                    return {"error": 1, "trap": 3, "terminated": 4}.get(event.kind, 1)
         except KeyboardInterrupt:
             with trio.CancelScope(shield=True):
                 await instance.terminate()

@@ -43,6 +43,10 @@ def test_pie_submit_streams_and_reports(fake_server, probe_wasm, tmp_path, capsy
     bad = _parser().parse_args(["submit", str(app), "--server", fake_server.url, "--token", "no"])
     assert bad.func(bad) == 1
     assert "authentication failed" in capsys.readouterr().err
+    trap = _parser().parse_args(["submit", str(app), "--server", fake_server.url, "--token",
+                                 TOKENS["alice"], "--", "forge"])
+    assert trap.func(trap) == 3
+    assert "trap: kv.free-pages: unknown page id 987654" in capsys.readouterr().err
     missing = _parser().parse_args(["submit", str(tmp_path / "nope.wasm"), "--token", "t"])
     assert missing.func(missing) == 2
     assert "nope.wasm" in capsys.readouterr().err

@@ -6,14 +6,19 @@ store-get K           result: the value, or "<none>"
 export NAME           fill a prompt, export its KV as NAME, then wait for a client message
 import NAME           result "imported N tokens" or "import failed: <cause>"
 generate N            stream N generated tokens' text (one message per delta); result the text
+forge                 free a page id it does not own (the host traps it)
 """
 import inferlet
+from inferlet import _wit
 from inferlet import Context, InferletError, receive, send, store_get, store_set
 
 
 @inferlet.main
 def main(args: list[str]) -> str:
     command = args[0] if args else "echo"
+    if command == "forge":
+        _wit.kv.free_pages([987654])
+        return "unreachable"
     if command == "echo":
         while True:
             message = receive()
