@@ -18,12 +18,13 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from wasmtime import StoreContext, WasmtimeError
 from wasmtime.component import _enter, _linker, _types
 
-__all__ = ["FIXED_VERSION", "apply", "is_applied"]
+__all__ = ["FIXED_VERSION", "apply", "is_applied", "case_classes", "lower_variant",
+           "require_pinned_version"]
 
 FIXED_VERSION = "50.0.1"
 
@@ -65,30 +66,50 @@ def _maybe_raise_last_exn() -> None:
         raise exc
 
 
-def _lower_variant(self: Any, store: Any, val: Any) -> Any:
-    """`VariantLikeType._lower` with a local set of case classes instead of a module global."""
-    tagged = self._tagged()
+def case_classes(ty: Any) -> tuple[type, ...]:
+    """The Python classes a value of case type `ty` may have (() for a case without payload)."""
+    if ty is None:
+        return ()
+    classes: set[type] = set()
+    ty.add_classes(classes)
+    return tuple(classes)
+
+
+def lower_variant(store: Any, val: Any, tagged: bool, case_tests: Iterable[tuple]) -> tuple[str, Any]:
+    """Lower `val` for a variant-like type: the first case of `case_tests` (name, type, classes)
+    it matches -> (case name, C payload or None). Tagged types take a `Variant`; untagged ones
+    (option, result with distinct payload classes) match the payload's class. No shared state."""
     if tagged and not isinstance(val, _types.Variant):
         raise TypeError("expected Variant type")
-    for name, ty in self._cases():
+    for name, ty, classes in case_tests:
         if tagged:
             if name != val.tag:
                 continue
         elif ty is None:
             if val is not None:
                 continue
-        else:
-            case_classes: set[type] = set()
-            ty.add_classes(case_classes)
-            if not isinstance(val, tuple(case_classes)):
-                continue
+        elif not isinstance(val, classes):
+            continue
         if ty is None:
             return (name, None)
         raw = _types.ffi.wasmtime_component_val_t()
-        payload = val.payload if tagged else val
-        ty.convert_to_c(store, payload, ctypes.pointer(raw))
+        ty.convert_to_c(store, val.payload if tagged else val, ctypes.pointer(raw))
         return (name, _types.ffi.wasmtime_component_val_new(ctypes.byref(raw)))
     raise ValueError("value not valid for this variant")
+
+
+def _lower_variant(self: Any, store: Any, val: Any) -> Any:
+    """`VariantLikeType._lower` without the module-global cache of case classes."""
+    return lower_variant(store, val, self._tagged(),
+                         ((name, ty, case_classes(ty)) for name, ty in self._cases()))
+
+
+def require_pinned_version(patcher: str) -> None:
+    """Raise RuntimeError unless wasmtime-py is FIXED_VERSION, the one `patcher` was written for."""
+    installed = importlib.metadata.version("wasmtime")
+    if installed != FIXED_VERSION:
+        raise RuntimeError(f"{patcher} patches wasmtime-py {FIXED_VERSION}, found {installed}: "
+                           f"check whether what it works around remains")
 
 
 def is_applied() -> bool:
@@ -98,10 +119,7 @@ def is_applied() -> bool:
 
 def apply() -> None:
     """Install both fixes (idempotent). Raises RuntimeError on another wasmtime-py version."""
-    installed = importlib.metadata.version("wasmtime")
-    if installed != FIXED_VERSION:
-        raise RuntimeError(f"host/wasmtime_fix.py patches wasmtime-py {FIXED_VERSION}, found "
-                           f"{installed}: check whether the two thread-safety bugs remain")
+    require_pinned_version("host/wasmtime_fix.py")
     with _APPLY_LOCK:
         if _ORIGINALS:
             return

@@ -25,7 +25,9 @@ from wasmtime import _ffi as ffi
 from wasmtime.component import _linker
 from wasmtime.component._types import (F32, F64, S8, S16, S32, S64, U8, U16, U32, U64, FuncType,
                                        ListType, OptionType, Record, RecordType, ResultType,
-                                       ValType, Variant, VariantType)
+                                       ValType, VariantType)
+
+from host.wasmtime_fix import case_classes, lower_variant
 
 __all__ = ["add_host_function", "freeze_type"]
 
@@ -103,13 +105,13 @@ class _FrozenRecord(RecordType):
 
 class _FrozenCases:
     """The variant-like part: cases, taggedness and each case's Python classes, computed once.
-    `_lower` is wasmtime-py's `VariantLikeType._lower` (as fixed in host/wasmtime_fix.py) reading
-    those fields instead of querying the types."""
+    `_lower` is host/wasmtime_fix.py's `lower_variant` over those fields instead of querying the
+    types."""
 
     def _freeze_cases(self, cases: list[tuple[str, ValType | None]]) -> None:
         self._frozen_cases = cases
         self._is_tagged = super()._tagged()       # type: ignore[misc]  # reads _cases()
-        self._case_tests = [(name, ty, _classes_of(ty)) for name, ty in cases]
+        self._case_tests = [(name, ty, case_classes(ty)) for name, ty in cases]
 
     def _cases(self) -> list[tuple[str, ValType | None]]:
         return self._frozen_cases
@@ -118,24 +120,7 @@ class _FrozenCases:
         return self._is_tagged
 
     def _lower(self, store: Any, val: Any) -> tuple[str, Any]:
-        tagged = self._is_tagged
-        if tagged and not isinstance(val, Variant):
-            raise TypeError("expected Variant type")
-        for name, ty, classes in self._case_tests:
-            if tagged:
-                if name != val.tag:
-                    continue
-            elif ty is None:
-                if val is not None:
-                    continue
-            elif not isinstance(val, classes):
-                continue
-            if ty is None:
-                return (name, None)
-            raw = ffi.wasmtime_component_val_t()
-            ty.convert_to_c(store, val.payload if tagged else val, ctypes.pointer(raw))
-            return (name, ffi.wasmtime_component_val_new(ctypes.byref(raw)))
-        raise ValueError("value not valid for this variant")
+        return lower_variant(store, val, self._is_tagged, self._case_tests)
 
 
 class _FrozenVariant(_FrozenCases, VariantType):
@@ -171,12 +156,6 @@ class _FrozenResult(_FrozenCases, ResultType):
         return self._err
 
 
-def _classes_of(ty: ValType | None) -> tuple[type, ...]:
-    if ty is None:
-        return ()
-    classes: set[type] = set()
-    ty.add_classes(classes)
-    return tuple(classes)
 
 
 def freeze_type(ty: ValType | None) -> ValType | None:

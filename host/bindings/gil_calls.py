@@ -19,12 +19,11 @@ wasmtime-py version it was written for.
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata
 import threading
 
 from wasmtime import _bindings, _ffi
 
-from host.wasmtime_fix import FIXED_VERSION
+from host.wasmtime_fix import require_pinned_version
 
 __all__ = ["keep_gil_in_value_helpers", "GIL_KEEPING_FUNCTIONS"]
 
@@ -46,10 +45,7 @@ _LOCK = threading.Lock()
 
 def keep_gil_in_value_helpers() -> None:
     """Install (once per process). Raises RuntimeError on another wasmtime-py version."""
-    installed = importlib.metadata.version("wasmtime")
-    if installed != FIXED_VERSION:
-        raise RuntimeError(f"host/bindings/gil_calls.py is written for wasmtime-py "
-                           f"{FIXED_VERSION}, found {installed}")
+    require_pinned_version("host/bindings/gil_calls.py")
     with _LOCK:
         if is_installed():
             return
