@@ -193,15 +193,20 @@ class Context:
         else:
             self.last_page_len -= 1
             if self.page_ids[last_index] in self._read_only_page_ids:   # imported: copy it
-                own_id = kv.allocate_pages(1)[0]
-                kv.copy_tokens(self.queue_id, self.page_ids[last_index], own_id, 0, 0,
-                               self.last_page_len)
                 kv.sequence_remove(self.sequence_id, last_index, 1)
-                kv.free_pages([self.page_ids[last_index]])
+                own_id = self._copy_to_own_page(self.page_ids[last_index], self.last_page_len)
                 kv.sequence_append(self.sequence_id, [own_id])
                 self.page_ids[last_index] = own_id
         self.next_position -= 1
         self.pending_token_ids.append(self.token_ids[-1])
+
+    def _copy_to_own_page(self, page_id: int, num_tokens: int) -> int:
+        """A new page of this context holding the first `num_tokens` slots of `page_id` (copied
+        on this context's queue); `page_id` is freed."""
+        own_id = kv.allocate_pages(1)[0]
+        kv.copy_tokens(self.queue_id, page_id, own_id, 0, 0, num_tokens)
+        kv.free_pages([page_id])
+        return own_id
 
     def take_pending(self) -> list[int]:
         """The pending tokens, now counted as submitted (the caller submits them)."""
@@ -336,10 +341,7 @@ class Context:
         ctx = cls(priority=priority)
         ctx.last_page_len = meta["last_page_len"]
         if page_ids and ctx.last_page_len < ctx.page_size:   # imported pages are read-only
-            own_id = kv.allocate_pages(1)[0]
-            kv.copy_tokens(ctx.queue_id, page_ids[-1], own_id, 0, 0, ctx.last_page_len)
-            kv.free_pages([page_ids[-1]])
-            page_ids[-1] = own_id
+            page_ids[-1] = ctx._copy_to_own_page(page_ids[-1], ctx.last_page_len)
         kv.sequence_append(ctx.sequence_id, page_ids)
         ctx.page_ids = page_ids
         ctx._read_only_page_ids = set(page_ids) - {page_ids[-1]} if ctx.last_page_len < ctx.page_size \
