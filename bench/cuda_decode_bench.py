@@ -17,6 +17,7 @@ import time
 import torch
 
 from engine.batch import GREEDY, ForwardBatch, ForwardRequest
+from engine.paging import last_page_len, num_pages_needed
 
 WARMUP_STEPS = 3
 
@@ -45,14 +46,14 @@ class Sequences:
         self.lengths[b] = end
         return ForwardRequest(
             token_ids=tuple(token_ids), positions=tuple(range(start, end)),
-            page_ids=self.page_ids[b][:-(-end // self.page_size)],
-            last_page_len=(end - 1) % self.page_size + 1,
+            page_ids=self.page_ids[b][:num_pages_needed(end, self.page_size)],
+            last_page_len=last_page_len(end, self.page_size),
             output_indices=(len(token_ids) - 1,), samplers=(GREEDY,))
 
 
 def _prefill(engine, seqs: Sequences, batch: int, context: int, gen: torch.Generator) -> list[int]:
     """Prefill every sequence (as many per pass as max_batch_tokens allows); last tokens."""
-    per_pass = max(1, engine.config.max_batch_tokens // context)
+    per_pass = max(1, engine.engine_config.max_batch_tokens // context)
     last_tokens = []
     for first in range(0, batch, per_pass):
         requests = []

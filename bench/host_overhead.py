@@ -52,7 +52,7 @@ def bare_noop_rate(wasm: bytes, count: int) -> float:
     from wasmtime.component import Component, Linker
 
     from host.bindings import INTERFACE_MODULES
-    from host.programs import make_engine
+    from host.sandbox.programs import make_engine
 
     engine = make_engine()
     linker = Linker(engine)

@@ -25,10 +25,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from engine.engine import load_default_engine  # noqa: E402
-from host.build import build_cached  # noqa: E402
-from host.config import RuntimeConfig  # noqa: E402
+from host.sandbox.build import build_cached  # noqa: E402
+from host.runtime_config import RuntimeConfig  # noqa: E402
 from host.runtime import Runtime  # noqa: E402
-from host.scheduler import SchedulerPolicy  # noqa: E402
+from host.scheduling.scheduler import SchedulerPolicy  # noqa: E402
 
 PROMPTS = [f"Write a short story about a {animal} who learns to" for animal in
            ("cat", "dog", "fox", "owl", "bear", "wolf", "frog", "hare")]

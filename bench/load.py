@@ -45,7 +45,7 @@ class InProcessServer:
     """`pie serve` with the default model in a thread of this process (trio loop of its own)."""
 
     def __init__(self, num_pages: int, max_instances: int) -> None:
-        from host.server.config import parse_config
+        from host.server.server_config import parse_config
         data_dir = Path.home() / ".cache" / "pie" / "bench-server"   # keeps the built-in build
         self.token = "bench-token"
         self.config = parse_config({

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.batch import (GREEDY, Distribution, ForwardBatch, ForwardRequest, ForwardResult,
                           SamplerSpec, TokenCopy)
-from engine.config import EngineConfig, ModelConfig
+from engine.engine_config import EngineConfig, ModelConfig
 from engine.protocol import EngineLike, EngineStats, TokenizerLike
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from types import ModuleType
 
 import torch
 
-from engine.config import EngineConfig
+from engine.engine_config import EngineConfig
 
 __all__ = [
     "CUDA_EXTRA_INSTALL",

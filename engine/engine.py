@@ -13,9 +13,9 @@ import torch
 
 from engine.attention import make_attention_backend
 from engine.batch import ForwardBatch, ForwardResult, TokenCopy
-from engine.config import EngineConfig, ModelConfig
+from engine.engine_config import EngineConfig, ModelConfig
 from engine.device import choose_device
-from engine.generation import generate_greedy_batch, prompt_logits
+from engine.reference_loop import generate_greedy_batch, prompt_logits
 from engine.kv_cache import KVCache, num_pages_for
 from engine.model.llama import LlamaModel
 from engine.model.memory import release_freed_memory

@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from engine.batch import TokenCopy
-from engine.config import EngineConfig, ModelConfig
+from engine.engine_config import EngineConfig, ModelConfig
 
 __all__ = ["KV_LAYOUT", "KVCache", "num_pages_for"]
 

@@ -27,6 +27,8 @@ from itertools import chain
 import torch
 
 from engine.batch import ForwardBatch, ForwardRequest
+from engine.errors import RequestError
+from engine.paging import kv_len
 
 __all__ = ["PageTable", "build_page_table", "decode_mask_rows"]
 
@@ -100,11 +102,11 @@ def _packed_mask(requests: tuple[ForwardRequest, ...], kv_lens: list[int]) -> tu
             try:
                 mask &= decode_mask_rows(request.mask, kv_len)
             except ValueError as err:
-                raise ValueError(f"request {b}: field mask: {err}") from None
+                raise RequestError(b, "mask", str(err)) from None
             empty_rows = (~mask.any(dim=1)).nonzero()
             if len(empty_rows):
-                raise ValueError(f"request {b}: field mask: row {int(empty_rows[0])} attends no "
-                                 f"position once ANDed with the causal mask")
+                raise RequestError(b, "mask", f"row {int(empty_rows[0])} attends no position "
+                                   f"once ANDed with the causal mask")
         pieces.append(mask.flatten())
     sizes = torch.tensor([len(p) for p in pieces], dtype=torch.int32)
     mask_indptr = torch.zeros(len(pieces) + 1, dtype=torch.int32)
@@ -124,7 +126,7 @@ def build_page_table(batch: ForwardBatch, page_size: int) -> PageTable:
     q_lens = [len(r.token_ids) for r in requests]
     num_pages = [len(r.page_ids) for r in requests]
     last_lens = [r.last_page_len for r in requests]
-    kv_lens_list = [(n - 1) * page_size + last for n, last in zip(num_pages, last_lens)]
+    kv_lens_list = [kv_len(n, last, page_size) for n, last in zip(num_pages, last_lens)]
 
     qo_indptr = _indptr(q_lens)
     kv_indptr = _indptr(num_pages)

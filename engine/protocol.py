@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from engine.batch import ForwardBatch, ForwardResult, TokenCopy
-from engine.config import ModelConfig
+from engine.engine_config import ModelConfig
 
 
 class TokenizerLike(Protocol):

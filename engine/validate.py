@@ -1,18 +1,20 @@
 """Check a ForwardBatch against the engine's geometry before anything runs.
 
-Every error is a ValueError naming the request index and the field, so the host can fail that
+Every error is a RequestError (a ValueError) carrying the request index and the field, so the host can fail that
 batch's requests with a clear message; nothing is written to the KV pool for a rejected batch.
 (Mask rows are checked while the page table decodes them, with the same kind of message.)
 """
 from __future__ import annotations
 
 from engine.batch import ForwardBatch, ForwardRequest, SamplerSpec
+from engine.errors import RequestError
+from engine.paging import kv_len
 
 __all__ = ["validate_batch", "validate_request"]
 
 
-def _fail(index: int, field: str, reason: str) -> ValueError:
-    return ValueError(f"request {index}: field {field}: {reason}")
+def _fail(index: int, field: str, reason: str) -> RequestError:
+    return RequestError(index, field, reason)
 
 
 def _check_ints(index: int, field: str, values: tuple, low: int, high: int, what: str) -> None:
@@ -29,7 +31,7 @@ def _check_ints(index: int, field: str, values: tuple, low: int, high: int, what
 
 def validate_request(index: int, request: ForwardRequest, *, page_size: int, num_pages: int,
                      vocab_size: int, max_position: int) -> None:
-    """Raise ValueError (naming `index` and the field) if the request does not fit the engine."""
+    """Raise RequestError (naming `index` and the field) if the request does not fit the engine."""
     num_tokens = len(request.token_ids)
     if num_tokens == 0:
         raise _fail(index, "token_ids", "empty: a forward pass needs at least one token")
@@ -43,10 +45,10 @@ def validate_request(index: int, request: ForwardRequest, *, page_size: int, num
     if not 1 <= request.last_page_len <= page_size:
         raise _fail(index, "last_page_len",
                     f"{request.last_page_len} not in [1, page_size={page_size}]")
-    kv_len = (len(request.page_ids) - 1) * page_size + request.last_page_len
-    if num_tokens > kv_len:
+    num_slots = kv_len(len(request.page_ids), request.last_page_len, page_size)
+    if num_tokens > num_slots:
         raise _fail(index, "page_ids", f"{len(request.page_ids)} pages with last_page_len "
-                    f"{request.last_page_len} hold {kv_len} tokens, fewer than the {num_tokens} "
+                    f"{request.last_page_len} hold {num_slots} tokens, fewer than the {num_tokens} "
                     f"new tokens")
     _check_ints(index, "output_indices", request.output_indices, 0, num_tokens, "output index")
     if len(request.samplers) != len(request.output_indices):

@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_build(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
-    from host.build import BuildError, build
+    from host.sandbox.build import BuildError, build
     output = namespace.output or namespace.app.with_suffix(".wasm")
     try:
         with _status(f"building {namespace.app} (componentize-py)"):
@@ -93,7 +93,7 @@ def _run_build(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
 
 def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
     """Build if needed, load the model and the component, run one instance to its end."""
-    from host.config import InstanceLimits, RuntimeConfig, default_cache_dir
+    from host.runtime_config import InstanceLimits, RuntimeConfig, default_cache_dir
     try:
         limits = InstanceLimits(memory_mb=namespace.memory_mb, max_idle_s=namespace.max_idle_s,
                                 page_quota=namespace.page_quota)
@@ -122,7 +122,7 @@ def _program_path(program: Path, cache_dir: Path) -> Path | None:
         return None
     if program.suffix != ".py":
         return program
-    from host.build import BuildError, build_cached
+    from host.sandbox.build import BuildError, build_cached
     try:
         with _status(f"building {program} (first run of this source; cached afterwards)"):
             path, _ = build_cached(program, Path(cache_dir) / "builds")
@@ -149,7 +149,7 @@ def _load_engine(namespace: argparse.Namespace):
 
 def _load_program(runtime, wasm_path: Path):
     """Validate + compile (spinner the first time; later runs load the cached artifact)."""
-    from host.programs import ProgramError
+    from host.sandbox.programs import ProgramError
     try:
         with _status(f"compiling {wasm_path.name} (first run only; cached afterwards)"):
             return runtime.load_program(wasm_path.read_bytes())

@@ -1,4 +1,4 @@
-"""Runtime: ties the engine, programs, instances, resources, scheduler and messaging together.
+"""Runtime: ties the engine, programs, instances, KV pages, scheduler and messages together.
 
 launch -> an Instance on its own thread; it ends by returning, by a trap, by `terminate`, or by
 the contention policy (when the pool runs dry, instances launched after the requester are
@@ -18,13 +18,14 @@ from typing import Callable, Iterable
 
 from engine.protocol import EngineLike, EngineStats
 from host.bindings import build_linker, provided_items
-from host.config import InstanceLimits, RuntimeConfig
-from host.events import InstanceEvent, InstanceOutcome
-from host.instance import HostServices, Instance, ModelInfo
-from host.messaging import MessageHub
-from host.programs import Program, ProgramStats, ProgramStore, make_engine
-from host.resources import ExportRegistry, InstanceResources, PagePool, PoolStats
-from host.scheduler import BatchScheduler, SchedulerPolicy, SchedulerStats
+from host.kv import ExportRegistry, InstancePages, PageAllocator, PageStats
+from host.messages.hub import MessageHub
+from host.runtime_config import InstanceLimits, RuntimeConfig
+from host.sandbox.events import InstanceEvent, InstanceOutcome
+from host.sandbox.instance import HostServices, Instance, ModelInfo
+from host.sandbox.programs import Program, ProgramCache, ProgramStats, make_engine
+from host.sandbox.tables import InstanceTables
+from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy, SchedulerStats
 
 __all__ = ["Runtime", "RuntimeStats", "InstanceInfo", "InstanceEvent", "InstanceOutcome"]
 
@@ -45,7 +46,7 @@ class InstanceInfo:
 
 @dataclass(frozen=True)
 class RuntimeStats:
-    pool: PoolStats
+    pages: PageStats
     scheduler: SchedulerStats
     engine: EngineStats
     programs: ProgramStats
@@ -63,9 +64,9 @@ class Runtime:
         policy = config.scheduler or SchedulerPolicy()
         self.wasm_engine = make_engine()
         current = threading.local()
-        self.programs = ProgramStore(self.wasm_engine, config.cache_dir, provided_items())
-        self.pool = PagePool(engine.num_pages)
-        self.exports = ExportRegistry(self.pool)
+        self.programs = ProgramCache(self.wasm_engine, config.cache_dir, provided_items())
+        self.page_allocator = PageAllocator(engine.num_pages)
+        self.exports = ExportRegistry(self.page_allocator)
         self.scheduler = BatchScheduler(engine, policy)
         self.hub = MessageHub()
         tokenizer = engine.tokenizer
@@ -89,7 +90,7 @@ class Runtime:
 
     # -------------------------------------------------------------- programs
     def load_program(self, wasm_bytes: bytes) -> Program:
-        """Validate and compile (or load from the cache). Raises host.programs.ProgramError."""
+        """Validate and compile (or load from the cache). Raises host.sandbox.programs.ProgramError."""
         return self.programs.load(wasm_bytes)
 
     # ------------------------------------------------------------- instances
@@ -106,15 +107,16 @@ class Runtime:
         args = tuple(str(arg) for arg in args)
         instance_id = uuid.uuid4().hex[:12]
         emit = self._emitter(instance_id, on_event)
-        resources = InstanceResources(
-            self.pool, self.exports, instance_id=instance_id, tenant=tenant,
-            page_quota=self.pool.num_pages if limits.page_quota is None else limits.page_quota,
+        pages = InstancePages(
+            self.page_allocator, self.exports, instance_id=instance_id, tenant=tenant,
+            page_quota=self.page_allocator.num_pages if limits.page_quota is None else limits.page_quota,
             page_size=self.engine.page_size,
-            reclaim=lambda num_pages: self._reclaim(instance_id, num_pages))
+            reclaim=lambda num_pages: self._reclaim(instance_id, num_pages),
+            vocab_size=self.services.model_info.vocab_size)
         channel = self.hub.open(instance_id, tenant,
                                 lambda message: emit(InstanceEvent(instance_id, "message", message)))
         instance = Instance(instance_id=instance_id, tenant=tenant, program=program, args=args,
-                            limits=limits, services=self.services, resources=resources,
+                            limits=limits, services=self.services, tables=InstanceTables(pages),
                             channel=channel, launch_index=next(self._launch_counter),
                             on_finish=lambda inst, outcome: self._finish(inst, outcome, emit))
         with self._lock:
@@ -145,7 +147,7 @@ class Runtime:
         with self._lock:
             running = sorted(self._running.values(), key=lambda inst: inst.launch_index)
         return [InstanceInfo(inst.instance_id, inst.tenant, inst.program.hash, inst.started_at,
-                             inst.resources.num_pages_held)
+                             inst.tables.pages.num_pages_held)
                 for inst in running if tenant is None or inst.tenant == tenant]
 
     def instance_log(self, instance_id: str) -> tuple[str, ...]:
@@ -156,7 +158,7 @@ class Runtime:
         with self._lock:
             num_running, launched, finished = (len(self._running), self._num_launched,
                                                self._num_finished)
-        return RuntimeStats(self.pool.statistics(), self.scheduler.statistics(),
+        return RuntimeStats(self.page_allocator.statistics(), self.scheduler.statistics(),
                             self.engine.statistics(), self.programs.statistics(), num_running,
                             launched, finished)
 
@@ -204,9 +206,7 @@ class Runtime:
         reason = f"instance {instance.instance_id} ended ({outcome.status})"
         self.scheduler.cancel_owner(instance.instance_id)
         self.hub.close(instance.instance_id, reason)
-        instance.resources.release_all()
-        instance.futures.clear()
-        instance.queues.clear()
+        instance.tables.clear()
         with self._lock:
             self._running.pop(instance.instance_id, None)
             self._finished[instance.instance_id] = instance
@@ -224,16 +224,16 @@ class Runtime:
                 return False
             victims = sorted((inst for inst in self._running.values()
                               if inst.launch_index > requester.launch_index
-                              and inst.resources.num_pages_held > 0),
+                              and inst.tables.pages.num_pages_held > 0),
                              key=lambda inst: inst.launch_index, reverse=True)
-        num_free_before = self.pool.statistics().num_free
+        num_free_before = self.page_allocator.statistics().num_free
         for victim in victims:
             victim.terminate(f"out of KV pages: terminated to free pages for instance "
                              f"{requester_id}, launched earlier (newest instance goes first)")
             victim.wait(_RECLAIM_WAIT_S)
-            if self.pool.statistics().num_free >= num_pages:
+            if self.page_allocator.statistics().num_free >= num_pages:
                 break
-        return self.pool.statistics().num_free > num_free_before
+        return self.page_allocator.statistics().num_free > num_free_before
 
     def _tick(self) -> None:
         interval = self.config.epoch_tick_ms / 1000

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 
-from engine.config import ModelConfig
+from engine.engine_config import ModelConfig
 
 if TYPE_CHECKING:
     from engine.tokenizer import Tokenizer

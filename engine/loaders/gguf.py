@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from engine.config import ModelConfig
+from engine.engine_config import ModelConfig
 from engine.loaders.common import LoadedModel, ModelLoadError, check_weight_shapes, torch_dtype
 from engine.loaders.dequant import SUPPORTED_QTYPES, dequantize
 from engine.loaders.gguf_reader import GGUFFile, GGUFTensorInfo, read_gguf

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from engine.config import ModelConfig
+from engine.engine_config import ModelConfig
 from engine.loaders.common import LoadedModel, ModelLoadError, check_weight_shapes, torch_dtype
 from engine.tokenizer import Tokenizer
 

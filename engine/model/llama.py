@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.config import ModelConfig
+from engine.engine_config import ModelConfig
 from engine.kv_cache import KVCache
 from engine.model.linear import Linear
 from engine.model.memory import release_freed_memory

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from engine.config import ModelConfig
+from engine.engine_config import ModelConfig
 
 __all__ = ["inverse_frequencies", "rope_tables", "apply_rope"]
 

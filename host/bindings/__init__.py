@@ -18,8 +18,9 @@ from typing import Any, Callable
 from wasmtime import Engine, WasmtimeError
 from wasmtime.component import Linker, ResourceType
 
-from host.bindings import forward, gil_calls, kv, messaging, queue, runtime, tokenize
-from host.bindings.fast_calls import add_host_function
+from host.bindings import forward, kv, messaging, queue, runtime, tokenize
+from host.sandbox import gil_calls
+from host.sandbox.fast_calls import add_host_function
 from host.errors import TrapError
 
 __all__ = ["build_linker", "provided_items", "INTERFACE_MODULES"]

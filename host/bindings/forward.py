@@ -11,46 +11,40 @@ from typing import Any
 from wasmtime.component import Record, ResourceHost
 
 from engine.batch import Distribution, ForwardResult, SamplerSpec
-from host.bindings.queue import queue_priority
+from host.bindings.context import BindingContext
 from host.errors import TrapError
-from host.instance import ForwardFutureEntry
+from host.sandbox.tables import ForwardFutureEntry
 
-__all__ = ["INTERFACE", "FUNCTIONS", "METHODS", "RESOURCES", "FORWARD_FUTURE_TYPE",
-           "MAX_LIVE_FUTURES"]
+__all__ = ["INTERFACE", "FUNCTIONS", "METHODS", "RESOURCES", "FORWARD_FUTURE_TYPE"]
 
 INTERFACE = "pie:inferlet/forward@0.1.0"
 FORWARD_FUTURE_TYPE = 1
-MAX_LIVE_FUTURES = 65536   # per instance
 
 
-def submit(instance: Any, queue_id: int, sequence_id: int, token_ids: list[int],
+def submit(ctx: BindingContext, queue_id: int, sequence_id: int, token_ids: list[int],
            positions: list[int], last_page_len: int, output_indices: list[int],
            samplers: list[Record], mask: list[list[int]] | None) -> ResourceHost:
     call = "forward.submit"
-    priority = queue_priority(instance, call, queue_id)
-    if len(instance.futures) >= MAX_LIVE_FUTURES:
-        raise TrapError(f"{call}: {MAX_LIVE_FUTURES} forward-futures alive; drop some first")
+    priority = ctx.tables.queues.priority(call, queue_id)
     specs = [_sampler_spec(call, index, sampler) for index, sampler in enumerate(samplers)]
-    prepared = instance.resources.prepare_forward(sequence_id, token_ids, positions,
+    prepared = ctx.tables.pages.prepare_forward(sequence_id, token_ids, positions,
                                                   last_page_len, output_indices, specs, mask)
-    future = instance.services.scheduler.submit_forward((instance.instance_id, queue_id),
+    future = ctx.services.scheduler.submit_forward((ctx.instance_id, queue_id),
                                                         priority, prepared)
-    rep = instance.next_future_rep
-    instance.next_future_rep += 1
-    instance.futures[rep] = ForwardFutureEntry(future)
+    rep = ctx.tables.futures.add(call, future)
     return ResourceHost.own(rep, FORWARD_FUTURE_TYPE)
 
 
-def ready(instance: Any, store: Any, handle: Any) -> bool:
-    return _entry(instance, store, handle, "forward-future.ready").future.done()
+def ready(ctx: BindingContext, store: Any, handle: Any) -> bool:
+    return _entry(ctx, store, handle, "forward-future.ready").future.done()
 
 
-def get(instance: Any, store: Any, handle: Any) -> list | str:
+def get(ctx: BindingContext, store: Any, handle: Any) -> list | str:
     call = "forward-future.get"
-    entry = _entry(instance, store, handle, call)
+    entry = _entry(ctx, store, handle, call)
     if entry.result is None:
         try:
-            result: ForwardResult = instance.wait_future(entry.future, call)
+            result: ForwardResult = ctx.wait_future(entry.future, call)
         except TrapError:     # terminated (Cancelled) or max_blocking_s passed
             raise
         except Exception as exc:  # noqa: BLE001 -- the engine failed the batch: err, not trap
@@ -60,16 +54,12 @@ def get(instance: Any, store: Any, handle: Any) -> list | str:
     return entry.result
 
 
-def drop(instance: Any, rep: int) -> None:
-    instance.futures.pop(rep, None)
+def drop(ctx: BindingContext, rep: int) -> None:
+    ctx.tables.futures.drop(rep)
 
 
-def _entry(instance: Any, store: Any, handle: Any, call: str) -> ForwardFutureEntry:
-    rep = handle.to_host(store).rep
-    entry = instance.futures.get(rep)
-    if entry is None:
-        raise TrapError(f"{call}: unknown forward-future {rep}")
-    return entry
+def _entry(ctx: BindingContext, store: Any, handle: Any, call: str) -> ForwardFutureEntry:
+    return ctx.tables.futures.get(call, handle.to_host(store).rep)
 
 
 def _sampler_spec(call: str, index: int, sampler: Record) -> SamplerSpec:

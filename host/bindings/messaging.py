@@ -2,8 +2,7 @@
 Blocking receives wait at most `max_blocking_s` and wake with Cancelled on terminate."""
 from __future__ import annotations
 
-from typing import Any
-
+from host.bindings.context import BindingContext
 from host.errors import TrapError
 
 __all__ = ["INTERFACE", "FUNCTIONS", "METHODS", "RESOURCES", "MAX_MESSAGE_CHARS"]
@@ -12,62 +11,62 @@ INTERFACE = "pie:inferlet/messaging@0.1.0"
 MAX_MESSAGE_CHARS = 1 << 20
 
 
-def send(instance: Any, message: str) -> None:
+def send(ctx: BindingContext, message: str) -> None:
     _check_size("messaging.send", message)
-    instance.channel.send(message)
+    ctx.channel.send(message)
 
 
-def receive(instance: Any) -> str:
-    _blocking(instance)
-    return _received(instance, "messaging.receive",
-                     instance.channel.receive(instance.blocking_timeout()))
+def receive(ctx: BindingContext) -> str:
+    _blocking(ctx)
+    return _received(ctx, "messaging.receive",
+                     ctx.channel.receive(ctx.blocking_timeout()))
 
 
-def try_receive(instance: Any) -> str | None:
-    return instance.channel.try_receive()
+def try_receive(ctx: BindingContext) -> str | None:
+    return ctx.channel.try_receive()
 
 
-def broadcast(instance: Any, topic: str, message: str) -> None:
+def broadcast(ctx: BindingContext, topic: str, message: str) -> None:
     _check_size("messaging.broadcast", message)
-    instance.channel.broadcast(topic, message)
+    ctx.channel.broadcast(topic, message)
 
 
-def subscribe(instance: Any, topic: str) -> None:
-    instance.channel.subscribe(topic)
+def subscribe(ctx: BindingContext, topic: str) -> None:
+    ctx.channel.subscribe(topic)
 
 
-def receive_topic(instance: Any, topic: str) -> str:
-    _blocking(instance)
-    return _received(instance, "messaging.receive-topic",
-                     instance.channel.receive_topic(topic, instance.blocking_timeout()))
+def receive_topic(ctx: BindingContext, topic: str) -> str:
+    _blocking(ctx)
+    return _received(ctx, "messaging.receive-topic",
+                     ctx.channel.receive_topic(topic, ctx.blocking_timeout()))
 
 
-def try_receive_topic(instance: Any, topic: str) -> str | None:
-    return instance.channel.try_receive_topic(topic)
+def try_receive_topic(ctx: BindingContext, topic: str) -> str | None:
+    return ctx.channel.try_receive_topic(topic)
 
 
-def store_get(instance: Any, key: str) -> str | None:
-    return instance.channel.store_get(key)
+def store_get(ctx: BindingContext, key: str) -> str | None:
+    return ctx.channel.store_get(key)
 
 
-def store_set(instance: Any, key: str, value: str) -> None:
+def store_set(ctx: BindingContext, key: str, value: str) -> None:
     _check_size("messaging.store-set", value)
-    instance.channel.store_set(key, value)
+    ctx.channel.store_set(key, value)
 
 
-def store_delete(instance: Any, key: str) -> bool:
-    return instance.channel.store_delete(key)
+def store_delete(ctx: BindingContext, key: str) -> bool:
+    return ctx.channel.store_delete(key)
 
 
-def _blocking(instance: Any) -> None:
+def _blocking(ctx: BindingContext) -> None:
     """The instance is about to block: the scheduler's hold after a batch stops waiting for it."""
-    instance.services.scheduler.owner_waiting(instance.instance_id)
+    ctx.services.scheduler.owner_waiting(ctx.instance_id)
 
 
-def _received(instance: Any, call: str, message: str | None) -> str:
+def _received(ctx: BindingContext, call: str, message: str | None) -> str:
     if message is None:
-        instance.check_not_cancelled(call)
-        raise TrapError(f"{call}: no message within {instance.blocking_timeout():g} s")
+        ctx.check_not_cancelled(call)
+        raise TrapError(f"{call}: no message within {ctx.blocking_timeout():g} s")
     return message
 
 

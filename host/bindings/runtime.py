@@ -1,9 +1,9 @@
 """`pie:inferlet/runtime`: who the instance is and what model it runs on."""
 from __future__ import annotations
 
-from typing import Any
-
 from wasmtime.component import Record
+
+from host.bindings.context import BindingContext
 
 __all__ = ["INTERFACE", "FUNCTIONS", "METHODS", "RESOURCES"]
 
@@ -11,33 +11,33 @@ INTERFACE = "pie:inferlet/runtime@0.1.0"
 MAX_LOG_CHARS = 8192
 
 
-def version(instance: Any) -> str:
-    return instance.services.version
+def version(ctx: BindingContext) -> str:
+    return ctx.services.version
 
 
-def instance_id(instance: Any) -> str:
-    return instance.instance_id
+def instance_id(ctx: BindingContext) -> str:
+    return ctx.instance_id
 
 
-def arguments(instance: Any) -> list[str]:
-    return list(instance.args)
+def arguments(ctx: BindingContext) -> list[str]:
+    return list(ctx.args)
 
 
-def get_model_info(instance: Any) -> Record:
-    info = instance.services.model_info
+def get_model_info(ctx: BindingContext) -> Record:
+    info = ctx.services.model_info
     record = Record()
     for name, value in (("name", info.name), ("page-size", info.page_size),
                         ("vocab-size", info.vocab_size),
                         ("stop-token-ids", list(info.stop_token_ids)),
                         ("chat-template", info.chat_template),
-                        ("page-quota", instance.resources.page_quota),
+                        ("page-quota", ctx.tables.pages.page_quota),
                         ("max-batch-tokens", info.max_batch_tokens)):
         setattr(record, name, value)
     return record
 
 
-def log(instance: Any, message: str) -> None:
-    instance.log(f"log: {message[:MAX_LOG_CHARS]}")
+def log(ctx: BindingContext, message: str) -> None:
+    ctx.log(f"log: {message[:MAX_LOG_CHARS]}")
 
 
 FUNCTIONS = {"version": version, "instance-id": instance_id, "arguments": arguments,

@@ -1,10 +1,9 @@
 """`pie:inferlet/tokenize`: the model's tokenizer and chat template."""
 from __future__ import annotations
 
-from typing import Any
-
 from wasmtime.component import Record
 
+from host.bindings.context import BindingContext
 from host.errors import TrapError
 
 __all__ = ["INTERFACE", "FUNCTIONS", "METHODS", "RESOURCES"]
@@ -12,27 +11,27 @@ __all__ = ["INTERFACE", "FUNCTIONS", "METHODS", "RESOURCES"]
 INTERFACE = "pie:inferlet/tokenize@0.1.0"
 
 
-def encode(instance: Any, text: str) -> list[int]:
-    return list(instance.services.engine.tokenizer.encode(text))
+def encode(ctx: BindingContext, text: str) -> list[int]:
+    return list(ctx.services.engine.tokenizer.encode(text))
 
 
-def decode(instance: Any, token_ids: list[int]) -> str:
-    vocab_size = instance.services.model_info.vocab_size
+def decode(ctx: BindingContext, token_ids: list[int]) -> str:
+    vocab_size = ctx.services.model_info.vocab_size
     for token_id in token_ids:
         if token_id >= vocab_size:
             raise TrapError(f"tokenize.decode: token id {token_id} outside the vocabulary "
                             f"of {vocab_size}")
-    return instance.services.engine.tokenizer.decode(token_ids)
+    return ctx.services.engine.tokenizer.decode(token_ids)
 
 
-def vocabulary(instance: Any) -> list[str]:
-    return list(instance.services.engine.tokenizer.token_strings())
+def vocabulary(ctx: BindingContext) -> list[str]:
+    return list(ctx.services.engine.tokenizer.token_strings())
 
 
-def render_chat(instance: Any, messages: list[Record], add_generation_prompt: bool) -> str:
+def render_chat(ctx: BindingContext, messages: list[Record], add_generation_prompt: bool) -> str:
     turns = [{"role": message.role, "content": message.content} for message in messages]
     try:
-        return instance.services.engine.tokenizer.render_chat(turns, add_generation_prompt)
+        return ctx.services.engine.tokenizer.render_chat(turns, add_generation_prompt)
     except Exception as exc:  # noqa: BLE001 -- a template error names the call, traps the guest
         raise TrapError(f"tokenize.render-chat: cannot render the chat template: {exc}") from None
 

@@ -12,7 +12,6 @@ terminated, and the runtime is closed (every page returned).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -25,26 +24,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from host.server.config import ServerConfig
 from host.server.metrics import CONTENT_TYPE, ServerMetrics
-from host.server.service import PieService
-from host.server.tenants import TenantRegistry
+from host.server.server_config import ServerConfig
+from host.server.setup import ServerContext, build_context
 from host.server.ws import Connection
 
-__all__ = ["ServerContext", "build_app", "serve"]
+__all__ = ["build_app", "serve"]
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ServerContext:
-    """Everything the routes need (the mutable parts live in `service`, trio thread only)."""
-
-    config: ServerConfig
-    service: PieService
-    tenants: TenantRegistry
-    metrics: ServerMetrics
-    openai: Any = None           # host.server.openai.OpenAIFrontend, when enabled
 
 
 def build_app(context: ServerContext) -> Starlette:
@@ -91,8 +78,6 @@ async def serve(config: ServerConfig, *, engine: Any = None, host: str | None = 
                 port: int | None = None, shutdown: trio.Event | None = None,
                 task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
     """Run the server until `shutdown` is set (or forever); `task_status.started(urls)`."""
-    from host.server.setup import build_context   # the runtime/engine imports are heavy
-
     shutdown = trio.Event() if shutdown is None else shutdown
     context = await build_context(config, engine)
     hc = _hypercorn_config(config, host or config.server.host,

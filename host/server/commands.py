@@ -71,7 +71,7 @@ def _split_submit_args(namespace: argparse.Namespace) -> list[str]:
 
 def run_serve(namespace: argparse.Namespace) -> int:
     """Load the config and serve until SIGINT/SIGTERM (then shut down gracefully)."""
-    from host.server.config import ConfigError, load_config
+    from host.server.server_config import ConfigError, load_config
 
     path = namespace.config or Path("pie.toml")
     if namespace.config is None and not path.exists():
@@ -107,7 +107,7 @@ async def _serve_until_signal(config, host: str | None, port: int | None) -> Non
 
 def _program_bytes(path: Path) -> bytes:
     if path.suffix == ".py":
-        from host.build import build_cached
+        from host.sandbox.build import build_cached
         path, _ = build_cached(path)
     return path.read_bytes()
 
@@ -125,7 +125,7 @@ def run_submit(namespace: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"pie submit: {namespace.program}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # host.build.BuildError, named by its message
+    except Exception as exc:  # host.sandbox.build.BuildError, named by its message
         print(f"pie submit: {exc}", file=sys.stderr)
         return 2
     try:

@@ -22,7 +22,7 @@ import msgpack
 from cattrs.v import format_exception, transform_error
 
 __all__ = ["ProtocolError", "Auth", "UploadBegin", "UploadChunk", "UploadEnd", "Launch", "Send",
-           "Terminate", "ListPrograms", "ListInstances", "ModelInfo", "ClientMessage",
+           "Terminate", "ListPrograms", "ListInstances", "GetModelInfo", "ClientMessage",
            "CLIENT_MESSAGES", "decode_message", "encode_message", "error_message",
            "event_message", "reply_message", "EVENT_KINDS"]
 
@@ -99,17 +99,17 @@ class ListInstances:
 
 
 @dataclass(frozen=True)
-class ModelInfo:
+class GetModelInfo:
     id: int | None = None
 
 
 ClientMessage = Union[Auth, UploadBegin, UploadChunk, UploadEnd, Launch, Send, Terminate,
-                      ListPrograms, ListInstances, ModelInfo]
+                      ListPrograms, ListInstances, GetModelInfo]
 
 CLIENT_MESSAGES: dict[str, type] = {
     "auth": Auth, "upload_begin": UploadBegin, "upload_chunk": UploadChunk,
     "upload_end": UploadEnd, "launch": Launch, "send": Send, "terminate": Terminate,
-    "list_programs": ListPrograms, "list_instances": ListInstances, "model_info": ModelInfo,
+    "list_programs": ListPrograms, "list_instances": ListInstances, "model_info": GetModelInfo,
 }
 
 

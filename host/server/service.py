@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from host.server.metrics import ServerMetrics
-from host.server.store import ProgramStore, StoredProgram, UnknownProgramError
+from host.server.uploads import UploadStore, StoredProgram, UnknownProgramError
 from host.server.tenants import QuotaBook, QuotaExceeded, Tenant
 
 __all__ = ["ServiceError", "InstanceHandle", "PieService", "FINAL_KINDS", "MAX_BUFFERED_EVENTS"]
@@ -49,13 +49,13 @@ class InstanceHandle:
 class PieService:
     """Programs, instances and tenancy over one Runtime. Call `start()` inside trio first."""
 
-    def __init__(self, runtime: Any, store: ProgramStore, metrics: ServerMetrics, *,
+    def __init__(self, runtime: Any, store: UploadStore, metrics: ServerMetrics, *,
                  limits: Any, max_upload_bytes: int, model: dict[str, Any]) -> None:
         self.runtime = runtime
         self._model = dict(model)
         self.store = store
         self.metrics = metrics
-        self.limits = limits                    # host.config.InstanceLimits of every instance
+        self.limits = limits                    # host.runtime_config.InstanceLimits of every instance
         self.max_upload_bytes = max_upload_bytes
         self.quotas = QuotaBook()
         self.closing = trio.Event()

@@ -1,23 +1,36 @@
-"""Building the server's parts from a ServerConfig: engine, runtime, store, tenants, service.
+"""Building the server's parts from a ServerConfig: engine, runtime, upload store, tenants, service.
 
-Kept apart from app.py because it imports the runtime (and the engine when none is given), which
-are heavy; `build_context` must run inside trio (the service binds to the running loop).
+The runtime and engine are imported inside the functions that build them (they are heavy, and
+`pie submit` imports the server package without them); `build_context` must run inside trio (the
+service binds to the running loop). app.py imports this module, never the other way round.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import trio
 
-from host.server.config import ServerConfig
 from host.server.metrics import RuntimeFigures, ServerMetrics
+from host.server.server_config import ServerConfig
 from host.server.service import PieService
-from host.server.store import ProgramStore
 from host.server.tenants import TenantRegistry
+from host.server.uploads import UploadStore
 
-__all__ = ["load_engine_for", "build_runtime", "runtime_figures", "build_context", "model_info"]
+__all__ = ["ServerContext", "load_engine_for", "build_runtime", "runtime_figures", "build_context",
+           "model_info"]
 
+
+@dataclass(frozen=True)
+class ServerContext:
+    """Everything the routes need (the mutable parts live in `service`, trio thread only)."""
+
+    config: ServerConfig
+    service: PieService
+    tenants: TenantRegistry
+    metrics: ServerMetrics
+    openai: Any = None           # host.server.openai.OpenAIFrontend, when enabled
 
 def load_engine_for(config: ServerConfig) -> Any:
     """Load the configured model (the embedded default when model.path is "")."""
@@ -34,9 +47,9 @@ def load_engine_for(config: ServerConfig) -> Any:
 
 def build_runtime(config: ServerConfig, engine: Any) -> Any:
     """A Runtime over `engine` with the configured batching policy and instance limits."""
-    from host.config import InstanceLimits, RuntimeConfig
+    from host.runtime_config import InstanceLimits, RuntimeConfig
     from host.runtime import Runtime
-    from host.scheduler import SchedulerPolicy
+    from host.scheduling.scheduler import SchedulerPolicy
 
     policy = SchedulerPolicy(kind=config.scheduler.policy, k=config.scheduler.k,
                              t_ms=config.scheduler.t_ms, max_hold_ms=config.scheduler.max_hold_ms,
@@ -48,7 +61,7 @@ def build_runtime(config: ServerConfig, engine: Any) -> Any:
 def runtime_figures(runtime: Any) -> RuntimeFigures:
     """What /metrics shows, read from `runtime.statistics()`."""
     stats = runtime.statistics()
-    pool, scheduler, engine = stats.pool, stats.scheduler, stats.engine
+    pool, scheduler, engine = stats.pages, stats.scheduler, stats.engine
     return RuntimeFigures(
         num_running_instances=stats.num_running,
         num_pages_used=pool.num_used, num_pages_free=pool.num_free,
@@ -63,15 +76,13 @@ def model_info(config: ServerConfig, engine: Any) -> dict[str, Any]:
             "max_batch_tokens": config.engine.max_batch_tokens}
 
 
-async def build_context(config: ServerConfig, engine: Any = None) -> Any:
+async def build_context(config: ServerConfig, engine: Any = None) -> ServerContext:
     """Everything `build_app` needs, started in the running trio loop."""
-    from host.server.app import ServerContext
-
     if engine is None:
         engine = await trio.to_thread.run_sync(load_engine_for, config)
     runtime = await trio.to_thread.run_sync(build_runtime, config, engine)
     data_dir = config.server.resolved_data_dir()
-    store = ProgramStore(data_dir)
+    store = UploadStore(data_dir)
     tenants = TenantRegistry(config.tenants)
     metrics = ServerMetrics(partial(runtime_figures, runtime))
     service = PieService(runtime, store, metrics, limits=runtime.config.limits,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from host.server.config import TenantConfig
+from host.server.server_config import TenantConfig
 
 __all__ = ["Tenant", "TenantRegistry", "QuotaExceeded", "QuotaBook"]
 

@@ -21,7 +21,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from host.server import protocol as p
 from host.server.service import PieService, ServiceError
-from host.server.store import is_sha256
+from host.server.uploads import is_sha256
 from host.server.tenants import Tenant, TenantRegistry
 
 __all__ = ["Connection", "MAX_UPLOADS_PER_CONNECTION", "EVENT_BUFFER"]
@@ -234,5 +234,5 @@ class Connection:
             {"instance_id": h.instance_id, "program": h.program, "kv_pages": h.kv_pages}
             for h in self.service.list_instances(tenant)]))
 
-    async def _on_ModelInfo(self, tenant: Tenant, request: p.ModelInfo) -> None:
+    async def _on_ModelInfo(self, tenant: Tenant, request: p.GetModelInfo) -> None:
         await self._send(p.reply_message(request.id, **self.service.model_info()))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import EngineConfig, ModelConfig
+from engine.engine_config import EngineConfig, ModelConfig
 
 TINY = ModelConfig(name="tiny-llama", vocab_size=97, hidden_size=64, intermediate_size=96,
                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, max_position=256,

@@ -20,7 +20,7 @@ import torch
 import engine.attention as attention_pkg
 from engine.attention import TorchPagedAttention, make_attention_backend
 from engine.batch import ForwardBatch, ForwardRequest
-from engine.config import EngineConfig
+from engine.engine_config import EngineConfig
 from engine.device import (DeviceChoice, FlashInferUnavailable, choose_device, import_flashinfer,
                            resolve_attention_backend, resolve_device)
 from engine.page_table import build_page_table

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.batch import GREEDY, ForwardBatch, ForwardRequest, SamplerSpec, TokenCopy
+from engine.errors import RequestError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -61,8 +62,9 @@ def test_bad_input_names_request_and_field_and_engine_keeps_serving(make_tiny_en
     engine = make_tiny_engine(page_size=4)
     before = engine.forward(ForwardBatch((GOOD,)))
     pool_before = engine.kv_cache.pool.clone()
-    with pytest.raises(ValueError, match=rf"request 1: field {field.strip()}\b"):
+    with pytest.raises(RequestError, match=rf"request 1: field {field.strip()}\b") as raised:
         engine.forward(ForwardBatch((fill([4], 0, (5,), 4), BAD_REQUESTS[field])))
+    assert (raised.value.request_index, raised.value.field) == (1, field.strip())
     assert torch.equal(engine.kv_cache.pool, pool_before)     # a rejected batch writes nothing
     assert engine.forward(ForwardBatch((GOOD,))) == before
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from host.resources import ExportRegistry, InstanceResources, PagePool
+from host.kv import ExportRegistry, InstancePages, PageAllocator
 from tests.host.fake_engine import FakeEngine
 
 
@@ -15,24 +15,24 @@ def fake_engine() -> FakeEngine:
 
 
 @pytest.fixture
-def pool() -> PagePool:
-    return PagePool(8)
+def pool() -> PageAllocator:
+    return PageAllocator(8)
 
 
 @pytest.fixture
-def exports(pool: PagePool) -> ExportRegistry:
+def exports(pool: PageAllocator) -> ExportRegistry:
     return ExportRegistry(pool)
 
 
 @pytest.fixture
-def make_resources(pool: PagePool, exports: ExportRegistry):
+def make_resources(pool: PageAllocator, exports: ExportRegistry):
     """make_resources(instance_id="a", tenant="t", page_quota=8, page_size=4, reclaim=None,
     vocab_size=None); every table made is released at teardown."""
-    made: list[InstanceResources] = []
+    made: list[InstancePages] = []
 
     def make(instance_id: str = "a", *, tenant: str = "t", page_quota: int = 8,
-             page_size: int = 4, reclaim=None, vocab_size=None) -> InstanceResources:
-        resources = InstanceResources(pool, exports, instance_id=instance_id, tenant=tenant,
+             page_size: int = 4, reclaim=None, vocab_size=None) -> InstancePages:
+        resources = InstancePages(pool, exports, instance_id=instance_id, tenant=tenant,
                                       page_quota=page_quota, page_size=page_size, reclaim=reclaim,
                                       vocab_size=vocab_size)
         made.append(resources)

@@ -15,7 +15,9 @@ from dataclasses import replace
 from typing import Sequence
 
 from engine.batch import Distribution, ForwardBatch, ForwardRequest, ForwardResult, TokenCopy
-from engine.config import ModelConfig
+from engine.engine_config import ModelConfig
+from engine.errors import RequestError
+from engine.paging import kv_len
 from engine.protocol import EngineStats
 
 __all__ = ["FakeEngine", "FakeTokenizer", "fake_next_token", "EMPTY_SLOT"]
@@ -161,7 +163,7 @@ class FakeEngine:
 
     # ---------------------------------------------------------------- helpers
     def _kv_len(self, request: ForwardRequest) -> int:
-        return (len(request.page_ids) - 1) * self.page_size + request.last_page_len
+        return kv_len(len(request.page_ids), request.last_page_len, self.page_size)
 
     def _slot(self, request: ForwardRequest, position: int) -> tuple[int, int]:
         return request.page_ids[position // self.page_size], position % self.page_size
@@ -210,36 +212,40 @@ class FakeEngine:
                                  f"outside a page of {self.page_size}")
 
     def _check_request(self, index: int, request: ForwardRequest) -> None:
-        where = f"request {index}"
+        """RequestError(index, field, reason) for the first thing wrong with the request."""
+        def fail(field: str, reason: str) -> RequestError:
+            return RequestError(index, field, reason)
+
         num_tokens = len(request.token_ids)
         if num_tokens == 0:
-            raise ValueError(f"{where}: token_ids is empty")
+            raise fail("token_ids", "token_ids is empty")
         if len(request.positions) != num_tokens:
-            raise ValueError(f"{where}: positions has {len(request.positions)} entries, "
-                             f"token_ids {num_tokens}")
+            raise fail("positions", f"positions has {len(request.positions)} entries, "
+                                    f"token_ids {num_tokens}")
         for token_id in request.token_ids:
             if not 0 <= token_id < self.model_config.vocab_size:
-                raise ValueError(f"{where}: token id {token_id} outside the vocabulary")
+                raise fail("token_ids", f"token id {token_id} outside the vocabulary")
         if not request.page_ids:
-            raise ValueError(f"{where}: page_ids is empty")
+            raise fail("page_ids", "page_ids is empty")
         for j, page_id in enumerate(request.page_ids):
-            self._check_page(f"{where}: page_ids[{j}]", page_id)
+            if not 0 <= page_id < self.num_pages:
+                raise fail("page_ids", f"page_ids[{j}]={page_id} out of range [0, {self.num_pages})")
         if not 1 <= request.last_page_len <= self.page_size:
-            raise ValueError(f"{where}: last_page_len={request.last_page_len} outside "
-                             f"1..{self.page_size}")
+            raise fail("last_page_len", f"last_page_len={request.last_page_len} outside "
+                                        f"1..{self.page_size}")
         kv_len = self._kv_len(request)
         if num_tokens > kv_len:
-            raise ValueError(f"{where}: {num_tokens} tokens exceed kv length {kv_len}")
+            raise fail("page_ids", f"{num_tokens} tokens exceed kv length {kv_len}")
         if len(request.samplers) != len(request.output_indices):
-            raise ValueError(f"{where}: {len(request.samplers)} samplers for "
-                             f"{len(request.output_indices)} output_indices")
+            raise fail("samplers", f"{len(request.samplers)} samplers for "
+                                   f"{len(request.output_indices)} output_indices")
         for i in request.output_indices:
             if not 0 <= i < num_tokens:
-                raise ValueError(f"{where}: output_indices entry {i} outside 0..{num_tokens - 1}")
+                raise fail("output_indices", f"output_indices entry {i} outside 0..{num_tokens - 1}")
         if request.mask is not None:
             if len(request.mask) != num_tokens:
-                raise ValueError(f"{where}: mask has {len(request.mask)} rows, {num_tokens} tokens")
+                raise fail("mask", f"mask has {len(request.mask)} rows, {num_tokens} tokens")
             for r, row in enumerate(request.mask):
                 if any(run < 0 for run in row) or sum(row) != kv_len:
-                    raise ValueError(f"{where}: mask row {r} must be non-negative runs summing "
-                                     f"to kv length {kv_len}")
+                    raise fail("mask", f"mask row {r} must be non-negative runs summing to "
+                                       f"kv length {kv_len}")

@@ -50,11 +50,11 @@ def test_samplers_are_deterministic(fake_engine):
 
 
 @pytest.mark.parametrize("bad, message", [
-    (request([1], [64], 1), r"request 1: page_ids\[0\]=64 out of range \[0, 64\)"),
-    (request([1], [0], 5), "request 1: last_page_len=5 outside 1..4"),
-    (request([1, 2], [0], 1), "request 1: 2 tokens exceed kv length 1"),
-    (request([1], [0], 2, mask=((1,),)), "request 1: mask row 0 must be non-negative runs"),
-    (request([300], [0], 1), "request 1: token id 300 outside the vocabulary"),
+    (request([1], [64], 1), r"request 1: field page_ids: page_ids\[0\]=64 out of range \[0, 64\)"),
+    (request([1], [0], 5), "request 1: field last_page_len: last_page_len=5 outside 1..4"),
+    (request([1, 2], [0], 1), "request 1: field page_ids: 2 tokens exceed kv length 1"),
+    (request([1], [0], 2, mask=((1,),)), "request 1: field mask: mask row 0 must be non-negative runs"),
+    (request([300], [0], 1), "request 1: field token_ids: token id 300 outside the vocabulary"),
 ])
 def test_forward_validates_and_loses_nothing(fake_engine, bad, message):
     good = request([9], [5], 1)

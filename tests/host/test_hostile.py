@@ -21,6 +21,7 @@ RUNTIME_HOSTILE = [
     ("hoard", "trap", ["kv.allocate-pages", "quota 8"]),
     ("leak", "ok", ["leaked"]),
     ("bad_handle", "trap", ["invalid resource handle", "77"]),
+    ("bad_token", "trap", ["forward.submit", "token id 2147483647 outside the vocabulary"]),
 ]
 # bytes that never become a program: builder, expected phrases of the ProgramError
 LOAD_HOSTILE = [
@@ -72,7 +73,7 @@ def assert_well_behaved_unharmed(runtime, instance_ids: dict[str, str], solo: di
 def test_hostile_guest_traps_alone(guest, status, phrases, components, make_runtime,  # noqa: F811
                                    solo_results):
     runtime = make_runtime(fresh_engine(), LIMITS)
-    num_free_at_start = runtime.statistics().pool.num_free
+    num_free_at_start = runtime.statistics().pages.num_free
     hostile_program = runtime.load_program(components.component(guest))
     events = []
     hostile_id = runtime.launch(hostile_program, on_event=events.append)
@@ -86,8 +87,8 @@ def test_hostile_guest_traps_alone(guest, status, phrases, components, make_runt
     assert_well_behaved_unharmed(runtime, well_behaved, solo_results)
 
     stats = runtime.statistics()
-    assert stats.pool.num_free == num_free_at_start
-    assert stats.pool.num_shared == 0
+    assert stats.pages.num_free == num_free_at_start
+    assert stats.pages.num_shared == 0
     assert runtime.exports.names("default") == []      # non-persistent exports dropped
     assert stats.num_running == 0
 
@@ -97,7 +98,7 @@ def test_hostile_guest_traps_alone(guest, status, phrases, components, make_runt
 def test_bad_bytes_are_refused_with_reason(name, make_bytes, phrases, components,  # noqa: F811
                                            make_runtime, solo_results):
     runtime = make_runtime(fresh_engine(), LIMITS)
-    num_free_at_start = runtime.statistics().pool.num_free
+    num_free_at_start = runtime.statistics().pages.num_free
     well_behaved = launch_well_behaved(runtime, components)
 
     with pytest.raises(ProgramError) as refused:
@@ -106,7 +107,7 @@ def test_bad_bytes_are_refused_with_reason(name, make_bytes, phrases, components
         assert phrase in str(refused.value), (phrase, str(refused.value))
 
     assert_well_behaved_unharmed(runtime, well_behaved, solo_results)
-    assert runtime.statistics().pool.num_free == num_free_at_start
+    assert runtime.statistics().pages.num_free == num_free_at_start
     assert runtime.statistics().programs.num_programs == 1   # nothing cached for the bad bytes
 
 
@@ -114,7 +115,7 @@ def test_many_hostile_at_once_each_gets_its_own_cause(components, make_runtime, 
                                                        solo_results):
     """Traps recorded per instance: 3 of each hostile kind at once, plus the 8 good ones."""
     runtime = make_runtime(fresh_engine(), LIMITS)
-    num_free_at_start = runtime.statistics().pool.num_free
+    num_free_at_start = runtime.statistics().pages.num_free
     hostile_ids = {}
     for guest, status, phrases in RUNTIME_HOSTILE:
         program = runtime.load_program(components.component(guest))
@@ -127,4 +128,4 @@ def test_many_hostile_at_once_each_gets_its_own_cause(components, make_runtime, 
         assert outcome.status == status, (guest, outcome)
         assert all(phrase in outcome.value for phrase in phrases), (guest, outcome)
     assert_well_behaved_unharmed(runtime, well_behaved, solo_results)
-    assert runtime.statistics().pool.num_free == num_free_at_start
+    assert runtime.statistics().pages.num_free == num_free_at_start

@@ -98,7 +98,7 @@ def test_engine_failure_is_an_err_of_get_not_a_trap(components, make_runtime):  
     outcome = runtime.wait(launch(runtime, components, "generate", "hi"), timeout=10)
     assert outcome.status == "error"
     assert outcome.value.startswith("engine failed the batch: ")
-    assert runtime.statistics().pool.num_free == engine.num_pages
+    assert runtime.statistics().pages.num_free == engine.num_pages
 
 
 def test_wasi_exposes_no_environment_argv_or_directories(components, make_runtime,  # noqa: F811

@@ -1,5 +1,5 @@
 """Mask folding: hidden token slots (kv.mask-tokens) folded into run-length mask rows, checked
-against a dense reference, and through InstanceResources."""
+against a dense reference, and through InstancePages."""
 from __future__ import annotations
 
 import random
@@ -8,7 +8,7 @@ import pytest
 
 from engine.batch import GREEDY
 from host.errors import TrapError
-from host.masks import fold_hidden, hidden_intervals, page_mask_bits
+from host.kv.masks import fold_hidden, hidden_intervals, mask_page_slots
 from tests.host.test_resources import fill
 
 
@@ -21,6 +21,15 @@ def dense(row, kv_len):
     return bits
 
 
+def page_row(bits: int, page_size: int):
+    """A page's hidden slots (bit k = slot k hidden) built with mask_page_slots, one slot at a time."""
+    row = None
+    for slot in range(page_size):
+        if (bits >> slot) & 1:
+            row = mask_page_slots(row, page_size, slot, 1, True)
+    return row
+
+
 def test_fold_matches_a_dense_reference():
     rng = random.Random(7)
     for _ in range(300):
@@ -28,7 +37,7 @@ def test_fold_matches_a_dense_reference():
         num_pages = rng.randint(1, 5)
         kv_len = (num_pages - 1) * page_size + rng.randint(1, page_size)
         masks = [rng.getrandbits(page_size) if rng.random() < 0.5 else 0 for _ in range(num_pages)]
-        hidden = hidden_intervals(masks, page_size, kv_len)
+        hidden = hidden_intervals([page_row(bits, page_size) for bits in masks], page_size, kv_len)
         hidden_dense = [bool((masks[p // page_size] >> (p % page_size)) & 1) for p in range(kv_len)]
         rows = []
         for _ in range(3):
@@ -48,11 +57,33 @@ def test_fold_matches_a_dense_reference():
                     assert all(run > 0 for run in folded[index][1:])
 
 
-def test_bits_and_intervals():
-    assert page_mask_bits(1, 2) == 0b110
-    assert hidden_intervals([0b1000, 0b0001, 0], 4, 12) == [(3, 5)]
-    assert hidden_intervals([0b1000], 4, 3) == []        # beyond kv_len
+def test_page_rows_and_intervals():
+    assert mask_page_slots(None, 4, 1, 2, True) == (1, 2, 1)
+    assert mask_page_slots((1, 2, 1), 4, 1, 1, False) == (2, 1, 1)
+    assert mask_page_slots((2, 1, 1), 4, 2, 1, False) is None          # all shown again
+    assert mask_page_slots(None, 4, 0, 4, True) == (0, 4)
+    assert mask_page_slots(None, 4, 0, 1, True) == (0, 1, 3)
+    assert mask_page_slots((0, 1, 3), 4, 2, 0, True) == (0, 1, 3)      # an empty span changes nothing
+    assert hidden_intervals([(3, 1), (0, 1, 3), None], 4, 12) == [(3, 5)]
+    assert hidden_intervals([(3, 1)], 4, 3) == []        # beyond kv_len
     assert fold_hidden(((2, 1, 1),), 1, 4, []) == ((2, 1, 1),)
+
+
+def test_page_rows_match_a_dense_reference():
+    rng = random.Random(11)
+    for _ in range(300):
+        page_size = rng.choice([1, 2, 4, 8, 16])
+        row, hidden = None, [False] * page_size
+        for _ in range(rng.randint(1, 6)):
+            offset = rng.randrange(page_size)
+            num_tokens = rng.randint(0, page_size - offset)
+            masked = rng.random() < 0.6
+            row = mask_page_slots(row, page_size, offset, num_tokens, masked)
+            hidden[offset:offset + num_tokens] = [masked] * num_tokens
+            if not any(hidden):
+                assert row is None
+            else:
+                assert [not h for h in hidden] == dense(row, page_size)
 
 
 def test_mask_tokens_fold_into_rows(make_resources):

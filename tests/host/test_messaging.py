@@ -8,7 +8,7 @@ import time
 import pytest
 
 from host.errors import Cancelled, TrapError
-from host.messaging import Inbox, KeyValueStore, MessageHub
+from host.messages.hub import Inbox, KeyValueStore, MessageHub
 
 
 def open_channel(hub: MessageHub, instance_id: str, tenant: str = "t"):

@@ -9,7 +9,7 @@ import pytest
 
 from host import ProgramError
 from host.bindings import provided_items
-from host.programs import ProgramStore, make_engine
+from host.sandbox.programs import ProgramCache, make_engine
 from tests.host.components import components  # noqa: F401
 
 
@@ -18,8 +18,8 @@ def engine():
     return make_engine()
 
 
-def new_store(engine, cache_dir) -> ProgramStore:
-    return ProgramStore(engine, cache_dir, provided_items())
+def new_store(engine, cache_dir) -> ProgramCache:
+    return ProgramCache(engine, cache_dir, provided_items())
 
 
 def test_load_validates_and_hashes(engine, tmp_path, components):  # noqa: F811
@@ -61,7 +61,7 @@ def test_core_module_is_refused(engine, tmp_path, components):  # noqa: F811
 def test_an_interface_function_the_host_lacks_is_refused(engine, tmp_path, components):  # noqa: F811
     provided = provided_items()
     provided["pie:inferlet/kv@0.1.0"] -= {"mask-tokens"}
-    store = ProgramStore(engine, tmp_path, provided)
+    store = ProgramCache(engine, tmp_path, provided)
     with pytest.raises(ProgramError, match=r"kv@0.1.0\.mask-tokens"):
         store.load(components.component("generate"))
 
@@ -114,7 +114,7 @@ def test_unknown_hash_is_a_clear_error(engine, tmp_path):
 
 
 def test_without_cache_dir_compiles_in_memory_only(engine, components):  # noqa: F811
-    store = ProgramStore(engine, None, provided_items())
+    store = ProgramCache(engine, None, provided_items())
     wasm = components.component("info")
     assert store.load(wasm) is store.load(wasm)
     assert store.statistics().num_compiles == 1

@@ -9,9 +9,9 @@ import pytest
 
 from engine.batch import GREEDY, TokenCopy
 from host.errors import OutOfPagesError, QuotaError, TrapError
-from host.resources import ExportRegistry, InstanceResources, PagePool, PoolStats
+from host.kv import ExportRegistry, InstancePages, PageAllocator, PageStats
 
-START = PoolStats(num_pages=8, num_free=8, num_used=0, num_shared=0)
+START = PageStats(num_pages=8, num_free=8, num_used=0, num_shared=0)
 
 
 def fill(resources, page_ids, num_tokens):
@@ -27,14 +27,14 @@ def fill(resources, page_ids, num_tokens):
 def test_pool_allocates_lowest_ids_and_counts(pool):
     assert pool.allocate(3) == [0, 1, 2]
     pool.retain([1])
-    assert pool.statistics() == PoolStats(8, 5, 3, 1)
+    assert pool.statistics() == PageStats(8, 5, 3, 1)
     pool.release([0, 1])
     assert pool.allocate(1) == [0]
     with pytest.raises(ValueError, match="page 7 is free"):
         pool.release([7])
     with pytest.raises(OutOfPagesError, match="out of KV pages: 9 asked, 5 free of 8"):
         pool.allocate(9)
-    assert pool.statistics() == PoolStats(8, 5, 3, 0)
+    assert pool.statistics() == PageStats(8, 5, 3, 0)
 
 
 def test_allocate_maps_local_ids_to_physical(make_resources, pool):
@@ -211,7 +211,7 @@ def test_release_all_returns_everything(make_resources, pool):
     a.release_all()
     a.release_all()                              # idempotent
     pending.on_done()                            # late completion releases nothing twice
-    assert pool.statistics() == PoolStats(8, 7, 1, 0)   # b's import holds page 0
+    assert pool.statistics() == PageStats(8, 7, 1, 0)   # b's import holds page 0
     with pytest.raises(TrapError, match="kv.allocate-pages: instance a was released"):
         a.allocate_pages(1)
     b.release_all()
@@ -331,12 +331,12 @@ def test_owner_writing_an_exported_page_copies_it(make_resources, pool):
 
 
 def test_concurrent_instances_return_every_reference():
-    pool = PagePool(64)
+    pool = PageAllocator(64)
     exports = ExportRegistry(pool)
     errors: list[BaseException] = []
 
     def work(index: int) -> None:
-        r = InstanceResources(pool, exports, instance_id=f"i{index}", tenant="t",
+        r = InstancePages(pool, exports, instance_id=f"i{index}", tenant="t",
                               page_quota=16, page_size=4)
         try:
             for round_ in range(30):
@@ -361,7 +361,7 @@ def test_concurrent_instances_return_every_reference():
     for thread in threads:
         thread.join()
     assert errors == [] and exports.num_exports() == 0
-    assert pool.statistics() == PoolStats(64, 64, 0, 0)
+    assert pool.statistics() == PageStats(64, 64, 0, 0)
 
 
 def test_release_all_from_another_thread_mid_activity(make_resources, pool):
@@ -378,7 +378,7 @@ def test_release_all_from_another_thread_mid_activity(make_resources, pool):
                 step.on_done()
                 a.free_pages(a.sequence_pages(seq))
                 a.destroy_sequence(seq)
-                a.free_pages([pid for pid in range(a._next_page_id) if pid in a._pages])
+                a.free_pages(list(a.ledger.pages))
         except BaseException as error:            # expected: a trap once released
             outcome.append(error)
 

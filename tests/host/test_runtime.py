@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from host.scheduler import SchedulerPolicy
+from host.scheduling.scheduler import SchedulerPolicy
 from tests.host.components import components, make_runtime, program_cache_dir  # noqa: F401
 from tests.host.fake_engine import FakeEngine, FakeTokenizer, fake_next_token
 
@@ -31,8 +31,8 @@ def launch(runtime, components, guest, *args, **kwargs):  # noqa: F811
 
 
 def used_refcounts(runtime) -> list[int]:
-    return [runtime.pool.refcount(p) for p in range(runtime.pool.num_pages)
-            if runtime.pool.refcount(p)]
+    return [runtime.page_allocator.refcount(p) for p in range(runtime.page_allocator.num_pages)
+            if runtime.page_allocator.refcount(p)]
 
 
 def test_64_instances_are_batched(components, make_runtime):  # noqa: F811
@@ -51,7 +51,7 @@ def test_64_instances_are_batched(components, make_runtime):  # noqa: F811
     num_passes = 64 * 6                                  # 1 prefill + 5 decode passes each
     assert stats.scheduler.max_batch_size > 1
     assert num_batches <= num_passes // 4, (num_batches, stats.scheduler.batch_size_histogram)
-    assert stats.pool.num_free == 512
+    assert stats.pages.num_free == 512
 
 
 def test_passes_on_one_queue_run_in_order(components, make_runtime):  # noqa: F811
@@ -88,7 +88,7 @@ def test_export_import_shares_pages_with_refcounts(components, make_runtime):  #
     importer = launch(runtime, components, "importer", "prefix", on_event=importer_events)
     assert importer_events.next() == ("message", "imported")
     assert used_refcounts(runtime) == [3, 3]             # shared, no copy
-    assert runtime.statistics().pool.num_used == 2
+    assert runtime.statistics().pages.num_used == 2
 
     runtime.send(importer, "bye")
     assert runtime.wait(importer, timeout=5).value == "done"
@@ -166,7 +166,7 @@ def test_contention_terminates_the_newest_instance(components, make_runtime):  #
     assert "out of KV pages" in outcome.value and older in outcome.value
     runtime.send(older, "")
     assert runtime.wait(older, timeout=5).value == "released"
-    assert runtime.statistics().pool.num_free == 16
+    assert runtime.statistics().pages.num_free == 16
 
 
 def test_out_of_pages_when_nothing_newer_to_reclaim(components, make_runtime):  # noqa: F811
@@ -182,7 +182,7 @@ def test_out_of_pages_when_nothing_newer_to_reclaim(components, make_runtime):  
     assert runtime.list_instances() and runtime.list_instances()[0].instance_id == first
     runtime.send(first, "")
     assert runtime.wait(first, timeout=5).value == "released"
-    assert runtime.statistics().pool.num_free == 16
+    assert runtime.statistics().pages.num_free == 16
 
 
 def test_statistics_and_listing(components, make_runtime):  # noqa: F811
@@ -225,4 +225,4 @@ def test_every_binding_lowers_and_lifts(components, make_runtime):  # noqa: F811
     assert (outcome.status, outcome.value) == ("ok", "covered"), runtime.instance_log(instance_id)
     assert runtime.instance_log(instance_id)[-1] == "log: step 7"
     assert engine.statistics().num_copied_tokens >= 2
-    assert runtime.statistics().pool.num_free == 16
+    assert runtime.statistics().pages.num_free == 16

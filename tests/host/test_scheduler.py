@@ -8,9 +8,11 @@ import time
 import pytest
 
 from engine.batch import GREEDY, ForwardRequest, ForwardResult, TokenCopy
+from engine.errors import RequestError
 from host.errors import Cancelled
-from host.resources import ExportRegistry, InstanceResources, PagePool, PreparedForward
-from host.scheduler import BatchScheduler, SchedulerPolicy
+from host.kv import ExportRegistry, InstancePages, PageAllocator
+from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy
+from host.scheduling.work import PreparedForward
 from tests.host.components import components, make_runtime, program_cache_dir  # noqa: F401
 from tests.host.fake_engine import FakeEngine, fake_next_token
 
@@ -123,12 +125,36 @@ def test_a_malformed_request_fails_alone(fake_engine):
     futures = [scheduler.submit_forward((q, 0), "normal", prepared) for q, prepared in
                [("a", pass_on(0, [1], 1)), ("bad", pass_on(999, [2], 1)), ("c", pass_on(2, [3], 1))]]
     with scheduler:
-        with pytest.raises(ValueError, match=r"request 1: page_ids\[0\]=999 out of range"):
+        with pytest.raises(RequestError, match=r"request 1: field page_ids: page_ids\[0\]=999 out of"):
             futures[1].result(timeout=10)
+        assert (futures[1].exception().request_index, futures[1].exception().field) == (1, "page_ids")
         assert [f.result(timeout=10).outputs for f in (futures[0], futures[2])] == [
             (fake_next_token([1]),), (fake_next_token([3]),)]
     assert [first_tokens(b) for b in fake_engine.batches] == [[1, 3]]
     assert scheduler.statistics().num_failed_batches == 1
+
+
+class _MessageOnlyEngine(FakeEngine):
+    """Raises, for the first batch, a plain ValueError whose text looks like a request error."""
+
+    def forward(self, batch):
+        if len(batch.requests) == 3:
+            raise ValueError("request 1: field page_ids: looks like an engine request error")
+        return super().forward(batch)
+
+
+def test_only_a_typed_request_error_fails_one_request():
+    """The scheduler reads RequestError.request_index; a message that merely reads like one fails
+    the whole batch (nothing parses error text)."""
+    engine = _MessageOnlyEngine()
+    scheduler = BatchScheduler(engine)
+    futures = [scheduler.submit_forward((q, 0), "normal", pass_on(page, [page + 1], 1))
+               for q, page in (("a", 0), ("b", 1), ("c", 2))]
+    with scheduler:
+        for future in futures:
+            with pytest.raises(ValueError, match="looks like an engine request error"):
+                future.result(timeout=10)
+    assert not isinstance(futures[0].exception(), RequestError)
 
 
 def test_cancel_owner_drops_pending_items(fake_engine):
@@ -174,8 +200,8 @@ def test_fork_with_copy_on_write_matches_running_alone():
     """Two forks of one prefix decode different tokens through the scheduler; each output is
     what its own context alone gives, and the prefix pages are never written by a fork."""
     engine = FakeEngine(num_pages=8, page_size=4)
-    pool = PagePool(8)
-    resources = InstanceResources(pool, ExportRegistry(pool), instance_id="a", tenant="t",
+    pool = PageAllocator(8)
+    resources = InstancePages(pool, ExportRegistry(pool), instance_id="a", tenant="t",
                                   page_quota=8, page_size=4)
     prompt = [10, 11, 12, 13, 14, 15]
     pages = resources.allocate_pages(2)

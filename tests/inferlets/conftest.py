@@ -44,7 +44,7 @@ def engine():
 
 @pytest.fixture(scope="session")
 def runtime(engine):
-    from host.config import RuntimeConfig
+    from host.runtime_config import RuntimeConfig
     from host.runtime import Runtime
     with Runtime(engine, RuntimeConfig(cache_dir=CACHE_DIR)) as rt:
         yield rt
@@ -53,7 +53,7 @@ def runtime(engine):
 @pytest.fixture(scope="session")
 def component_path():
     """name -> path of the built component (an example, or a test app under apps/)."""
-    from host.build import build_cached
+    from host.sandbox.build import build_cached
     built: dict[str, Path] = {}
     lock = threading.Lock()
 
@@ -104,7 +104,7 @@ def greedy_oracle(runtime, engine):
     """Engine.generate_greedy_batch on the idle pool (it borrows pages without the host)."""
     def oracle(prompts: list[list[int]], num_new_tokens: int) -> list[list[int]]:
         stats = runtime.statistics()
-        assert stats.num_running == 0 and stats.pool.num_used == 0, "the pool must be idle"
+        assert stats.num_running == 0 and stats.pages.num_used == 0, "the pool must be idle"
         return engine.generate_greedy_batch(prompts, num_new_tokens)
     return oracle
 

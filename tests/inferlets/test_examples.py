@@ -111,7 +111,7 @@ def test_prefix_cache_import_skips_the_prefix_prefill(run_inferlet, runtime):
     assert second["answer"] == first["answer"]   # same KV, same greedy answer
     assert second_tokens == first_tokens - first["prefix_tokens"]
     stats = runtime.statistics()
-    assert stats.pool.num_used == 0   # released export and finished instances hold no page
+    assert stats.pages.num_used == 0   # released export and finished instances hold no page
 
 
 def test_windowed_attention_keeps_pages_bounded(run_inferlet, runtime, engine):
@@ -119,7 +119,7 @@ def test_windowed_attention_keeps_pages_bounded(run_inferlet, runtime, engine):
     pages_used: list[int] = []
 
     def on_message(instance_id: str, message: str) -> None:
-        pages_used.append(runtime.statistics().pool.num_used)
+        pages_used.append(runtime.statistics().pages.num_used)
 
     result = run_inferlet("windowed_attention", ["--max-tokens", str(num_tokens), "--sink", str(sink),
                                                  "--window", str(window), "--report-every", "16"],

@@ -22,4 +22,4 @@ def test_generate_after_fork_export_and_import_equals_greedy(run_inferlet, runti
     run = run_inferlet("probe", ["forks", prompt, str(num_tokens)])
     assert run.status == "ok", run.value
     assert json.loads(run.value) == [expected] * 4
-    assert runtime.statistics().pool.num_used == 0
+    assert runtime.statistics().pages.num_used == 0

@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from host.build import build_cached
+from host.sandbox.build import build_cached
 from host.server.builtin import builtin_source
-from host.server.config import parse_config
+from host.server.server_config import parse_config
 from tests.host.fake_engine import FakeEngine
 from tests.server.harness import ServerThread
 

@@ -8,7 +8,7 @@ from typing import Any
 import trio
 
 from host.server.app import serve
-from host.server.config import ServerConfig
+from host.server.server_config import ServerConfig
 
 __all__ = ["ServerThread"]
 

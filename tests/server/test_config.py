@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from host.server.config import ConfigError, load_config, parse_config
+from host.server.server_config import ConfigError, load_config, parse_config
 
 TENANT = {"name": "a", "token": "t"}
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import re
 import threading
 import time
 from collections import deque
@@ -35,16 +34,16 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Callable, Hashable, Sequence
 
 from engine.batch import ForwardBatch, ForwardResult, TokenCopy
+from engine.errors import RequestError
 from engine.protocol import EngineLike
 from host.errors import Cancelled
-from host.resources import PreparedCopy, PreparedForward
-from host.scheduler_types import PRIORITIES, SchedulerPolicy, SchedulerStats, SubmissionFuture
+from host.scheduling.work import PreparedCopy, PreparedForward
+from host.scheduling.types import PRIORITIES, SchedulerPolicy, SchedulerStats, SubmissionFuture
 
 __all__ = ["SchedulerPolicy", "SchedulerStats", "BatchScheduler", "SubmissionFuture",
            "PRIORITIES"]
 
 _NUM_RECENT = 64
-_REQUEST_INDEX = re.compile(r"request (\d+):")
 _log = logging.getLogger(__name__)
 
 
@@ -282,9 +281,9 @@ class BatchScheduler:
         self._forget(items)
 
     def _forward(self, items: list[_Item]) -> list:
-        """Run the passes: a result or an exception per item. A ValueError naming one request
-        ("request i: ...": the engine validates before it computes) fails that pass alone and
-        the others run again without it; any other exception fails them all."""
+        """Run the passes: a result or an exception per item. A RequestError (the engine validates
+        before it computes) fails the pass it names alone and the others run again without it;
+        any other exception fails them all."""
         outcomes: dict[int, object] = {}
         remaining = list(range(len(items)))
         while remaining:
@@ -294,12 +293,12 @@ class BatchScheduler:
                 if len(results) != len(remaining):
                     raise RuntimeError(f"engine returned {len(results)} results for "
                                        f"{len(remaining)} requests")
-            except ValueError as error:
-                bad = _request_index(error, len(remaining))
-                if bad is not None:
-                    outcomes[remaining.pop(bad)] = error
-                    continue
-                outcomes.update((i, error) for i in remaining)
+            except RequestError as error:
+                if not 0 <= error.request_index < len(remaining):
+                    outcomes.update((i, error) for i in remaining)
+                    break
+                outcomes[remaining.pop(error.request_index)] = error
+                continue
             except Exception as error:
                 outcomes.update((i, error) for i in remaining)
             else:
@@ -349,13 +348,6 @@ class BatchScheduler:
             item.on_done()
         except Exception:
             _log.exception("scheduler: on_done callback failed")
-
-
-def _request_index(error: ValueError, num_requests: int) -> int | None:
-    """The index an engine ValueError names ("request 3: ..."), if in range."""
-    match = _REQUEST_INDEX.match(str(error))
-    index = int(match.group(1)) if match else None
-    return index if index is not None and index < num_requests else None
 
 
 def _owner(queue_key: Hashable):

@@ -78,7 +78,7 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class EngineSection:
-    """Engine memory and batch size (mirrors engine.config.EngineConfig)."""
+    """Engine memory and batch size (mirrors engine.engine_config.EngineConfig)."""
 
     page_size: int = 16
     kv_memory_mb: int = 512
@@ -92,7 +92,7 @@ class EngineSection:
 
     def to_engine_config(self) -> Any:
         """The engine's own frozen config (ValueError on invalid values, prefixed "engine.")."""
-        from engine.config import EngineConfig
+        from engine.engine_config import EngineConfig
         try:
             return EngineConfig(page_size=self.page_size, kv_memory_mb=self.kv_memory_mb,
                                 num_pages=self.num_pages, max_batch_tokens=self.max_batch_tokens,

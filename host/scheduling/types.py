@@ -1,5 +1,5 @@
 """The scheduler's value types: its policy (when batches fire), its statistics, and the future a
-submission returns. See host/scheduler.py for the rules."""
+submission returns. See host/scheduling/scheduler.py for the rules."""
 from __future__ import annotations
 
 from concurrent.futures import Future

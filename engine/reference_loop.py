@@ -1,26 +1,36 @@
-"""Greedy generation on an engine, for tests, benchmarks and examples (not used by the host).
+"""The engine's own batched greedy loop: the reference a host-driven generation is held against.
 
-Pages come from a free list local to the call (the whole pool) and are given back when it ends, so
-it must not run while a host manages the same pool. One batched forward pass per step: the first
-step prefills every prompt, each later step decodes one token per prompt.
+Used by `Engine.generate_greedy*` / `Engine.prompt_logits`, i.e. by the agreement tests (against
+transformers) and by the benchmarks that compare generation through Wasm inferlets with the engine
+driven directly; the host never calls it. Pages come from a free list local to the call (the whole
+pool) and are given back when it ends, so it must not run while a host manages the same pool. One
+batched forward pass per step: the first step prefills every prompt, each later step decodes one
+token per prompt.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol, Sequence
 
-from engine.batch import GREEDY, ForwardBatch, ForwardRequest
+import torch
 
-if TYPE_CHECKING:
-    from engine.engine import Engine
+from engine.batch import GREEDY, ForwardBatch, ForwardRequest, ForwardResult
+from engine.paging import last_page_len, num_pages_needed
+
+
+class _Steppable(Protocol):
+    """What the loop needs of an engine (engine.engine.Engine has it)."""
+
+    page_size: int
+    num_pages: int
+
+    def forward(self, batch: ForwardBatch) -> Sequence[ForwardResult]: ...
+
+    def logits(self, batch: ForwardBatch) -> torch.Tensor: ...
 
 __all__ = ["generate_greedy_batch", "prompt_logits"]
 
 
-def _pages_needed(num_tokens: int, page_size: int) -> int:
-    return -(-num_tokens // page_size)
-
-
-def generate_greedy_batch(engine: "Engine", prompts: list[list[int]],
+def generate_greedy_batch(engine: _Steppable, prompts: list[list[int]],
                           num_new_tokens: int) -> list[list[int]]:
     """Greedy `num_new_tokens` after each prompt (no EOS stop) -> the new tokens per prompt."""
     if num_new_tokens <= 0:
@@ -29,7 +39,7 @@ def generate_greedy_batch(engine: "Engine", prompts: list[list[int]],
         raise ValueError("every prompt needs at least one token")
     page_size = engine.page_size
     free_page_ids = list(range(engine.num_pages - 1, -1, -1))
-    pages_per_prompt = [_pages_needed(len(p) + num_new_tokens, page_size) for p in prompts]
+    pages_per_prompt = [num_pages_needed(len(p) + num_new_tokens, page_size) for p in prompts]
     if sum(pages_per_prompt) > len(free_page_ids):
         raise ValueError(f"generation needs {sum(pages_per_prompt)} pages, the pool has "
                          f"{engine.num_pages}")
@@ -43,8 +53,8 @@ def generate_greedy_batch(engine: "Engine", prompts: list[list[int]],
             end = lengths[i] + len(tokens)
             requests.append(ForwardRequest(
                 token_ids=tuple(tokens), positions=tuple(range(lengths[i], end)),
-                page_ids=tuple(page_ids[i][:_pages_needed(end, page_size)]),
-                last_page_len=(end - 1) % page_size + 1,
+                page_ids=tuple(page_ids[i][:num_pages_needed(end, page_size)]),
+                last_page_len=last_page_len(end, page_size),
                 output_indices=(len(tokens) - 1,), samplers=(GREEDY,)))
             lengths[i] = end
         results = engine.forward(ForwardBatch(tuple(requests)))
@@ -54,7 +64,7 @@ def generate_greedy_batch(engine: "Engine", prompts: list[list[int]],
     return new_tokens
 
 
-def prompt_logits(engine: "Engine", prompt_ids: list[int], all_positions: bool = False):
+def prompt_logits(engine: _Steppable, prompt_ids: list[int], all_positions: bool = False):
     """float32 logits of a fresh prompt: [vocab] at its last position, or [len, vocab] at all.
 
     Borrows pages from the start of the pool, like generate_greedy_batch.
@@ -62,8 +72,8 @@ def prompt_logits(engine: "Engine", prompt_ids: list[int], all_positions: bool =
     num_tokens = len(prompt_ids)
     outputs = tuple(range(num_tokens)) if all_positions else (num_tokens - 1,)
     request = ForwardRequest(tuple(prompt_ids), tuple(range(num_tokens)),
-                             tuple(range(_pages_needed(num_tokens, engine.page_size))),
-                             (num_tokens - 1) % engine.page_size + 1, outputs,
+                             tuple(range(num_pages_needed(num_tokens, engine.page_size))),
+                             last_page_len(num_tokens, engine.page_size), outputs,
                              (GREEDY,) * len(outputs))
     logits = engine.logits(ForwardBatch((request,)))
     return logits if all_positions else logits[0]

@@ -27,7 +27,7 @@ from wasmtime.component._types import (F32, F64, S8, S16, S32, S64, U8, U16, U32
                                        ListType, OptionType, Record, RecordType, ResultType,
                                        ValType, VariantType)
 
-from host.wasmtime_fix import case_classes, lower_variant
+from host.sandbox.wasmtime_fix import case_classes, lower_variant
 
 __all__ = ["add_host_function", "freeze_type"]
 
@@ -105,7 +105,7 @@ class _FrozenRecord(RecordType):
 
 class _FrozenCases:
     """The variant-like part: cases, taggedness and each case's Python classes, computed once.
-    `_lower` is host/wasmtime_fix.py's `lower_variant` over those fields instead of querying the
+    `_lower` is host/sandbox/wasmtime_fix.py's `lower_variant` over those fields instead of querying the
     types."""
 
     def _freeze_cases(self, cases: list[tuple[str, ValType | None]]) -> None:

@@ -11,7 +11,7 @@
 
 `apply()` installs both (idempotent); `host/__init__.py` calls it once at import. Nothing else of
 wasmtime-py is changed. The host also never lets a non-WasmtimeError escape a host function (see
-host/instance.py), so bug 1 is doubly covered.
+host/sandbox/instance.py), so bug 1 is doubly covered.
 """
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def is_applied() -> bool:
 
 def apply() -> None:
     """Install both fixes (idempotent). Raises RuntimeError on another wasmtime-py version."""
-    require_pinned_version("host/wasmtime_fix.py")
+    require_pinned_version("host/sandbox/wasmtime_fix.py")
     with _APPLY_LOCK:
         if _ORIGINALS:
             return

@@ -1,13 +1,13 @@
 """The local page table of one instance, and the refcount discipline behind it.
 
 Local ids are u32 names private to an instance; each maps to a physical page of the shared
-`PagePool` and holds exactly one pool reference. Ids are never reused, so a stale id is told apart
+`PageAllocator` and holds exactly one pool reference. Ids are never reused, so a stale id is told apart
 from a forged one. Every reference is taken in `_add_local` (or by the export registry) and returned
 in `_release_physical`, which defers the release while a submission that may still touch the page
 is in flight (its `on_done` pin ends it), so a page is never handed to another instance while the
 engine could still write it for this one. `release_all` returns everything, deferred pages too.
 
-`InstanceResources` (host/resources.py) builds the WIT-level operations on top of this table.
+`InstancePages` (host/kv/instance_pages.py) builds the WIT-level operations on top of this table.
 """
 from __future__ import annotations
 
@@ -18,16 +18,18 @@ from typing import Callable, Sequence, TypeVar
 
 from engine.batch import TokenCopy
 from host.errors import OutOfPagesError, QuotaError, TrapError
-from host.pages import ExportRegistry, PagePool
+from host.kv.allocator import PageAllocator
+from host.kv.exports import ExportRegistry
+from host.kv.masks import MaskRow
 
-__all__ = ["LocalPageTable", "ReclaimHook"]
+__all__ = ["PageLedger", "LocalPage", "PageSequence", "NeedPages", "ReclaimHook"]
 
 ReclaimHook = Callable[[int], bool]   # num_pages_needed -> freed any
 _T = TypeVar("_T")
 DEFERRED_WAIT_S = 5.0   # longest wait for this instance's own in-flight work before reclaiming
 
 
-class _NeedPages(Exception):
+class NeedPages(Exception):
     """Internal: a locked step needs `num_pages` pool pages that only a reclaim could free."""
 
     def __init__(self, num_pages: int) -> None:
@@ -35,16 +37,17 @@ class _NeedPages(Exception):
         self.num_pages = num_pages
 
 
-class _LocalPage:
-    __slots__ = ("physical_id", "read_only", "mask_bits")
+class LocalPage:
+    __slots__ = ("physical_id", "read_only", "mask_row")
 
-    def __init__(self, physical_id: int, read_only: bool = False, mask_bits: int = 0) -> None:
+    def __init__(self, physical_id: int, read_only: bool = False,
+                 mask_row: MaskRow | None = None) -> None:
         self.physical_id = physical_id
         self.read_only = read_only
-        self.mask_bits = mask_bits      # bit k set: slot k hidden from attention
+        self.mask_row = mask_row        # slots hidden from attention (host.kv.masks); None: none
 
 
-class _Sequence:
+class PageSequence:
     __slots__ = ("page_ids", "physical_ids")
 
     def __init__(self) -> None:
@@ -52,32 +55,31 @@ class _Sequence:
         self.physical_ids: tuple[int, ...] | None = None  # cache; None = stale
 
 
-class LocalPageTable:
+class PageLedger:
     """Local page and sequence tables of one instance, with the checks every call shares.
     Thread-safe: every public method takes the instance's lock (an RLock)."""
 
-    def __init__(self, pool: PagePool, exports: ExportRegistry, *, instance_id: str,
+    def __init__(self, allocator: PageAllocator, exports: ExportRegistry, *, instance_id: str,
                  tenant: str, page_quota: int, page_size: int,
-                 reclaim: ReclaimHook | None = None, vocab_size: int | None = None) -> None:
+                 reclaim: ReclaimHook | None = None) -> None:
         if page_quota < 0:
             raise ValueError(f"page_quota must be >= 0, got {page_quota}")
         if page_size <= 0:
             raise ValueError(f"page_size must be positive, got {page_size}")
-        self.pool = pool
+        self.allocator = allocator
         self.exports = exports
         self.instance_id = instance_id
         self.tenant = tenant
         self.page_quota = page_quota
         self.page_size = page_size
         self.reclaim = reclaim
-        self.vocab_size = vocab_size      # None: token ids are not checked here
-        self._lock = threading.RLock()
-        self._pins_done = threading.Condition(self._lock)
-        self._pages: dict[int, _LocalPage] = {}
-        self._sequences: dict[int, _Sequence] = {}
-        self._next_page_id = 0
-        self._next_sequence_id = 0
-        self._num_masked_pages = 0
+        self.lock = threading.RLock()
+        self._pins_done = threading.Condition(self.lock)
+        self.pages: dict[int, LocalPage] = {}
+        self.sequences: dict[int, PageSequence] = {}
+        self.next_page_id = 0
+        self.next_sequence_id = 0
+        self.num_masked_pages = 0
         self._next_pin_id = 0
         self._pins_in_flight: set[int] = set()
         self._deferred: deque[tuple[int, int]] = deque()   # (newest pin it waits for, page)
@@ -85,25 +87,25 @@ class LocalPageTable:
 
     @property
     def num_pages_held(self) -> int:
-        return len(self._pages)
+        return len(self.pages)
 
     # -------------------------------------------------------------- lifecycle
     def release_all(self) -> None:
         """Return every pool reference of the instance and drop its sequences and non-persistent
         exports. Idempotent; later calls on this instance trap."""
-        with self._lock:
+        with self.lock:
             if self._closed:
                 return
             self._closed = True
-            physical_ids = [page.physical_id for page in self._pages.values()]
+            physical_ids = [page.physical_id for page in self.pages.values()]
             physical_ids += [physical_id for _, physical_id in self._deferred]
-            self._pages.clear()
-            self._sequences.clear()
+            self.pages.clear()
+            self.sequences.clear()
             self._deferred.clear()
             self._pins_in_flight.clear()
             self._pins_done.notify_all()
-            self._num_masked_pages = 0
-            self.pool.release(physical_ids)
+            self.num_masked_pages = 0
+            self.allocator.release(physical_ids)
             self.exports.drop_owner(self.instance_id)
 
     @property
@@ -111,7 +113,7 @@ class LocalPageTable:
         return self._closed
 
     # ---------------------------------------------------------------- helpers
-    def _pin(self) -> Callable[[], None]:
+    def pin(self) -> Callable[[], None]:
         """Count one submission in flight; the returned callback (idempotent) ends it. Pages
         released while it is in flight return to the pool only once it is done."""
         pin_id = self._next_pin_id
@@ -119,7 +121,7 @@ class LocalPageTable:
         self._pins_in_flight.add(pin_id)
 
         def on_done() -> None:
-            with self._lock:
+            with self.lock:
                 if pin_id not in self._pins_in_flight:
                     return
                 self._pins_in_flight.discard(pin_id)
@@ -134,85 +136,86 @@ class LocalPageTable:
         while self._deferred and self._deferred[0][0] < oldest:
             ready.append(self._deferred.popleft()[1])
         if ready and not self._closed:
-            self.pool.release(ready)
+            self.allocator.release(ready)
 
     def _release_physical(self, physical_id: int) -> None:
         if self._pins_in_flight:
             # Submissions pinned so far (ids < _next_pin_id) may still touch the page.
             self._deferred.append((self._next_pin_id - 1, physical_id))
         else:
-            self.pool.release((physical_id,))
+            self.allocator.release((physical_id,))
 
-    def _drop_local(self, page_id: int) -> None:
-        page = self._pages.pop(page_id)
-        if page.mask_bits:
-            self._num_masked_pages -= 1
+    def drop_local(self, page_id: int) -> None:
+        page = self.pages.pop(page_id)
+        if page.mask_row is not None:
+            self.num_masked_pages -= 1
         self._release_physical(page.physical_id)
 
-    def _add_local(self, physical_id: int, read_only: bool = False, mask_bits: int = 0) -> int:
-        page_id = self._next_page_id
-        self._next_page_id += 1
-        self._pages[page_id] = _LocalPage(physical_id, read_only, mask_bits)
-        if mask_bits:
-            self._num_masked_pages += 1
+    def add_local(self, physical_id: int, read_only: bool = False,
+                  mask_row: MaskRow | None = None) -> int:
+        page_id = self.next_page_id
+        self.next_page_id += 1
+        self.pages[page_id] = LocalPage(physical_id, read_only, mask_row)
+        if mask_row is not None:
+            self.num_masked_pages += 1
         return page_id
 
-    def _pages_to_copy(self, call: str, page_ids: Sequence[int]) -> list[int]:
+    def pages_to_copy(self, call: str, page_ids: Sequence[int]) -> list[int]:
         """The distinct pages among `page_ids` that a write must copy first (shared with another
         id, an export or another instance). Traps on an imported (read-only) page."""
         result = []
         for page_id in page_ids:
-            page = self._pages[page_id]
+            page = self.pages[page_id]
             if page.read_only:
                 raise TrapError(f"{call}: page id {page_id} is read-only (imported); copy its "
                                 f"tokens into a page of your own to extend it")
-            if self.pool.refcount(page.physical_id) > 1 and page_id not in result:
+            if self.allocator.refcount(page.physical_id) > 1 and page_id not in result:
                 result.append(page_id)
         return result
 
-    def _copy_on_write(self, page_ids: list[int], new_physical_ids: list[int],
+    def copy_on_write(self, page_ids: list[int], new_physical_ids: list[int],
                        num_slots: list[int]) -> list[TokenCopy]:
         """Remap each local page to its new physical page, copying its first slots. The old page
         is released after the pinned submission that carries the copy has run."""
         copies = []
         for page_id, new_id, slots in zip(page_ids, new_physical_ids, num_slots):
-            page = self._pages[page_id]
+            page = self.pages[page_id]
             if slots:
                 copies.append(TokenCopy(page.physical_id, new_id, 0, 0, slots))
             self._release_physical(page.physical_id)
             page.physical_id = new_id
         return copies
 
-    def _invalidate_sequences(self) -> None:
-        for sequence in self._sequences.values():
+    def invalidate_sequences(self) -> None:
+        for sequence in self.sequences.values():
             sequence.physical_ids = None
 
-    def _take_pages(self, num_pages: int) -> list[int]:
-        """Pool pages without reclaim (we hold our lock); _NeedPages asks `_with_reclaim` to
+    def take_pages(self, num_pages: int) -> list[int]:
+        """Pool pages without reclaim (we hold our lock); NeedPages asks `_with_reclaim` to
         reclaim outside the lock and retry."""
         if not num_pages:
             return []
         try:
-            return self.pool.allocate(num_pages)
+            return self.allocator.allocate(num_pages)
         except OutOfPagesError:
-            raise _NeedPages(num_pages) from None
+            raise NeedPages(num_pages) from None
 
-    def _with_reclaim(self, call: str, prepare: Callable[[], _T]) -> _T:
+    def with_reclaim(self, call: str, prepare: Callable[[], _T]) -> _T:
         """Run `prepare` under the lock; when it needs pages the pool lacks, reclaim (outside
         our lock: the runtime may lock other instances) and retry."""
         while True:
-            with self._lock:
-                self._check_open(call)
+            with self.lock:
+                self.check_open(call)
                 try:
                     return prepare()
-                except _NeedPages as need:
+                except NeedPages as need:
                     num_pages = need.num_pages
             self._reclaim_or_raise(call, num_pages)
 
-    def _allocate_physical(self, call: str, num_pages: int) -> list[int]:
+    def allocate_physical(self, call: str, num_pages: int) -> list[int]:
         while True:
             try:
-                return self.pool.allocate(num_pages)
+                return self.allocator.allocate(num_pages)
             except OutOfPagesError:
                 self._reclaim_or_raise(call, num_pages)
 
@@ -223,7 +226,7 @@ class LocalPageTable:
         if self._wait_for_deferred():
             return
         if self.reclaim is None or not self.reclaim(num_pages):
-            stats = self.pool.statistics()
+            stats = self.allocator.statistics()
             raise OutOfPagesError(f"{call}: out of KV pages: {num_pages} asked, "
                                   f"{stats.num_free} free of {stats.num_pages}")
 
@@ -231,7 +234,7 @@ class LocalPageTable:
         """Wait (at most DEFERRED_WAIT_S) for some deferred releases of this instance to reach
         the pool. True when some did. Called without the lock held by this thread."""
         deadline = time.monotonic() + DEFERRED_WAIT_S
-        with self._lock:
+        with self.lock:
             num_before = len(self._deferred)
             while self._deferred and len(self._deferred) == num_before and not self._closed:
                 remaining = deadline - time.monotonic()
@@ -240,40 +243,40 @@ class LocalPageTable:
                 self._pins_done.wait(remaining)
             return len(self._deferred) < num_before
 
-    def _check_open(self, call: str) -> None:
+    def check_open(self, call: str) -> None:
         if self._closed:
             raise TrapError(f"{call}: instance {self.instance_id} was released")
 
-    def _check_quota(self, call: str, num_new: int) -> None:
+    def check_quota(self, call: str, num_new: int) -> None:
         if num_new < 0:
             raise TrapError(f"{call}: negative page count {num_new}")
-        if len(self._pages) + num_new > self.page_quota:
+        if len(self.pages) + num_new > self.page_quota:
             raise QuotaError(f"{call}: {num_new} pages asked, quota {self.page_quota} "
-                             f"(holding {len(self._pages)})")
+                             f"(holding {len(self.pages)})")
 
-    def _page(self, call: str, page_id: int) -> _LocalPage:
-        page = self._pages.get(page_id)
+    def page(self, call: str, page_id: int) -> LocalPage:
+        page = self.pages.get(page_id)
         if page is None:
-            if 0 <= page_id < self._next_page_id:
+            if 0 <= page_id < self.next_page_id:
                 raise TrapError(f"{call}: page id {page_id} was already freed")
             raise TrapError(f"{call}: unknown page id {page_id}")
         return page
 
-    def _check_page_ids(self, call: str, page_ids: Sequence[int], allow_repeats: bool = False) -> None:
+    def check_page_ids(self, call: str, page_ids: Sequence[int], allow_repeats: bool = False) -> None:
         for page_id in page_ids:
-            self._page(call, page_id)
+            self.page(call, page_id)
         if not allow_repeats and len(set(page_ids)) != len(page_ids):
             seen: set[int] = set()
             repeated = next(pid for pid in page_ids if pid in seen or seen.add(pid))
             raise TrapError(f"{call}: page id {repeated} listed twice")
 
-    def _check_slots(self, call: str, offset: int, num_tokens: int) -> None:
+    def check_slots(self, call: str, offset: int, num_tokens: int) -> None:
         if offset < 0 or num_tokens < 0 or offset + num_tokens > self.page_size:
             raise TrapError(f"{call}: slots [{offset}, {offset + num_tokens}) outside a page of "
                             f"{self.page_size}")
 
-    def _sequence(self, call: str, sequence_id: int) -> _Sequence:
-        sequence = self._sequences.get(sequence_id)
+    def sequence(self, call: str, sequence_id: int) -> PageSequence:
+        sequence = self.sequences.get(sequence_id)
         if sequence is None:
             raise TrapError(f"{call}: unknown sequence id {sequence_id}")
         return sequence

@@ -1,8 +1,11 @@
-"""Attention masks as the engine takes them: run-length rows over the kv length.
+"""Attention masks in their one encoding: run-length rows.
 
 A row is a tuple of run lengths alternating attend / skip, starting with attend (a first run of 0
-means "starts with skip"); it sums to kv_len. `mask-tokens` hides token slots of a page; this module
-folds those hidden slots into rows. Work is proportional to the number of runs, not to kv_len.
+means "starts with skip"); it sums to the length it covers. The guest's mask rows (forward.submit,
+over the kv length), the engine's request rows, and the slots `mask-tokens` hides in one page
+(a row over page_size; None = every slot attended) are all such rows. This module updates page
+rows and folds the hidden slots of a sequence's pages into its pass's rows. Work is proportional
+to the number of runs, not to kv_len.
 """
 from __future__ import annotations
 
@@ -10,14 +13,22 @@ from typing import Sequence
 
 from host.errors import TrapError
 
-__all__ = ["check_mask_rows", "hidden_intervals", "fold_hidden", "page_mask_bits"]
+__all__ = ["MaskRow", "check_mask_rows", "hidden_intervals", "fold_hidden", "mask_page_slots"]
 
 Interval = tuple[int, int]   # [start, end) over kv positions
+MaskRow = tuple[int, ...]    # run lengths, attend first
 
 
-def page_mask_bits(offset: int, num_tokens: int) -> int:
-    """The bit set of slots [offset, offset + num_tokens) of one page (bit k = slot k)."""
-    return ((1 << num_tokens) - 1) << offset
+def mask_page_slots(row: MaskRow | None, page_size: int, offset: int, num_tokens: int,
+                    masked: bool) -> MaskRow | None:
+    """A page's row with slots [offset, offset + num_tokens) hidden (masked) or shown again.
+    None: every slot attended."""
+    attend = _attend_intervals(row if row is not None else (page_size,))
+    span = [(offset, offset + num_tokens)] if num_tokens else []
+    attend = _subtract(attend, span) if masked else _union(attend, span)
+    if attend == [(0, page_size)]:
+        return None
+    return _encode(attend, page_size)
 
 
 def check_mask_rows(rows: Sequence[Sequence[int]], num_tokens: int, kv_len: int,
@@ -37,24 +48,20 @@ def check_mask_rows(rows: Sequence[Sequence[int]], num_tokens: int, kv_len: int,
     return tuple(checked)
 
 
-def hidden_intervals(page_masks: Sequence[int], page_size: int, kv_len: int) -> list[Interval]:
-    """Merged kv intervals hidden by per-page mask bits (page i covers [i*page_size, ...)),
-    clipped to kv_len."""
+def hidden_intervals(page_rows: Sequence[MaskRow | None], page_size: int,
+                     kv_len: int) -> list[Interval]:
+    """Merged kv intervals hidden by the pages' rows (page i covers [i*page_size, ...)), clipped
+    to kv_len."""
     intervals: list[Interval] = []
-    for page_index, bits in enumerate(page_masks):
-        if not bits:
+    for page_index, row in enumerate(page_rows):
+        if row is None:
             continue
         base = page_index * page_size
-        slot = 0
-        while bits >> slot:
-            if not (bits >> slot) & 1:
-                slot += 1
-                continue
-            end = slot
-            while (bits >> end) & 1:
-                end += 1
-            _append_interval(intervals, base + slot, min(base + end, kv_len))
-            slot = end
+        position = 0
+        for index, run in enumerate(row):
+            if index % 2 == 1:                       # a skip run
+                _append_interval(intervals, base + position, min(base + position + run, kv_len))
+            position += run
     return intervals
 
 
@@ -75,6 +82,14 @@ def _attend_intervals(row: Sequence[int]) -> list[Interval]:
             _append_interval(intervals, position, position + run)   # merges across 0 skips
         position += run
     return intervals
+
+
+def _union(intervals: list[Interval], extra: list[Interval]) -> list[Interval]:
+    """Sorted, merged union of two sorted interval lists."""
+    merged: list[Interval] = []
+    for start, end in sorted(intervals + extra):
+        _append_interval(merged, start, end)
+    return merged
 
 
 def _subtract(attend: list[Interval], hidden: list[Interval]) -> list[Interval]:

@@ -1,55 +1,35 @@
 """Per-instance resource tables: local page / sequence ids -> physical pages of the shared pool.
 
-An instance names pages by u32 ids local to it; `InstanceResources` translates and checks them, so
+An instance names pages by u32 ids local to it; `InstancePages` translates and checks them, so
 a forged, stale or double-freed id is a `TrapError` naming the call and the id, and no instance can
 reach another's pages. Each local page id holds exactly one pool reference; sharing, exporting and
 importing add references (no copy) and a forward pass that writes into a page with other references
 first copies it (copy-on-write), so sharers never see each other's writes.
 
-Accounting (host/local_pages.py): every pool reference is taken in one place and returned in one
+Accounting (host/kv/page_ledger.py): every pool reference is taken in one place and returned in one
 place; a page released while a submission that may still touch it is in flight returns to the pool
 when that submission is done (`on_done`), and `release_all` returns everything.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 from engine.batch import ForwardRequest, SamplerSpec, TokenCopy
+from engine.paging import kv_len as paged_kv_len
 from host.errors import TrapError
-from host.local_pages import LocalPageTable, ReclaimHook, _Sequence
-from host.masks import check_mask_rows, fold_hidden, hidden_intervals, page_mask_bits
-from host.pages import ExportInfo, ExportRegistry, PagePool, PoolStats
+from host.kv.allocator import PageAllocator
+from host.kv.exports import ExportRegistry
+from host.kv.masks import check_mask_rows, fold_hidden, hidden_intervals, mask_page_slots
+from host.kv.page_ledger import PageLedger, PageSequence, ReclaimHook
+from host.scheduling.work import PreparedCopy, PreparedForward
 
-__all__ = ["PagePool", "PoolStats", "ExportRegistry", "ExportInfo", "InstanceResources",
-           "PreparedForward", "PreparedCopy", "ReclaimHook", "MAX_EXPORT_NAME_CHARS",
-           "MAX_SEQUENCES"]
+__all__ = ["InstancePages", "MAX_EXPORT_NAME_CHARS", "MAX_SEQUENCES"]
 
 MAX_EXPORT_NAME_CHARS = 256
 MAX_SEQUENCES = 65536          # per instance, at once
 
 
-@dataclass(frozen=True)
-class PreparedForward:
-    """A checked pass ready for the scheduler: the engine request (physical ids), the copies that
-    must run right before it (copy-on-write), and `on_done`, which the scheduler calls exactly once
-    when the pass has run, failed or been cancelled."""
-
-    request: ForwardRequest
-    copies: tuple[TokenCopy, ...] = ()
-    on_done: Callable[[], None] | None = None
-
-
-@dataclass(frozen=True)
-class PreparedCopy:
-    """A checked kv.copy-tokens: the copies to run in order on a queue (a copy-on-write of the
-    destination first when it was shared), and `on_done` as for PreparedForward."""
-
-    copies: tuple[TokenCopy, ...]
-    on_done: Callable[[], None] | None = None
-
-
-class InstanceResources(LocalPageTable):
+class InstancePages:
     """The page and sequence tables of one instance. Thread-safe (the runtime may call
     `release_all` from another thread while the instance runs).
 
@@ -60,82 +40,105 @@ class InstanceResources(LocalPageTable):
     vocab_size: when given, forward.submit traps on a token id outside the vocabulary.
     """
 
+    def __init__(self, allocator: PageAllocator, exports: ExportRegistry, *, instance_id: str,
+                 tenant: str, page_quota: int, page_size: int,
+                 reclaim: ReclaimHook | None = None, vocab_size: int | None = None) -> None:
+        self.ledger = PageLedger(allocator, exports, instance_id=instance_id, tenant=tenant,
+                                 page_quota=page_quota, page_size=page_size, reclaim=reclaim)
+        self.vocab_size = vocab_size      # None: token ids are not checked here
+
+    @property
+    def page_quota(self) -> int:
+        return self.ledger.page_quota
+
+    @property
+    def num_pages_held(self) -> int:
+        return self.ledger.num_pages_held
+
+    @property
+    def closed(self) -> bool:
+        return self.ledger.closed
+
+    def release_all(self) -> None:
+        """Return every page reference; later calls trap (PageLedger.release_all)."""
+        self.ledger.release_all()
+
     # ------------------------------------------------------------------ pages
     def allocate_pages(self, num_pages: int) -> list[int]:
         """New local ids on fresh pool pages (lowest physical ids first). QuotaError over the
         quota; OutOfPagesError when the pool stays short after waiting for this instance's own
         pending releases and after the reclaim hook."""
         call = "kv.allocate-pages"
-        with self._lock:
-            self._check_open(call)
-            self._check_quota(call, num_pages)
-        physical_ids = self._allocate_physical(call, num_pages)
-        with self._lock:      # re-checked: the pool was reached without our lock
+        with self.ledger.lock:
+            self.ledger.check_open(call)
+            self.ledger.check_quota(call, num_pages)
+        physical_ids = self.ledger.allocate_physical(call, num_pages)
+        with self.ledger.lock:      # re-checked: the pool was reached without our lock
             try:
-                self._check_open(call)
-                self._check_quota(call, num_pages)
+                self.ledger.check_open(call)
+                self.ledger.check_quota(call, num_pages)
             except TrapError:
-                self.pool.release(physical_ids)
+                self.ledger.allocator.release(physical_ids)
                 raise
-            return [self._add_local(pid) for pid in physical_ids]
+            return [self.ledger.add_local(pid) for pid in physical_ids]
 
     def free_pages(self, page_ids: Sequence[int]) -> None:
         """Drop local ids (removing them from every sequence that lists them)."""
         call = "kv.free-pages"
-        with self._lock:
-            self._check_open(call)
-            self._check_page_ids(call, page_ids)
+        with self.ledger.lock:
+            self.ledger.check_open(call)
+            self.ledger.check_page_ids(call, page_ids)
             dropped = set(page_ids)
-            for sequence in self._sequences.values():
+            for sequence in self.ledger.sequences.values():
                 if any(pid in dropped for pid in sequence.page_ids):
                     sequence.page_ids = [pid for pid in sequence.page_ids if pid not in dropped]
                     sequence.physical_ids = None
             for page_id in page_ids:
-                self._drop_local(page_id)
+                self.ledger.drop_local(page_id)
 
     def share_pages(self, page_ids: Sequence[int]) -> list[int]:
-        """New local ids on the same physical pages (read-only flag and mask bits carried over)."""
+        """New local ids on the same physical pages (read-only flag and hidden slots carried over)."""
         call = "kv.share-pages"
-        with self._lock:
-            self._check_open(call)
-            self._check_page_ids(call, page_ids, allow_repeats=True)
-            self._check_quota(call, len(page_ids))
-            pages = [self._pages[pid] for pid in page_ids]
-            self.pool.retain([page.physical_id for page in pages])
-            return [self._add_local(page.physical_id, page.read_only, page.mask_bits)
+        with self.ledger.lock:
+            self.ledger.check_open(call)
+            self.ledger.check_page_ids(call, page_ids, allow_repeats=True)
+            self.ledger.check_quota(call, len(page_ids))
+            pages = [self.ledger.pages[pid] for pid in page_ids]
+            self.ledger.allocator.retain([page.physical_id for page in pages])
+            return [self.ledger.add_local(page.physical_id, page.read_only, page.mask_row)
                     for page in pages]
 
     def mask_tokens(self, page_id: int, offset: int, num_tokens: int, masked: bool) -> None:
         """Hide / show slots of a page for later passes that read it through this id."""
         call = "kv.mask-tokens"
-        with self._lock:
-            self._check_open(call)
-            page = self._page(call, page_id)
-            self._check_slots(call, offset, num_tokens)
-            bits = page_mask_bits(offset, num_tokens)
-            before = page.mask_bits
-            page.mask_bits = before | bits if masked else before & ~bits
-            self._num_masked_pages += bool(page.mask_bits) - bool(before)
+        with self.ledger.lock:
+            self.ledger.check_open(call)
+            page = self.ledger.page(call, page_id)
+            self.ledger.check_slots(call, offset, num_tokens)
+            before = page.mask_row
+            page.mask_row = mask_page_slots(before, self.ledger.page_size, offset, num_tokens,
+                                            masked)
+            self.ledger.num_masked_pages += (page.mask_row is not None) - (before is not None)
 
     def copy_tokens_request(self, src_page_id: int, dst_page_id: int, src_offset: int,
                             dst_offset: int, num_tokens: int) -> PreparedCopy:
         """Check and translate kv.copy-tokens. A shared destination is copied whole first (COW);
         an imported one traps. Submit the result with `BatchScheduler.submit_copy`."""
         call = "kv.copy-tokens"
-        return self._with_reclaim(call, lambda: self._prepare_copy_locked(
+        return self.ledger.with_reclaim(call, lambda: self._prepare_copy_locked(
             call, src_page_id, dst_page_id, src_offset, dst_offset, num_tokens))
 
     def _prepare_copy_locked(self, call: str, src_page_id: int, dst_page_id: int,
                              src_offset: int, dst_offset: int, num_tokens: int) -> PreparedCopy:
-        src = self._page(call, src_page_id)
-        self._page(call, dst_page_id)
-        self._check_slots(call, src_offset, num_tokens)
-        self._check_slots(call, dst_offset, num_tokens)
-        cow_ids = self._pages_to_copy(call, [dst_page_id])
-        new_ids = self._take_pages(len(cow_ids))
-        on_done = self._pin()
-        copies = self._copy_on_write(cow_ids, new_ids, [self.page_size])
-        copies.append(TokenCopy(src.physical_id, self._pages[dst_page_id].physical_id,
+        src = self.ledger.page(call, src_page_id)
+        self.ledger.page(call, dst_page_id)
+        self.ledger.check_slots(call, src_offset, num_tokens)
+        self.ledger.check_slots(call, dst_offset, num_tokens)
+        cow_ids = self.ledger.pages_to_copy(call, [dst_page_id])
+        new_ids = self.ledger.take_pages(len(cow_ids))
+        on_done = self.ledger.pin()
+        copies = self.ledger.copy_on_write(cow_ids, new_ids, [self.ledger.page_size])
+        copies.append(TokenCopy(src.physical_id, self.ledger.pages[dst_page_id].physical_id,
                                 src_offset, dst_offset, num_tokens))
         return PreparedCopy(tuple(copies), on_done)
 
@@ -143,62 +146,62 @@ class InstanceResources(LocalPageTable):
     def export_pages(self, name: str, page_ids: Sequence[int], persistent: bool) -> str | None:
         """Publish pages under `name` in this tenant. None on success, else the reason."""
         call = "kv.export-pages"
-        with self._lock:
-            self._check_open(call)
+        with self.ledger.lock:
+            self.ledger.check_open(call)
             if not 0 < len(name) <= MAX_EXPORT_NAME_CHARS:
                 return f"export name must have 1..{MAX_EXPORT_NAME_CHARS} characters"
-            self._check_page_ids(call, page_ids)
-            physical_ids = [self._pages[pid].physical_id for pid in page_ids]
-            return self.exports.publish(self.tenant, name, physical_ids,
-                                        owner_id=self.instance_id, persistent=persistent)
+            self.ledger.check_page_ids(call, page_ids)
+            physical_ids = [self.ledger.pages[pid].physical_id for pid in page_ids]
+            return self.ledger.exports.publish(self.ledger.tenant, name, physical_ids,
+                                        owner_id=self.ledger.instance_id, persistent=persistent)
 
     def import_pages(self, name: str) -> list[int] | str:
         """New read-only local ids sharing an export's pages, or the reason it failed."""
         call = "kv.import-pages"
-        with self._lock:
-            self._check_open(call)
-            physical_ids = self.exports.acquire(self.tenant, name)
+        with self.ledger.lock:
+            self.ledger.check_open(call)
+            physical_ids = self.ledger.exports.acquire(self.ledger.tenant, name)
             if physical_ids is None:
                 return f"export {name!r} not found"
-            if len(self._pages) + len(physical_ids) > self.page_quota:
-                self.pool.release(physical_ids)
-                self._check_quota(call, len(physical_ids))     # raises QuotaError
-            return [self._add_local(pid, read_only=True) for pid in physical_ids]
+            if len(self.ledger.pages) + len(physical_ids) > self.ledger.page_quota:
+                self.ledger.allocator.release(physical_ids)
+                self.ledger.check_quota(call, len(physical_ids))     # raises QuotaError
+            return [self.ledger.add_local(pid, read_only=True) for pid in physical_ids]
 
     def list_exports(self) -> list[str]:
-        return self.exports.names(self.tenant)
+        return self.ledger.exports.names(self.ledger.tenant)
 
     def release_export(self, name: str) -> str | None:
-        with self._lock:
-            self._check_open("kv.release-export")
-            return self.exports.release(self.tenant, name, self.instance_id)
+        with self.ledger.lock:
+            self.ledger.check_open("kv.release-export")
+            return self.ledger.exports.release(self.ledger.tenant, name, self.ledger.instance_id)
 
     # -------------------------------------------------------------- sequences
     def create_sequence(self) -> int:
-        with self._lock:
-            self._check_open("kv.create-sequence")
-            if len(self._sequences) >= MAX_SEQUENCES:
+        with self.ledger.lock:
+            self.ledger.check_open("kv.create-sequence")
+            if len(self.ledger.sequences) >= MAX_SEQUENCES:
                 raise TrapError(f"kv.create-sequence: {MAX_SEQUENCES} sequences already exist; "
                                 f"destroy some first")
-            sequence_id = self._next_sequence_id
-            self._next_sequence_id += 1
-            self._sequences[sequence_id] = _Sequence()
+            sequence_id = self.ledger.next_sequence_id
+            self.ledger.next_sequence_id += 1
+            self.ledger.sequences[sequence_id] = PageSequence()
             return sequence_id
 
     def sequence_append(self, sequence_id: int, page_ids: Sequence[int]) -> None:
         call = "kv.sequence-append"
-        with self._lock:
-            self._check_open(call)
-            sequence = self._sequence(call, sequence_id)
-            self._check_page_ids(call, page_ids, allow_repeats=True)
+        with self.ledger.lock:
+            self.ledger.check_open(call)
+            sequence = self.ledger.sequence(call, sequence_id)
+            self.ledger.check_page_ids(call, page_ids, allow_repeats=True)
             sequence.page_ids.extend(page_ids)
             sequence.physical_ids = None
 
     def sequence_remove(self, sequence_id: int, index: int, count: int) -> None:
         call = "kv.sequence-remove"
-        with self._lock:
-            self._check_open(call)
-            sequence = self._sequence(call, sequence_id)
+        with self.ledger.lock:
+            self.ledger.check_open(call)
+            sequence = self.ledger.sequence(call, sequence_id)
             size = len(sequence.page_ids)
             if index < 0 or count < 0 or index + count > size:
                 raise TrapError(f"{call}: range [{index}, {index + count}) outside sequence "
@@ -207,15 +210,15 @@ class InstanceResources(LocalPageTable):
             sequence.physical_ids = None
 
     def sequence_pages(self, sequence_id: int) -> list[int]:
-        with self._lock:
-            self._check_open("kv.sequence-pages")
-            return list(self._sequence("kv.sequence-pages", sequence_id).page_ids)
+        with self.ledger.lock:
+            self.ledger.check_open("kv.sequence-pages")
+            return list(self.ledger.sequence("kv.sequence-pages", sequence_id).page_ids)
 
     def destroy_sequence(self, sequence_id: int) -> None:
-        with self._lock:
-            self._check_open("kv.destroy-sequence")
-            self._sequence("kv.destroy-sequence", sequence_id)
-            del self._sequences[sequence_id]
+        with self.ledger.lock:
+            self.ledger.check_open("kv.destroy-sequence")
+            self.ledger.sequence("kv.destroy-sequence", sequence_id)
+            del self.ledger.sequences[sequence_id]
 
     # ---------------------------------------------------------------- forward
     def prepare_forward(self, sequence_id: int, token_ids: Sequence[int],
@@ -231,7 +234,7 @@ class InstanceResources(LocalPageTable):
         mask the request has mask=None. Without a remap or a mask the work is O(num_tokens).
         """
         call = "forward.submit"
-        return self._with_reclaim(call, lambda: self._prepare_forward_locked(
+        return self.ledger.with_reclaim(call, lambda: self._prepare_forward_locked(
             call, sequence_id, token_ids, positions, last_page_len, output_indices, samplers,
             mask))
 
@@ -239,35 +242,35 @@ class InstanceResources(LocalPageTable):
                                 positions: Sequence[int], last_page_len: int,
                                 output_indices: Sequence[int], samplers: Sequence[SamplerSpec],
                                 mask: Sequence[Sequence[int]] | None) -> PreparedForward:
-        sequence = self._sequence(call, sequence_id)
+        sequence = self.ledger.sequence(call, sequence_id)
         num_tokens = len(token_ids)
         kv_len = self._check_pass_shape(call, sequence, token_ids, positions, last_page_len,
                                         output_indices, samplers)
         rows = None if mask is None else check_mask_rows(mask, num_tokens, kv_len, call)
         first_slot = kv_len - num_tokens
-        first_index = first_slot // self.page_size
+        first_index = first_slot // self.ledger.page_size
         tail_ids = sequence.page_ids[first_index:]
-        cow_ids = self._pages_to_copy(call, tail_ids)
-        new_ids = self._take_pages(len(cow_ids))      # the last step that may fail
-        on_done = self._pin()
+        cow_ids = self.ledger.pages_to_copy(call, tail_ids)
+        new_ids = self.ledger.take_pages(len(cow_ids))      # the last step that may fail
+        on_done = self.ledger.pin()
         copies: list[TokenCopy] = []
         if cow_ids:
-            first_offset = first_slot - first_index * self.page_size
+            first_offset = first_slot - first_index * self.ledger.page_size
             offsets = [first_offset if pid == tail_ids[0] else 0 for pid in cow_ids]
-            copies = self._copy_on_write(cow_ids, new_ids, offsets)
-            self._invalidate_sequences()
-        if self._num_masked_pages:
-            masks = [self._pages[pid].mask_bits for pid in sequence.page_ids]
+            copies = self.ledger.copy_on_write(cow_ids, new_ids, offsets)
+            self.ledger.invalidate_sequences()
+        if self.ledger.num_masked_pages:
+            masks = [self.ledger.pages[pid].mask_row for pid in sequence.page_ids]
             rows = fold_hidden(rows, num_tokens, kv_len,
-                               hidden_intervals(masks, self.page_size, kv_len))
+                               hidden_intervals(masks, self.ledger.page_size, kv_len))
         if sequence.physical_ids is None:
-            sequence.physical_ids = tuple(self._pages[pid].physical_id
+            sequence.physical_ids = tuple(self.ledger.pages[pid].physical_id
                                           for pid in sequence.page_ids)
         request = ForwardRequest(tuple(token_ids), tuple(positions), sequence.physical_ids,
                                  last_page_len, tuple(output_indices), tuple(samplers), rows)
         return PreparedForward(request, tuple(copies), on_done)
 
-    def _check_pass_shape(self, call: str, sequence: _Sequence, token_ids: Sequence[int],
+    def _check_pass_shape(self, call: str, sequence: PageSequence, token_ids: Sequence[int],
                           positions: Sequence[int], last_page_len: int,
                           output_indices: Sequence[int], samplers: Sequence[SamplerSpec]) -> int:
         num_tokens = len(token_ids)
@@ -280,16 +283,16 @@ class InstanceResources(LocalPageTable):
             raise TrapError(f"{call}: {len(positions)} positions for {num_tokens} tokens")
         if not sequence.page_ids:
             raise TrapError(f"{call}: the sequence has no pages")
-        if not 1 <= last_page_len <= self.page_size:
-            raise TrapError(f"{call}: last-page-len {last_page_len} outside 1..{self.page_size}")
-        kv_len = (len(sequence.page_ids) - 1) * self.page_size + last_page_len
-        if num_tokens > kv_len:
-            raise TrapError(f"{call}: {num_tokens} tokens but the pages hold {kv_len}")
+        if not 1 <= last_page_len <= self.ledger.page_size:
+            raise TrapError(f"{call}: last-page-len {last_page_len} outside 1..{self.ledger.page_size}")
+        num_slots = paged_kv_len(len(sequence.page_ids), last_page_len, self.ledger.page_size)
+        if num_tokens > num_slots:
+            raise TrapError(f"{call}: {num_tokens} tokens but the pages hold {num_slots}")
         if len(samplers) != len(output_indices):
             raise TrapError(f"{call}: {len(samplers)} samplers for "
                             f"{len(output_indices)} output indices")
         for index in output_indices:
             if not 0 <= index < num_tokens:
                 raise TrapError(f"{call}: output index {index} outside 0..{num_tokens - 1}")
-        return kv_len
+        return num_slots
 

@@ -23,16 +23,22 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from wasmtime import Store, WasiConfig, WasmtimeError
+from wasmtime import Engine, Store, WasiConfig, WasmtimeError
 from wasmtime import _bindings, _ffi as ffi
 from wasmtime.component import Linker, Variant
 
+from engine.protocol import EngineLike
 from host.errors import Cancelled, TrapError
-from host.events import InstanceOutcome
-from host.instance_traps import classify_trap
-from host.scheduler_types import SubmissionFuture
+from host.messages.hub import InstanceChannel, MessageHub
+from host.runtime_config import InstanceLimits
+from host.sandbox.events import InstanceOutcome
+from host.sandbox.programs import Program
+from host.sandbox.tables import InstanceTables
+from host.sandbox.traps import classify_trap
+from host.scheduling.scheduler import BatchScheduler
+from host.scheduling.types import SubmissionFuture
 
-__all__ = ["Instance", "HostServices", "ModelInfo", "ForwardFutureEntry"]
+__all__ = ["Instance", "HostServices", "ModelInfo"]
 
 _log = logging.getLogger("pie.instance")
 _MAX_LOG_LINES = 2000
@@ -60,33 +66,24 @@ class HostServices:
     """What the bindings of every instance of one runtime share. `current` holds, per thread,
     the Instance whose guest runs on that thread (each instance has its own thread)."""
 
-    wasm_engine: Any                 # wasmtime.Engine (epoch interruption on)
+    wasm_engine: Engine              # epoch interruption on
     linker: Linker
-    scheduler: Any                   # host.scheduler.BatchScheduler
-    hub: Any                         # host.messaging.MessageHub
-    engine: Any                      # engine.protocol.EngineLike
+    scheduler: BatchScheduler
+    hub: MessageHub
+    engine: EngineLike
     model_info: ModelInfo
     version: str
     epoch_tick_ms: int
     current: threading.local
 
 
-class ForwardFutureEntry:
-    """A forward-future resource the guest holds: the scheduler future and its lowered result."""
-
-    __slots__ = ("future", "result")
-
-    def __init__(self, future: Future) -> None:
-        self.future = future
-        self.result: Any = None
-
-
 class Instance:
     """A launched inferlet. Created by the runtime, started with `start()`; ends exactly once,
     calling `on_finish(instance, outcome)` on its own thread after its Store is dropped."""
 
-    def __init__(self, *, instance_id: str, tenant: str, program: Any, args: tuple[str, ...],
-                 limits: Any, services: HostServices, resources: Any, channel: Any,
+    def __init__(self, *, instance_id: str, tenant: str, program: Program, args: tuple[str, ...],
+                 limits: InstanceLimits, services: HostServices, tables: InstanceTables,
+                 channel: InstanceChannel,
                  launch_index: int, on_finish: Callable[["Instance", InstanceOutcome], None]) -> None:
         self.instance_id = instance_id
         self.tenant = tenant
@@ -94,14 +91,10 @@ class Instance:
         self.args = args
         self.limits = limits
         self.services = services
-        self.resources = resources
+        self.tables = tables
         self.channel = channel
         self.launch_index = launch_index
         self.started_at = time.time()
-        self.queues: dict[int, str] = {}          # local queue id -> priority
-        self.next_queue_id = 0
-        self.futures: dict[int, ForwardFutureEntry] = {}   # resource rep -> entry
-        self.next_future_rep = 1
         self.outcome: InstanceOutcome | None = None
         self.trap_cause: str | None = None
         self.last_host_exit = time.monotonic()

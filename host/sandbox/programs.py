@@ -1,7 +1,7 @@
 """Programs: validate uploaded component bytes, compile once, keep the compiled artifact on disk.
 
 A program is content-addressed by the sha256 of its bytes. Compiling an 18 MB componentize-py
-component takes seconds; loading the serialized artifact takes ~2 ms, so `ProgramStore.load`
+component takes seconds; loading the serialized artifact takes ~2 ms, so `ProgramCache.load`
 looks in memory, then on disk (`<cache_dir>/components/<sha256>-<config>.cwasm`, keyed also by the
 wasmtime version and the engine config, since an artifact only loads into a matching engine), and
 compiles only when both miss. Concurrent loads of the same bytes compile once.
@@ -20,7 +20,7 @@ from typing import Mapping
 from wasmtime import Config, Engine, WasmtimeError
 from wasmtime.component import Component, ComponentInstanceType, FuncType, ResultType, String
 
-__all__ = ["Program", "ProgramError", "ProgramStats", "ProgramStore", "make_engine",
+__all__ = ["Program", "ProgramError", "ProgramStats", "ProgramCache", "make_engine",
            "ENGINE_CONFIG_KEY", "WASI_PACKAGES"]
 
 ENGINE_CONFIG_KEY = "epoch_interruption=1"
@@ -59,7 +59,7 @@ class ProgramStats:
     num_memory_hits: int     # loads answered by the in-process memo
 
 
-class ProgramStore:
+class ProgramCache:
     """Loads programs for one engine. `provided` maps each host interface name to the names of
     the functions and resources the host defines in it (what an inferlet may import)."""
 

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["StoredProgram", "ProgramStore", "UnknownProgramError", "is_sha256"]
+__all__ = ["StoredProgram", "UploadStore", "UnknownProgramError", "is_sha256"]
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -39,7 +39,7 @@ class StoredProgram:
     size: int
 
 
-class ProgramStore:
+class UploadStore:
     """Content-addressed program bytes on disk with per-tenant ownership. Not thread-safe for
     concurrent writers of the *same tenant* (the server serialises them); atomic renames keep
     the files consistent in every case."""

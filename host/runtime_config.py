@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from host.scheduler import SchedulerPolicy
+    from host.scheduling.scheduler import SchedulerPolicy
 
 __all__ = ["InstanceLimits", "RuntimeConfig", "default_cache_dir"]
 
@@ -52,7 +52,7 @@ class RuntimeConfig:
     """How the runtime is set up.
 
     cache_dir:     where compiled components are kept (keyed by sha256 + wasmtime + engine config).
-    scheduler:     the batching policy; None = host.scheduler.SchedulerPolicy() (adaptive).
+    scheduler:     the batching policy; None = host.scheduling.scheduler.SchedulerPolicy() (adaptive).
     limits:        the default InstanceLimits of a launch.
     epoch_tick_ms: how often the epoch ticker advances the Wasmtime epoch.
     """

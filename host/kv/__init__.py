@@ -1,0 +1,18 @@
+"""The KV room: who holds which KV page.
+
+- allocator.py      PageAllocator: the engine's physical pages, refcounted (shared by all instances)
+- exports.py        ExportRegistry: pages published under a name, per tenant
+- page_ledger.py    PageLedger: one instance's local page ids -> physical pages, the reference
+                    discipline (pins, deferred release, reclaim) and the checks every call shares
+- instance_pages.py InstancePages: the WIT kv operations of one instance and the translation of a
+                    forward pass to physical pages (copy-on-write, hidden slots)
+- masks.py          attention masks in their one encoding (run-length rows) and hidden slots
+
+May import: engine.batch (request types), host.errors, host.scheduling.work. Never the sandbox,
+the bindings or the scheduler itself.
+"""
+from host.kv.allocator import PageAllocator, PageStats
+from host.kv.exports import ExportInfo, ExportRegistry
+from host.kv.instance_pages import InstancePages
+
+__all__ = ["PageAllocator", "PageStats", "ExportRegistry", "ExportInfo", "InstancePages"]
