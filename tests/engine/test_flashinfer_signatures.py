@@ -36,9 +36,8 @@ from engine.config import ModelConfig                                       # no
 from engine.device import FLASHINFER_CHECKED_VERSION                        # noqa: E402
 from engine.kv_cache import KVCache                                         # noqa: E402
 from engine.page_table import build_page_table                             # noqa: E402
-from tests.engine.flashinfer_contract import (DECODE, PREFILL, check_attention_calls,  # noqa: E402
-                                              check_sampling_call)
-from tests.engine.flashinfer_recording import (SAMPLING, Recorder, plan_target,  # noqa: E402
+from tests.engine.flashinfer_contract import check_attention_calls, check_sampling_call  # noqa: E402
+from tests.engine.flashinfer_recording import (DECODE, PREFILL, Recorder, plan_target,  # noqa: E402
                                                recording_flashinfer)
 from tests.engine.test_device import (D, DECODE_A, DECODE_B, HKV, HQ, MASKED, NUM_PAGES,  # noqa: E402
                                       PAGE_SIZE, PREFILL as PREFILL_REQUEST, _forget_backend_module,
@@ -160,9 +159,12 @@ def test_a_call_the_real_signature_refuses_fails_at_the_proxy():
 
 
 def test_the_checked_version_is_the_installed_one():
-    """`make check-cuda` installs FLASHINFER_CHECKED_VERSION; the public plan of the decode
-    wrapper still forwards to the `_plan_impl` whose names the proxy binds."""
+    """`make check-cuda` installs FLASHINFER_CHECKED_VERSION; the decode wrapper's public `plan`
+    takes **kwargs, so the proxy binds the `_plan_impl` it forwards to, which names them."""
     assert flashinfer.__version__ == FLASHINFER_CHECKED_VERSION
-    target = plan_target(flashinfer.BatchDecodeWithPagedKVCacheWrapper)
-    assert "q_data_type" in inspect.signature(target).parameters
-    assert SAMPLING.split(".")[-1] in vars(flashinfer.sampling)
+    decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper
+    assert "q_data_type" not in inspect.signature(decode.plan).parameters
+    assert plan_target(decode) is decode._plan_impl
+    assert "q_data_type" in inspect.signature(decode._plan_impl).parameters
+    prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper
+    assert plan_target(prefill) is prefill.plan
