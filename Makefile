@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup test bench bench-quick run clean
+.PHONY: setup test check-cuda bench bench-quick run clean
 
 setup: $(STAMP)
 
@@ -18,6 +18,22 @@ $(STAMP): pyproject.toml Makefile
 
 test: setup
 	$(PY) -m pytest -q
+
+# `make check-cuda`: the CUDA path's calls into the real FlashInfer package, checked on any machine
+# (no GPU needed; docs/cuda.md). Not part of `make setup`: flashinfer-python is a 62 MB wheel that
+# unpacks to ~560 MB and took about a minute to install. --no-deps plus its pure-Python imports only:
+# its full dependency list would pull a CUDA torch and the CUDA toolkits. CI (.ci/run) runs it.
+FLASHINFER_VERSION := $(shell sed -n 's/^FLASHINFER_CHECKED_VERSION = "\(.*\)"$$/\1/p' engine/device.py)
+FLASHINFER_STAMP := $(VENV)/.flashinfer-$(FLASHINFER_VERSION)
+
+$(FLASHINFER_STAMP): $(STAMP)
+	$(PY) -m pip install -q --no-deps flashinfer-python==$(FLASHINFER_VERSION) \
+		'apache-tvm-ffi<0.2,>=0.1.11' einops ninja tabulate click nvidia-ml-py
+	touch $@
+
+check-cuda: $(FLASHINFER_STAMP)
+	PIE_CHECK_CUDA=1 $(PY) -m pytest -q tests/engine/test_flashinfer_signatures.py \
+		tests/engine/test_device.py tests/engine/test_sampling_cuda.py
 
 # Every benchmark prints its figures next to a baseline measured in the same run.
 # `make bench-quick` skips the slow ones (transformers baseline, OpenAI load test).

@@ -9,11 +9,17 @@ Rules (the whole policy):
   `FlashInferUnavailable` (an ImportError) naming the extra to install.
 RoPE, norms and sampling are torch code and run on whichever device was chosen.
 
+- On CUDA, a flashinfer whose version is not `FLASHINFER_CHECKED_VERSION` (the one the backend's
+  calls were checked against, tests/engine/test_flashinfer_signatures.py) gives one
+  `FlashInferVersionWarning` at start-up (`choose_device`); it still runs. The warning is issued
+  from one place, so Python's default warning filter shows it once per process.
+
 Nothing here imports flashinfer at module import time: a CPU machine never needs it.
 """
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -24,20 +30,30 @@ from engine.engine_config import EngineConfig
 __all__ = [
     "CUDA_EXTRA_INSTALL",
     "DeviceChoice",
+    "FLASHINFER_CHECKED_VERSION",
     "FlashInferUnavailable",
+    "FlashInferVersionWarning",
     "choose_device",
     "cuda_available",
     "flashinfer_available",
     "import_flashinfer",
+    "unchecked_flashinfer_version",
     "resolve_attention_backend",
     "resolve_device",
 ]
 
 CUDA_EXTRA_INSTALL = "pip install 'pie-serve[cuda]'"
+# The one place the checked FlashInfer version is recorded: pyproject's `cuda` extra pins it (a test
+# keeps the two equal) and `make check-cuda` installs it.
+FLASHINFER_CHECKED_VERSION = "0.7.2.post1"
 
 
 class FlashInferUnavailable(ImportError):
     """flashinfer was asked for but cannot be imported; the message names the `cuda` extra."""
+
+
+class FlashInferVersionWarning(UserWarning):
+    """The installed flashinfer is not the version the CUDA path was checked against."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +119,27 @@ def flashinfer_available() -> bool:
     return True
 
 
+def unchecked_flashinfer_version(flashinfer: ModuleType) -> str | None:
+    """The module's version when it is not FLASHINFER_CHECKED_VERSION, else None."""
+    version = str(getattr(flashinfer, "__version__", "unknown"))
+    return None if version == FLASHINFER_CHECKED_VERSION else version
+
+
+def _warn_if_unchecked_flashinfer() -> None:
+    """One FlashInferVersionWarning when an importable flashinfer is not the checked version."""
+    try:
+        flashinfer = import_flashinfer()
+    except FlashInferUnavailable:
+        return
+    version = unchecked_flashinfer_version(flashinfer)
+    if version is not None:
+        warnings.warn(FlashInferVersionWarning(
+            f"flashinfer {version} is installed; pie's CUDA path was checked against "
+            f"{FLASHINFER_CHECKED_VERSION} (engine.device.FLASHINFER_CHECKED_VERSION): "
+            f"argument names or dtypes may differ; {CUDA_EXTRA_INSTALL} installs the checked "
+            f"version"), stacklevel=2)     # attributed to choose_device: one place, shown once
+
+
 def resolve_attention_backend(requested: str, device: torch.device) -> str:
     """"auto" | "torch" | "flashinfer" on `device` -> "torch" or "flashinfer" (module rules)."""
     if requested == "torch":
@@ -121,6 +158,12 @@ def resolve_attention_backend(requested: str, device: torch.device) -> str:
 
 
 def choose_device(config: EngineConfig) -> DeviceChoice:
-    """Resolve `config.device` and `config.attention_backend` together."""
+    """Resolve `config.device` and `config.attention_backend` together (once, at start-up).
+
+    On CUDA this is also where an unchecked flashinfer version is warned about (the attention
+    backend and the CUDA sampler both use flashinfer there)."""
     device = resolve_device(config.device)
-    return DeviceChoice(device, resolve_attention_backend(config.attention_backend, device))
+    choice = DeviceChoice(device, resolve_attention_backend(config.attention_backend, device))
+    if device.type == "cuda":
+        _warn_if_unchecked_flashinfer()
+    return choice

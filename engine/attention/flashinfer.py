@@ -64,7 +64,9 @@ class _BatchMetadata:
 def _batch_metadata(table: PageTable, device: torch.device) -> _BatchMetadata:
     custom_mask = None
     # FlashInfer reads indptrs on the host; with a mask, older versions pack it next to qo_indptr,
-    # so then every index tensor goes to the device (plan copies what it needs back).
+    # so then every index tensor goes to the device (plan copies what it needs back). 0.7.2.post1
+    # moves the mask offsets to the mask's device itself; device indptrs are right for both.
+    # (The checked version and these placements: tests/engine/test_flashinfer_signatures.py.)
     index_device = torch.device("cpu")
     if table.custom_mask is not None:
         custom_mask = table.custom_mask.to(device, non_blocking=True)

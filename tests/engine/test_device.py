@@ -20,9 +20,10 @@ import torch
 import engine.attention as attention_pkg
 from engine.attention import TorchPagedAttention, make_attention_backend
 from engine.batch import ForwardBatch, ForwardRequest
+from engine.device import (FLASHINFER_CHECKED_VERSION, DeviceChoice, FlashInferUnavailable,
+                           choose_device, import_flashinfer, resolve_attention_backend,
+                           resolve_device)
 from engine.engine_config import EngineConfig
-from engine.device import (DeviceChoice, FlashInferUnavailable, choose_device, import_flashinfer,
-                           resolve_attention_backend, resolve_device)
 from engine.page_table import build_page_table
 
 PAGE_SIZE, NUM_PAGES, HQ, HKV, D = 4, 16, 6, 2, 16
@@ -112,6 +113,7 @@ class FakeDecode(_FakeWrapper):
 
 def _fake_flashinfer() -> types.ModuleType:
     module = types.ModuleType("flashinfer")
+    module.__version__ = FLASHINFER_CHECKED_VERSION     # written from that version's documentation
     module.BatchPrefillWithPagedKVCacheWrapper = FakePrefill
     module.BatchDecodeWithPagedKVCacheWrapper = FakeDecode
     return module
