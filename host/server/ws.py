@@ -234,5 +234,5 @@ class Connection:
             {"instance_id": h.instance_id, "program": h.program, "kv_pages": h.kv_pages}
             for h in self.service.list_instances(tenant)]))
 
-    async def _on_ModelInfo(self, tenant: Tenant, request: p.GetModelInfo) -> None:
+    async def _on_GetModelInfo(self, tenant: Tenant, request: p.GetModelInfo) -> None:
         await self._send(p.reply_message(request.id, **self.service.model_info()))
