@@ -6,8 +6,8 @@ when run alone as a pass ending at kv_len - num_tokens + num_first (the earlier 
 sequence, the last one partly filled); the rest then runs as the original pass minus those
 tokens, reading the slots the chunk wrote. A custom mask row is ANDed with the causal mask, so
 cutting the chunk's rows at its kv length drops only columns the causal mask hides anyway.
-Outputs: each output index goes with the part holding its token; `OutputSlots` puts the parts'
-outputs back in the order of the original pass.
+Outputs: each output index goes with the part holding its token; the scheduler's `Item` puts the
+parts' outputs back in the order of the original pass.
 """
 from __future__ import annotations
 
