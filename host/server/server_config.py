@@ -114,11 +114,13 @@ class SchedulerSection:
     k: int = 8                 # k-or-t: fire at k pending passes ...
     t_ms: float = 5.0          # ... or after t milliseconds
     max_hold_ms: float = 10.0  # adaptive: longest hold after a batch (0 = fire at once)
+    max_tokens_per_owner: int = 512   # one instance's input tokens per batch while others wait
 
     def __post_init__(self) -> None:
         if self.policy not in ("adaptive", "k-or-t"):
             raise ValueError(f"scheduler.policy must be 'adaptive' or 'k-or-t', got {self.policy!r}")
-        _positive("scheduler", k=self.k, t_ms=self.t_ms)
+        _positive("scheduler", k=self.k, t_ms=self.t_ms,
+                  max_tokens_per_owner=self.max_tokens_per_owner)
         if self.max_hold_ms < 0:
             raise ValueError(f"scheduler.max_hold_ms must be >= 0, got {self.max_hold_ms}")
 

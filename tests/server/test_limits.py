@@ -12,7 +12,8 @@ import trio
 from trio_websocket import open_websocket_url
 
 from host.client import PieError, connect
-from host.server.server_config import parse_config
+from host.server.server_config import ConfigError, parse_config
+from host.server.tenants import resolve_kv_shares
 from tests.host.components import ComponentBuilder
 from tests.host.fake_engine import FakeEngine
 from tests.server.conftest import TOKENS, wait_until_idle
@@ -149,3 +150,22 @@ def test_tenant_within_its_share_reclaims_from_a_tenant_over_it(limited_server, 
             assert (await polite.wait()).data == "released"
     trio.run(main)
     wait_until_idle(limited_server.url)
+
+
+@pytest.mark.parametrize("section, field, value", [
+    ("server", "max_client_backlog_bytes", 0), ("server", "max_tenant_upload_bytes", -1),
+    ("scheduler", "max_tokens_per_owner", 0)])
+def test_limit_settings_are_validated(section, field, value) -> None:
+    with pytest.raises(ConfigError, match=f"{section}.{field} must be positive"):
+        parse_config({section: {field: value}, "tenants": [{"name": "a", "token": "t"}]})
+
+
+def test_kv_shares_resolve_and_must_fit_the_pool() -> None:
+    tenants = parse_config({"tenants": [
+        {"name": "a", "token": "ta", "kv_share_pages": 10},
+        {"name": "b", "token": "tb"}, {"name": "c", "token": "tc", "max_kv_pages": 2}]}).tenants
+    assert resolve_kv_shares(tenants, 32) == (("a", 10), ("b", 11), ("c", 2))
+    with pytest.raises(ValueError, match="kv_share_pages sum to 10, more than the pool of 8"):
+        resolve_kv_shares(tenants, 8)
+    with pytest.raises(ConfigError, match="kv_share_pages must be >= 0"):
+        parse_config({"tenants": [{"name": "a", "token": "t", "kv_share_pages": -1}]})
