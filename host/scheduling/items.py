@@ -48,11 +48,12 @@ class Item:
         self.request, self.copies, self.num_tokens = rest, (), len(rest.token_ids)
         return chunk
 
-    def merged(self, result: ForwardResult) -> ForwardResult:
-        """The whole pass's result, once its last part gave `result`."""
+    def merged(self, result: ForwardResult, slots: list[int] | None = None) -> ForwardResult:
+        """Put a part's outputs in their `slots` (default: this item's, for its last part) of
+        the whole pass's outputs; returns the whole pass's result so far."""
         if self.outputs is None:
             return result
-        for slot, output in zip(self.output_slots, result.outputs):
+        for slot, output in zip(self.output_slots if slots is None else slots, result.outputs):
             self.outputs[slot] = output
         return ForwardResult(tuple(self.outputs))
 

@@ -273,10 +273,8 @@ class BatchScheduler:
         return (*self._fair.key(_owner(head.queue_key)), head.rank, head.order)
 
     def _take_forward(self, queue: deque[_Item], taken: "_Taken") -> _Item | None:
-        """The queue's head pass; or, when others have work and it is longer than
-        max_tokens_per_owner, a chunk of it (the rest stays at the head); or None: its owner has
-        had its share of this batch, or the batch is full (`taken.full`; a pass that does not fit
-        waits for the next batch, unless it is the only owner's work and the batch is empty)."""
+        """The head pass; a chunk of it when others have work and it is longer than
+        max_tokens_per_owner (the rest stays at the head); or None (see the module doc)."""
         head = queue[0]
         owner = _owner(head.queue_key)
         max_per_owner = self.policy.max_tokens_per_owner
@@ -379,8 +377,7 @@ class BatchScheduler:
         at the head of its queue, is dropped)."""
         parent = chunk.parent
         if not isinstance(outcome, BaseException):
-            for slot, output in zip(chunk.output_slots, outcome.outputs):
-                parent.outputs[slot] = output
+            parent.merged(outcome, chunk.output_slots)
             return
         with self._cond:
             queue = self._queues.get(parent.queue_key)
