@@ -1,8 +1,8 @@
 """Runtime: ties the engine, programs, instances, KV pages, scheduler and messages together.
 
 launch -> an Instance on its own thread; it ends by returning, by a trap, by `terminate`, or by
-the contention policy (when the pool runs dry, instances launched after the requester are
-terminated, newest first, saying why). Whatever the end, `_finish` cancels its pending passes,
+the contention policy (when the pool runs dry, instances over their tenant's or their fair share
+are terminated, saying why: host/kv/contention.py). Whatever the end, `_finish` cancels its pending passes,
 closes its channels, returns every page reference (exports too, unless persistent) and emits
 exactly one final InstanceEvent.
 """
@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 from engine.protocol import EngineLike, EngineStats
 from host.bindings import build_linker, provided_items
 from host.kv import ExportRegistry, InstancePages, PageAllocator, PageStats
+from host.kv.contention import Holder, PoolView, next_victim, tenant_shares
 from host.messages.hub import MessageHub
 from host.runtime_config import InstanceLimits, RuntimeConfig
 from host.sandbox.events import InstanceEvent, InstanceOutcome
@@ -66,7 +67,12 @@ class Runtime:
         current = threading.local()
         self.programs = ProgramCache(self.wasm_engine, config.cache_dir, provided_items())
         self.page_allocator = PageAllocator(engine.num_pages)
-        self.exports = ExportRegistry(self.page_allocator)
+        self._kv_shares = dict(config.kv_shares)
+        if sum(self._kv_shares.values()) > engine.num_pages:
+            raise ValueError(f"RuntimeConfig.kv_shares: the shares sum to "
+                             f"{sum(self._kv_shares.values())} pages, more than the pool of "
+                             f"{engine.num_pages}")
+        self.exports = ExportRegistry(self.page_allocator, page_limit=self.export_page_limit)
         self.scheduler = BatchScheduler(engine, policy)
         self.hub = MessageHub()
         tokenizer = engine.tokenizer
@@ -119,6 +125,7 @@ class Runtime:
                             limits=limits, services=self.services, tables=InstanceTables(pages),
                             channel=channel, launch_index=next(self._launch_counter),
                             on_finish=lambda inst, outcome: self._finish(inst, outcome, emit))
+        self.scheduler.set_owner_group(instance_id, tenant)
         with self._lock:
             self._running[instance_id] = instance
             self._num_launched += 1
@@ -215,30 +222,60 @@ class Runtime:
             self._num_finished += 1
         emit(InstanceEvent(instance.instance_id, outcome.event_kind, outcome.value))
 
-    def _reclaim(self, requester_id: str, num_pages: int) -> bool:
-        """Contention policy: terminate instances launched after the requester, newest first,
-        until `num_pages` are free. True when any pages were returned to the pool."""
+    def export_page_limit(self, tenant: str) -> int:
+        """Most distinct pages `tenant`'s exports may hold: its configured share, else what the
+        configured shares leave. Takes no lock (the export registry calls it under its own)."""
+        if tenant in self._kv_shares:
+            return self._kv_shares[tenant]
+        return self.page_allocator.num_pages - sum(self._kv_shares.values())
+
+    def pool_view(self) -> PoolView:
+        """A snapshot for the contention policy: running instances, the distinct pages each
+        tenant holds (its instances' and its exports'), the shares."""
         with self._lock:
-            requester = self._running.get(requester_id)
-            if requester is None:
-                return False
-            victims = sorted((inst for inst in self._running.values()
-                              if inst.launch_index > requester.launch_index
-                              and inst.tables.pages.num_pages_held > 0),
-                             key=lambda inst: inst.launch_index, reverse=True)
-        num_free_before = self.page_allocator.statistics().num_free
-        for victim in victims:
-            victim.terminate(f"out of KV pages: terminated to free pages for instance "
-                             f"{requester_id}, launched earlier (newest instance goes first)")
-            victim.wait(_RECLAIM_WAIT_S)
-            if self.page_allocator.statistics().num_free >= num_pages:
+            running = list(self._running.values())
+        holders = tuple(Holder(inst.instance_id, inst.tenant, inst.tables.pages.num_pages_held,
+                               inst.launch_index) for inst in running)
+        held: dict[str, set[int]] = {}
+        for inst in running:
+            held.setdefault(inst.tenant, set()).update(inst.tables.pages.physical_ids())
+        for tenant in self.exports.namespaces():
+            held.setdefault(tenant, set()).update(self.exports.page_ids(tenant))
+        shares = tenant_shares(self.page_allocator.num_pages, self._kv_shares, set(held))
+        return PoolView(self.page_allocator.num_pages, holders,
+                        {tenant: len(pages) for tenant, pages in held.items()}, shares)
+
+    def _reclaim(self, requester_id: str, num_pages: int) -> bool:
+        """Contention policy (host/kv/contention.py): terminate the instances it names, one at a
+        time, until `num_pages` are free or none may be terminated. True when any pages were
+        returned to the pool."""
+        num_free_before = self.page_allocator.num_free()
+        while self.page_allocator.num_free() < num_pages:
+            view = self.pool_view()
+            victim = next_victim(view, requester_id, num_pages)
+            with self._lock:
+                instance = None if victim is None else self._running.get(victim.instance_id)
+                requester = self._running.get(requester_id)
+            if instance is None or requester is None:
                 break
-        return self.page_allocator.statistics().num_free > num_free_before
+            instance.terminate(_reclaim_reason(view, victim, requester_id, requester.tenant))
+            if instance.wait(_RECLAIM_WAIT_S) is None:
+                break
+        return self.page_allocator.num_free() > num_free_before
 
     def _tick(self) -> None:
         interval = self.config.epoch_tick_ms / 1000
         while not self._closed.wait(interval):
             self.wasm_engine.increment_epoch()
+
+
+def _reclaim_reason(view: PoolView, victim: Holder, requester_id: str,
+                    requester_tenant: str) -> str:
+    why = (f"this instance held {victim.num_pages} pages, over its fair share of "
+           f"{view.fair_share(victim.tenant)}" if victim.tenant == requester_tenant else
+           f"tenant {victim.tenant!r} held {view.tenant_pages.get(victim.tenant, 0)} pages, over "
+           f"its guaranteed share of {view.shares.get(victim.tenant, 0)}")
+    return f"out of KV pages: terminated to free pages for instance {requester_id} ({why})"
 
 
 def _version() -> str:

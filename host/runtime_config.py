@@ -55,14 +55,26 @@ class RuntimeConfig:
     scheduler:     the batching policy; None = host.scheduling.scheduler.SchedulerPolicy() (adaptive).
     limits:        the default InstanceLimits of a launch.
     epoch_tick_ms: how often the epoch ticker advances the Wasmtime epoch.
+    kv_shares:     (tenant, pages) guaranteed to each named tenant (host/kv/contention.py); the
+                   tenants not named split what is left equally. Their sum must fit the pool
+                   (checked by the Runtime, which knows the pool).
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)
     scheduler: "SchedulerPolicy | None" = None
     limits: InstanceLimits = field(default_factory=InstanceLimits)
     epoch_tick_ms: int = 10
+    kv_shares: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "kv_shares", tuple((str(t), int(n)) for t, n in self.kv_shares))
+        names = [tenant for tenant, _ in self.kv_shares]
+        if len(set(names)) != len(names):
+            raise ValueError(f"RuntimeConfig.kv_shares: a tenant is named twice in {names}")
+        for tenant, num_pages in self.kv_shares:
+            if num_pages < 0:
+                raise ValueError(f"RuntimeConfig.kv_shares: tenant {tenant!r} share must be "
+                                 f">= 0 pages, got {num_pages}")
         object.__setattr__(self, "cache_dir", Path(self.cache_dir))
         if not 1 <= self.epoch_tick_ms <= 1000:
             raise ValueError(f"RuntimeConfig.epoch_tick_ms must be in 1..1000, "

@@ -1,12 +1,18 @@
 """Named exports of KV pages: one tenant's instances publish pages under a name, others of the same
 tenant import them without recomputing. Thread-safe; each export holds one allocator reference per
 page until it is released (or, when not persistent, until its owner ends).
+
+Exports count against their tenant: the distinct pages a namespace's exports hold (persistent
+ones included) are part of the tenant's usage in the contention policy (host/kv/contention.py),
+and never exceed `page_limit(namespace)` (the runtime passes the tenant's guaranteed share), so
+exports alone can never take pages guaranteed to another tenant.
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Sequence
+from collections import Counter
+from typing import Callable, Sequence
 
 from host.kv.allocator import PageAllocator
 
@@ -29,15 +35,20 @@ class ExportRegistry:
     across tenants. Each export holds one pool reference per listed page until it is released, or
     (when not persistent) until its owner is dropped."""
 
-    def __init__(self, allocator: PageAllocator, max_exports_per_namespace: int = 4096) -> None:
+    def __init__(self, allocator: PageAllocator, max_exports_per_namespace: int = 4096,
+                 page_limit: Callable[[str], int] | None = None) -> None:
+        """`page_limit(namespace)`: most distinct pages that namespace's exports may hold
+        together; None = the whole pool."""
         if max_exports_per_namespace <= 0:
             raise ValueError(f"max_exports_per_namespace must be positive, "
                              f"got {max_exports_per_namespace}")
         self.allocator = allocator
         self.max_exports_per_namespace = max_exports_per_namespace
+        self.page_limit = page_limit or (lambda namespace: allocator.num_pages)
         self._lock = threading.Lock()
         self._exports: dict[tuple[str, str], ExportInfo] = {}
         self._counts: dict[str, int] = {}              # namespace -> number of exports
+        self._pages: dict[str, Counter[int]] = {}      # namespace -> page -> exports listing it
 
     def publish(self, namespace: str, name: str, page_ids: Sequence[int], *, owner_id: str,
                 persistent: bool) -> str | None:
@@ -49,10 +60,29 @@ class ExportRegistry:
                 return f"export name {name!r} is taken"
             if self._counts.get(namespace, 0) >= self.max_exports_per_namespace:
                 return f"too many exports ({self.max_exports_per_namespace}); release some first"
+            held = self._pages.setdefault(namespace, Counter())
+            num_after = len(held.keys() | set(page_ids))
+            limit = self.page_limit(namespace)
+            if num_after > limit:
+                if not held:
+                    del self._pages[namespace]
+                return (f"exports of tenant {namespace!r} would hold {num_after} KV pages, over "
+                        f"the tenant's export limit of {limit} (its guaranteed share)")
             self.allocator.retain(page_ids)
+            held.update(page_ids)
             self._exports[key] = ExportInfo(namespace, name, tuple(page_ids), owner_id, persistent)
             self._counts[namespace] = self._counts.get(namespace, 0) + 1
             return None
+
+    def page_ids(self, namespace: str) -> set[int]:
+        """The distinct physical pages the namespace's exports hold."""
+        with self._lock:
+            return set(self._pages.get(namespace, ()))
+
+    def namespaces(self) -> set[str]:
+        """The namespaces holding at least one export."""
+        with self._lock:
+            return set(self._pages)
 
     def acquire(self, namespace: str, name: str) -> tuple[int, ...] | None:
         """The export's pages with one new reference each for the caller (who must release them);
@@ -100,6 +130,13 @@ class ExportRegistry:
         self._counts[info.namespace] -= 1
         if not self._counts[info.namespace]:
             del self._counts[info.namespace]
+        held = self._pages[info.namespace]
+        held.subtract(info.page_ids)
+        for page_id in info.page_ids:
+            if held[page_id] <= 0:
+                del held[page_id]
+        if not held:
+            del self._pages[info.namespace]
         self.allocator.release(info.page_ids)
 
     def num_exports(self) -> int:

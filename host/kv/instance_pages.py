@@ -59,6 +59,10 @@ class InstancePages:
     def closed(self) -> bool:
         return self.ledger.closed
 
+    def physical_ids(self) -> set[int]:
+        """The distinct pool pages this instance holds (PageLedger.physical_ids)."""
+        return self.ledger.physical_ids()
+
     def release_all(self) -> None:
         """Return every page reference; later calls trap (PageLedger.release_all)."""
         self.ledger.release_all()

@@ -89,6 +89,13 @@ class PageLedger:
     def num_pages_held(self) -> int:
         return len(self.pages)
 
+    def physical_ids(self) -> set[int]:
+        """The distinct pool pages this instance holds references on (deferred releases too)."""
+        with self.lock:
+            held = {page.physical_id for page in self.pages.values()}
+            held.update(physical_id for _, physical_id in self._deferred)
+            return held
+
     # -------------------------------------------------------------- lifecycle
     def release_all(self) -> None:
         """Return every pool reference of the instance and drop its sequences and non-persistent

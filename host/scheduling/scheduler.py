@@ -1,10 +1,14 @@
 """BatchScheduler: the engine thread, and the rules that form batches.
 
-What goes in a batch: each queue contributes at most its head pass; queues are taken in priority
-order (high, normal, low), oldest head first, until the batch holds max_batch_tokens (a pass
-larger than that still runs, alone). Copies queued before a queue's head pass (kv.copy-tokens) and
-the copy-on-write copies of the chosen passes run on the engine thread, in that order, right
-before the batch's forward.
+What goes in a batch: each queue contributes at most its head pass. Queues are taken fairly
+(host/scheduling/fairness.py): the group (tenant) and then the owner (instance) served the fewest
+tokens first, and only among one owner's queues by priority (high, normal, low), oldest head
+first, until the batch holds max_batch_tokens (a pass larger than that still runs, alone, when it
+is the only owner's work). When more than one owner has work, no owner puts more than
+max_tokens_per_owner tokens into a batch: a longer pass runs in chunks across batches
+(host/scheduling/chunking.py; same results, its future resolves once the last chunk has run).
+Copies queued before a queue's head pass (kv.copy-tokens) and the copy-on-write copies of the
+chosen passes run on the engine thread, in that order, right before the batch's forward.
 
 When a batch fires -- "adaptive": as soon as the engine is idle and anything is pending, except
 right after a batch, when the next one is held until every *expected* owner has blocked again or
@@ -25,6 +29,7 @@ alone and the rest re-run.
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 import threading
@@ -37,6 +42,8 @@ from engine.batch import ForwardBatch, ForwardResult, TokenCopy
 from engine.errors import RequestError
 from engine.protocol import EngineLike
 from host.errors import Cancelled
+from host.scheduling.fairness import FairShares
+from host.scheduling.items import Item as _Item, Taken as _Taken, owner_of as _owner
 from host.scheduling.work import PreparedCopy, PreparedForward
 from host.scheduling.types import PRIORITIES, SchedulerPolicy, SchedulerStats, SubmissionFuture
 
@@ -45,23 +52,6 @@ __all__ = ["SchedulerPolicy", "SchedulerStats", "BatchScheduler", "SubmissionFut
 
 _NUM_RECENT = 64
 _log = logging.getLogger(__name__)
-
-
-class _Item:
-    __slots__ = ("queue_key", "rank", "order", "request", "copies", "future", "on_done",
-                 "num_tokens", "enqueued_at")
-
-    def __init__(self, queue_key: Hashable, rank: int, order: int, request, copies, on_done,
-                 on_wait: Callable[[Hashable], None]) -> None:
-        self.queue_key = queue_key
-        self.rank = rank
-        self.order = order
-        self.request = request                 # ForwardRequest, or None for a copy item
-        self.copies = copies
-        self.future = SubmissionFuture(_owner(queue_key), on_wait)
-        self.on_done = on_done
-        self.num_tokens = len(request.token_ids) if request is not None else 0
-        self.enqueued_at = time.monotonic()
 
 
 class BatchScheduler:
@@ -84,6 +74,7 @@ class BatchScheduler:
         self._hold_until = 0.0                  # monotonic end of that hold
         self._histogram: dict[int, int] = {}
         self._recent: deque[int] = deque(maxlen=_NUM_RECENT)
+        self._fair = FairShares(max_lag_tokens=policy.max_batch_tokens)
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -166,10 +157,16 @@ class BatchScheduler:
                     del self._last_futures[key]
             self._num_pending -= len(items)
             self._counts["cancelled"] += len(items)
+            self._fair.forget(owner_id)
         self.owner_waiting(owner_id)                       # an ended owner is not waited for
         error = Cancelled(f"instance {owner_id} terminated: pending submission cancelled")
         self._finish(items, [error] * len(items))
         return len(items)
+
+    def set_owner_group(self, owner_id: Hashable, group: Hashable) -> None:
+        """Share batches fairly between groups (tenants) first, then between their owners."""
+        with self._cond:
+            self._fair.set_group(owner_id, group)
 
     def owner_waiting(self, owner_id: Hashable) -> None:
         """`owner_id` is about to block (on a pass, a synchronize, a receive) or has ended: the
@@ -238,7 +235,7 @@ class BatchScheduler:
             return
         bound_s = min(self.policy.max_hold_ms / 1000, self.policy.hold_fraction * engine_s)
         self._expected = {_owner(item.queue_key) for item in forward_items
-                          if item.future.awaited} if bound_s > 0 else set()
+                          if item.parent is None and item.future.awaited} if bound_s > 0 else set()
         self._hold_until = time.monotonic() + bound_s
         self._counts["holds"] += bool(self._expected)
 
@@ -246,23 +243,53 @@ class BatchScheduler:
         """Under the lock: apply the rule. Returns (copy items, forward items) in run order."""
         copy_items: list[_Item] = []
         forward_items: list[_Item] = []
-        num_tokens = 0
-        full = False
-        for key, queue in sorted(self._queues.items(), key=lambda kv: (kv[1][0].rank,
-                                                                      kv[1][0].order)):
+        owners = {_owner(key) for key in self._queues}
+        self._fair.settle(owners)
+        taken = _Taken(self.policy.max_batch_tokens, len(owners) > 1)
+        tie = itertools.count()
+        heap = [(self._head_key(queue), next(tie), key) for key, queue in self._queues.items()]
+        heapq.heapify(heap)
+        while heap:
+            stored, _, key = heapq.heappop(heap)
+            queue = self._queues[key]
+            current = self._head_key(queue)
+            if current > stored and not taken.full:      # its owner was served meanwhile
+                heapq.heappush(heap, (current, next(tie), key))
+                continue
             while queue and queue[0].request is None:
                 copy_items.append(queue.popleft())
-            if queue and not full:
-                head = queue[0]
-                if forward_items and num_tokens + head.num_tokens > self.policy.max_batch_tokens:
-                    full = True
-                else:
-                    forward_items.append(queue.popleft())
-                    num_tokens += head.num_tokens
+            if queue and not taken.full:
+                item = self._take_forward(queue, taken)
+                if item is not None:
+                    forward_items.append(item)
+                    self._fair.charge(_owner(key), item.num_tokens)
             if not queue:
                 del self._queues[key]
-        self._num_pending -= len(copy_items) + len(forward_items)
+        self._num_pending -= len(copy_items) + sum(item.parent is None for item in forward_items)
         return copy_items, forward_items
+
+    def _head_key(self, queue: deque[_Item]) -> tuple:
+        head = queue[0]
+        return (*self._fair.key(_owner(head.queue_key)), head.rank, head.order)
+
+    def _take_forward(self, queue: deque[_Item], taken: "_Taken") -> _Item | None:
+        """The head pass; a chunk of it when others have work and it is longer than
+        max_tokens_per_owner (the rest stays at the head); or None (see the module doc)."""
+        head = queue[0]
+        owner = _owner(head.queue_key)
+        max_per_owner = self.policy.max_tokens_per_owner
+        batch_room, owner_room = taken.room(owner, max_per_owner)
+        if head.num_tokens <= owner_room or not taken.num_tokens and not taken.contended:
+            item = queue.popleft()
+        elif taken.contended and head.num_tokens > max_per_owner and owner_room > 0:
+            item = head.split(owner_room, self.engine.page_size)
+        elif taken.contended and owner_room < batch_room:
+            return None                                 # this owner's share of the batch is used
+        else:
+            taken.full = True
+            return None
+        taken.add(owner, item.num_tokens)
+        return item
 
     def _run_batch(self, copy_items: list[_Item], forward_items: list[_Item]) -> None:
         items = copy_items + forward_items
@@ -324,13 +351,18 @@ class BatchScheduler:
         """Drop the synchronize entries that these (now resolved) items were the last of."""
         with self._cond:
             for item in items:
-                if self._last_futures.get(item.queue_key) is item.future:
+                if item.parent is None and self._last_futures.get(item.queue_key) is item.future:
                     del self._last_futures[item.queue_key]
 
     def _finish(self, items: list[_Item], outcomes: list) -> None:
         """End each item: its on_done first (pages it pinned may be released), then its future
         (an exception outcome is set as the future's exception)."""
         for item, outcome in zip(items, outcomes):
+            if item.parent is not None:
+                self._finish_chunk(item, outcome)
+                continue
+            if isinstance(outcome, ForwardResult):
+                outcome = item.merged(outcome)
             self._call_on_done(item)
             try:
                 if isinstance(outcome, BaseException):
@@ -340,6 +372,24 @@ class BatchScheduler:
             except InvalidStateError:                  # the waiter cancelled it
                 pass
 
+    def _finish_chunk(self, chunk: _Item, outcome: object) -> None:
+        """A chunk ran: keep its outputs for its pass; a failure fails the whole pass (the rest,
+        at the head of its queue, is dropped)."""
+        parent = chunk.parent
+        if not isinstance(outcome, BaseException):
+            parent.merged(outcome, chunk.output_slots)
+            return
+        with self._cond:
+            queue = self._queues.get(parent.queue_key)
+            if not queue or queue[0] is not parent:
+                return                                # cancelled meanwhile
+            queue.popleft()
+            self._num_pending -= 1
+            if not queue:
+                del self._queues[parent.queue_key]
+        self._finish([parent], [outcome])
+        self._forget([parent])
+
     @staticmethod
     def _call_on_done(item: _Item) -> None:
         if item.on_done is None:
@@ -348,7 +398,3 @@ class BatchScheduler:
             item.on_done()
         except Exception:
             _log.exception("scheduler: on_done callback failed")
-
-
-def _owner(queue_key: Hashable):
-    return queue_key[0] if isinstance(queue_key, tuple) and queue_key else queue_key

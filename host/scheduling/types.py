@@ -15,7 +15,10 @@ POLICY_KINDS = ("adaptive", "k-or-t")
 @dataclass(frozen=True)
 class SchedulerPolicy:
     """When batches fire. k / t_ms are used by "k-or-t" only; max_hold_ms / hold_fraction (the
-    bound of the hold after a batch) by "adaptive" only."""
+    bound of the hold after a batch) by "adaptive" only. max_tokens_per_owner: when more than one
+    owner has work, the most input tokens one owner puts into a batch (a longer pass is run in
+    chunks of at most that many, host/scheduling/chunking.py), so another owner's decode step
+    waits at most one batch of max_batch_tokens, and no owner fills it alone."""
 
     kind: str = "adaptive"
     max_batch_tokens: int = 4096
@@ -23,8 +26,12 @@ class SchedulerPolicy:
     t_ms: float = 5.0
     max_hold_ms: float = 10.0
     hold_fraction: float = 0.25
+    max_tokens_per_owner: int = 512
 
     def __post_init__(self) -> None:
+        if self.max_tokens_per_owner <= 0:
+            raise ValueError(f"SchedulerPolicy.max_tokens_per_owner must be positive, "
+                             f"got {self.max_tokens_per_owner}")
         if self.kind not in POLICY_KINDS:
             raise ValueError(f"SchedulerPolicy.kind must be one of {POLICY_KINDS}, "
                              f"got {self.kind!r}")

@@ -9,7 +9,6 @@ that goes away mid-stream has its instance terminated (its pages return to the p
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -22,12 +21,14 @@ from starlette.routing import Route
 from host.server.builtin import BUILTIN_NAME, load_builtin
 from host.server.openai_schema import (RequestError, completion_response, parse_request,
                                        stream_chunk)
+from host.server.protocol import loads_bounded
 from host.server.service import InstanceHandle, PieService, ServiceError
+from host.server.sinks import EventSink
 from host.server.tenants import Tenant, TenantRegistry
 
 __all__ = ["OpenAIFrontend"]
 
-_EVENT_BUFFER = math.inf   # the service bounds what piles up
+MAX_BODY_NESTING = 64     # deepest JSON nesting of a request body
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -83,13 +84,17 @@ class OpenAIFrontend:
         if tenant is None:
             return _error(401, "invalid or missing bearer token", "authentication_error")
         try:
-            parsed = parse_request(json.loads(await request.body()), mode, self.max_context)
-        except (ValueError, RequestError) as exc:
+            body = loads_bounded(await request.body(), MAX_BODY_NESTING)
+            parsed = parse_request(body, mode, self.max_context)
+        except (ValueError, RequestError) as exc:     # JsonNestingError is a ValueError
             return _error(400, str(exc))
-        send, receive = trio.open_memory_channel(_EVENT_BUFFER)
+        too_long = await trio.to_thread.run_sync(self._context_problem, tenant, parsed)
+        if too_long:
+            return _error(400, too_long)
+        receive = EventSink()
         try:
             handle = await self.service.launch(tenant, self.program, BUILTIN_NAME,
-                                               (json.dumps(parsed),), send)
+                                               (json.dumps(parsed),), receive)
         except ServiceError as exc:
             return _error(503 if "shutting down" in str(exc) else 429, str(exc),
                           "server_error" if "shutting down" in str(exc) else "rate_limit_error")
@@ -108,7 +113,30 @@ class OpenAIFrontend:
             return _error(500, f"generation failed ({final.kind}): {final.data}", "server_error")
         return JSONResponse(completion_response(*meta, json.loads(final.data)))
 
-    async def _stream(self, handle: InstanceHandle, receive: trio.MemoryReceiveChannel,
+    def _context_problem(self, tenant: Tenant, parsed: dict) -> str | None:
+        """Why the prompt and max_tokens do not fit one request's context, or None. The context
+        is the model's (max_position) or what the tenant's per-instance KV reservation holds,
+        whichever is smaller; the prompt is counted as the built-in inferlet will encode it."""
+        engine = self.service.runtime.engine
+        tokenizer = engine.tokenizer
+        if parsed["mode"] == "chat":
+            try:
+                text = tokenizer.render_chat([{"role": role, "content": content}
+                                              for role, content in parsed["messages"]], True)
+            except ValueError as exc:
+                return str(exc)
+        else:
+            text = parsed["prompt"]
+        num_prompt = len(tokenizer.encode(text))
+        max_position = getattr(getattr(engine, "model_config", None), "max_position", None)
+        context = min(self.max_context, tenant.default_kv_pages * engine.page_size,
+                      max_position or self.max_context)
+        if num_prompt + parsed["max_tokens"] <= context:
+            return None
+        return (f"the context length is {context} tokens, but {num_prompt + parsed['max_tokens']} "
+                f"were requested ({num_prompt} in the prompt, max_tokens {parsed['max_tokens']})")
+
+    async def _stream(self, handle: InstanceHandle, receive: EventSink,
                       parsed: dict, meta: tuple) -> AsyncIterator[str]:
         started: set[int] = set()
         try:
@@ -137,7 +165,7 @@ class OpenAIFrontend:
                 await self.service.terminate_and_wait([handle], "http client went away")
 
 
-async def _final_event(receive: trio.MemoryReceiveChannel) -> Any:
+async def _final_event(receive: EventSink) -> Any:
     async for event in receive:
         if event.kind != "message":
             return event

@@ -21,12 +21,48 @@ import cattrs
 import msgpack
 from cattrs.v import format_exception, transform_error
 
-__all__ = ["ProtocolError", "Auth", "UploadBegin", "UploadChunk", "UploadEnd", "Launch", "Send",
+__all__ = ["ProtocolError", "JsonNestingError", "loads_bounded", "MAX_NESTING", "Auth", "UploadBegin", "UploadChunk", "UploadEnd", "Launch", "Send",
            "Terminate", "ListPrograms", "ListInstances", "GetModelInfo", "ClientMessage",
            "CLIENT_MESSAGES", "decode_message", "encode_message", "error_message",
            "event_message", "reply_message", "EVENT_KINDS"]
 
 EVENT_KINDS = ("message", "result", "error", "trap", "terminated")
+MAX_NESTING = 8      # deepest nesting of a client frame (the deepest valid message has 2)
+
+
+class JsonNestingError(ValueError):
+    """A JSON / msgpack document nested deeper than allowed; the message names the limit."""
+
+
+def _check_nesting(value: Any, limit: int) -> None:
+    """Raise JsonNestingError when containers in `value` nest deeper than `limit` (iterative:
+    a hostile document cannot exhaust the stack here)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item \
+            if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            raise JsonNestingError(f"nested deeper than {limit} levels")
+        stack.extend((child, depth + 1) for child in children)
+
+
+def loads_bounded(text: str | bytes, max_nesting: int) -> Any:
+    """json.loads, refusing documents nested deeper than `max_nesting` (JsonNestingError) --
+    also those too deep for the parser itself -- and malformed ones (ValueError)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise JsonNestingError(f"malformed JSON: nested deeper than {max_nesting} levels") from None
+    except ValueError as exc:
+        raise ValueError(f"malformed JSON: {exc}") from None
+    try:
+        _check_nesting(value, max_nesting)
+    except JsonNestingError as exc:
+        raise JsonNestingError(f"malformed JSON: {exc}") from None
+    return value
 
 
 class ProtocolError(ValueError):
@@ -149,12 +185,16 @@ def _format(exc: BaseException, type_: Any) -> str:
 def _parse_frame(frame: str | bytes) -> Any:
     if isinstance(frame, str):
         try:
-            return json.loads(frame)
-        except ValueError as exc:
-            raise ProtocolError(f"malformed JSON: {exc}") from None
+            return loads_bounded(frame, MAX_NESTING)
+        except ValueError as exc:      # JsonNestingError too
+            raise ProtocolError(str(exc)) from None
     try:
-        return msgpack.unpackb(frame, raw=False, strict_map_key=True)
-    except (ValueError, msgpack.UnpackException, TypeError) as exc:
+        value = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+        _check_nesting(value, MAX_NESTING)
+        return value
+    except JsonNestingError as exc:
+        raise ProtocolError(f"malformed msgpack: {exc}") from None
+    except (ValueError, msgpack.UnpackException, TypeError, RecursionError) as exc:
         raise ProtocolError(f"malformed msgpack: {exc or type(exc).__name__}") from None
 
 

@@ -50,6 +50,8 @@ class ServerSection:
     max_upload_bytes: int = 64 * 1024 * 1024  # one program
     max_chunk_bytes: int = 1024 * 1024        # one upload chunk (decoded)
     max_message_bytes: int = 4 * 1024 * 1024  # one websocket frame
+    max_client_backlog_bytes: int = 16 * 1024 * 1024   # events waiting for one client
+    max_tenant_upload_bytes: int = 256 * 1024 * 1024   # one tenant's uploads in progress
     shutdown_grace_s: float = 10.0            # running instances may finish within this
     openai: bool = True                       # serve /v1/* through the built-in inferlet
 
@@ -57,7 +59,9 @@ class ServerSection:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"server.port must be in 0..65535, got {self.port}")
         _positive("server", max_upload_bytes=self.max_upload_bytes,
-                  max_chunk_bytes=self.max_chunk_bytes, max_message_bytes=self.max_message_bytes)
+                  max_chunk_bytes=self.max_chunk_bytes, max_message_bytes=self.max_message_bytes,
+                  max_client_backlog_bytes=self.max_client_backlog_bytes,
+                  max_tenant_upload_bytes=self.max_tenant_upload_bytes)
         if self.shutdown_grace_s < 0:
             raise ValueError(f"server.shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
 
@@ -110,11 +114,13 @@ class SchedulerSection:
     k: int = 8                 # k-or-t: fire at k pending passes ...
     t_ms: float = 5.0          # ... or after t milliseconds
     max_hold_ms: float = 10.0  # adaptive: longest hold after a batch (0 = fire at once)
+    max_tokens_per_owner: int = 512   # one instance's input tokens per batch while others wait
 
     def __post_init__(self) -> None:
         if self.policy not in ("adaptive", "k-or-t"):
             raise ValueError(f"scheduler.policy must be 'adaptive' or 'k-or-t', got {self.policy!r}")
-        _positive("scheduler", k=self.k, t_ms=self.t_ms)
+        _positive("scheduler", k=self.k, t_ms=self.t_ms,
+                  max_tokens_per_owner=self.max_tokens_per_owner)
         if self.max_hold_ms < 0:
             raise ValueError(f"scheduler.max_hold_ms must be >= 0, got {self.max_hold_ms}")
 
@@ -140,8 +146,12 @@ class TenantConfig:
     max_instances: int = 16    # concurrent instances
     max_kv_pages: int = 4096   # KV pages held by all its instances together
     max_program_bytes: int = 256 * 1024 * 1024  # stored programs, all together
+    kv_share_pages: int | None = None  # guaranteed KV pages; None = an equal part of the rest
 
     def __post_init__(self) -> None:
+        if self.kv_share_pages is not None and self.kv_share_pages < 0:
+            raise ValueError(f"tenant {self.name!r}: kv_share_pages must be >= 0, "
+                             f"got {self.kv_share_pages}")
         if not self.name or not set(self.name) <= NAME_CHARS:
             raise ValueError(f"tenants: name must be non-empty letters, digits, '_-.', "
                              f"got {self.name!r}")

@@ -3,9 +3,10 @@
 Instance threads never touch this object's state. The runtime calls `on_event` from an instance's
 thread; that callback queues the event onto the trio loop (`TrioToken.run_sync_soon`, the token is
 taken at `start`) and it is then handled here, in the trio thread, and forwarded to the sink (an
-unbounded trio memory channel) of whoever launched the instance: a websocket connection or an
-OpenAI request. A closed sink drops the event; a client that stops reading has its instance
-terminated once MAX_BUFFERED_EVENTS pile up.
+`EventSink`, counted in bytes) of whoever launched the instance: a websocket connection or an
+OpenAI request. A closed sink drops the event. A client that stops reading has its instance cut
+off once more than `max_backlog_bytes` wait in its sink: the instance is terminated, its later
+messages are dropped, and its one final event (`terminated`, with the reason) still goes out.
 Blocking runtime calls (load_program, launch, terminate, wait, close) run in `trio.to_thread`.
 """
 from __future__ import annotations
@@ -18,13 +19,13 @@ from typing import Any
 import trio
 
 from host.server.metrics import ServerMetrics
+from host.server.sinks import EventSink
 from host.server.uploads import UploadStore, StoredProgram, UnknownProgramError
 from host.server.tenants import QuotaBook, QuotaExceeded, Tenant
 
-__all__ = ["ServiceError", "InstanceHandle", "PieService", "FINAL_KINDS", "MAX_BUFFERED_EVENTS"]
+__all__ = ["ServiceError", "InstanceHandle", "PieService", "FINAL_KINDS"]
 
 FINAL_KINDS = frozenset({"result", "error", "trap", "terminated"})
-MAX_BUFFERED_EVENTS = 100_000   # per sink; sinks are unbounded trio memory channels
 
 
 class ServiceError(Exception):
@@ -38,9 +39,10 @@ class InstanceHandle:
     key: str                                 # reservation key, known before the instance id
     tenant: str
     program: str
-    sink: trio.MemorySendChannel | None
+    sink: EventSink | None
     kv_pages: int
     instance_id: str = ""
+    cut_off: bool = False                    # its client stopped reading: messages dropped
     final_kind: str = ""
     final_data: str = ""
     done: trio.Event = field(default_factory=trio.Event)
@@ -50,13 +52,18 @@ class PieService:
     """Programs, instances and tenancy over one Runtime. Call `start()` inside trio first."""
 
     def __init__(self, runtime: Any, store: UploadStore, metrics: ServerMetrics, *,
-                 limits: Any, max_upload_bytes: int, model: dict[str, Any]) -> None:
+                 limits: Any, max_upload_bytes: int, model: dict[str, Any],
+                 max_backlog_bytes: int = 16 * 1024 * 1024,
+                 max_tenant_upload_bytes: int = 256 * 1024 * 1024) -> None:
         self.runtime = runtime
         self._model = dict(model)
         self.store = store
         self.metrics = metrics
         self.limits = limits                    # host.runtime_config.InstanceLimits of every instance
         self.max_upload_bytes = max_upload_bytes
+        self.max_backlog_bytes = max_backlog_bytes  # event bytes waiting per sink
+        self.max_tenant_upload_bytes = max_tenant_upload_bytes  # declared sizes in flight
+        self._upload_bytes: dict[str, int] = {}       # tenant -> declared bytes in flight
         self.quotas = QuotaBook()
         self.closing = trio.Event()
         self._programs: dict[str, Any] = {}     # sha256 -> compiled Program
@@ -88,6 +95,27 @@ class PieService:
         self._programs[result.sha256] = program
         return result
 
+    def reserve_upload(self, tenant: Tenant, size: int) -> None:
+        """Count an upload of `size` declared bytes against the tenant's in-flight bound
+        (ServiceError when it would pass server.max_tenant_upload_bytes)."""
+        used = self._upload_bytes.get(tenant.name, 0)
+        if used + size > self.max_tenant_upload_bytes:
+            raise ServiceError(f"upload_begin: tenant {tenant.name!r} has {used} bytes of uploads "
+                               f"in progress; {size} more would pass "
+                               f"server.max_tenant_upload_bytes ({self.max_tenant_upload_bytes})")
+        self._upload_bytes[tenant.name] = used + size
+
+    def release_upload(self, tenant_name: str, size: int) -> None:
+        """An upload counted by `reserve_upload` ended (stored, refused or abandoned)."""
+        left = self._upload_bytes.get(tenant_name, 0) - size
+        if left > 0:
+            self._upload_bytes[tenant_name] = left
+        else:
+            self._upload_bytes.pop(tenant_name, None)
+
+    def upload_bytes_in_flight(self, tenant: Tenant) -> int:
+        return self._upload_bytes.get(tenant.name, 0)
+
     async def owns_program(self, tenant: Tenant, sha256: str) -> bool:
         return await trio.to_thread.run_sync(self.store.owns, tenant.name, sha256)
 
@@ -115,7 +143,7 @@ class PieService:
     # ---- instances --------------------------------------------------------------------------
 
     async def launch(self, tenant: Tenant, program: Any, sha256: str, args: tuple[str, ...],
-                     sink: trio.MemorySendChannel | None, kv_pages: int | None = None) -> InstanceHandle:
+                     sink: EventSink | None, kv_pages: int | None = None) -> InstanceHandle:
         """Launch `program` for `tenant`; its events go to `sink`. Returns the handle."""
         if self.closing.is_set():
             raise ServiceError("server is shutting down: no new instances")
@@ -142,8 +170,7 @@ class PieService:
         """Runtime callback, on the instance's thread: queue the event for the trio thread.
 
         `run_sync_soon` does not wait for the trio loop, so an instance never stalls on a busy
-        server (callbacks run in FIFO order: events stay in order). Sinks are unbounded; an
-        instance whose client lets more than MAX_BUFFERED_EVENTS pile up is terminated."""
+        server (callbacks run in FIFO order: events stay in order)."""
         try:
             self._token.run_sync_soon(self._deliver, handle, event)
         except trio.RunFinishedError:
@@ -151,20 +178,27 @@ class PieService:
 
     def _deliver(self, handle: InstanceHandle, event: Any) -> None:
         self.metrics.count_event(event.kind, event.data)
-        if event.kind in FINAL_KINDS:
+        final = event.kind in FINAL_KINDS
+        if final:
             handle.final_kind, handle.final_data = event.kind, event.data
-        if handle.sink is not None:
+        if handle.sink is not None and (final or not handle.cut_off):
             try:
-                handle.sink.send_nowait(event)
-                backlog = handle.sink.statistics().current_buffer_used
-            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
-                handle.sink, backlog = None, 0
-            if backlog > MAX_BUFFERED_EVENTS and event.kind not in FINAL_KINDS:
+                handle.sink.put(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
                 handle.sink = None
-                self.runtime.terminate(handle.instance_id, f"client not reading: more than "
-                                       f"{MAX_BUFFERED_EVENTS} events waiting")
-        if event.kind in FINAL_KINDS:
+            else:
+                if not final and handle.sink.num_bytes > self.max_backlog_bytes:
+                    self._cut_off(handle)
+        if final:
             self._forget(handle)
+
+    def _cut_off(self, handle: InstanceHandle) -> None:
+        """The client is not reading: terminate the instance, drop its later messages (its
+        final event still goes out)."""
+        handle.cut_off = True
+        self.runtime.terminate(handle.instance_id, (
+            f"client not reading: {handle.sink.num_bytes} bytes of events waiting, over "
+            f"server.max_client_backlog_bytes ({self.max_backlog_bytes})"))
 
     def _forget(self, handle: InstanceHandle) -> None:
         self.quotas.remove(handle.key)

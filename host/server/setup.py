@@ -15,7 +15,7 @@ import trio
 from host.server.metrics import RuntimeFigures, ServerMetrics
 from host.server.server_config import ServerConfig
 from host.server.service import PieService
-from host.server.tenants import TenantRegistry
+from host.server.tenants import TenantRegistry, resolve_kv_shares
 from host.server.uploads import UploadStore
 
 __all__ = ["ServerContext", "load_engine_for", "build_runtime", "runtime_figures", "build_context",
@@ -53,9 +53,11 @@ def build_runtime(config: ServerConfig, engine: Any) -> Any:
 
     policy = SchedulerPolicy(kind=config.scheduler.policy, k=config.scheduler.k,
                              t_ms=config.scheduler.t_ms, max_hold_ms=config.scheduler.max_hold_ms,
-                             max_batch_tokens=config.engine.max_batch_tokens)
+                             max_batch_tokens=config.engine.max_batch_tokens,
+                             max_tokens_per_owner=config.scheduler.max_tokens_per_owner)
     limits = InstanceLimits(memory_mb=config.limits.memory_mb, max_idle_s=config.limits.max_idle_s)
-    return Runtime(engine, RuntimeConfig(scheduler=policy, limits=limits))
+    shares = resolve_kv_shares(config.tenants, engine.num_pages)
+    return Runtime(engine, RuntimeConfig(scheduler=policy, limits=limits, kv_shares=shares))
 
 
 def runtime_figures(runtime: Any) -> RuntimeFigures:
@@ -87,7 +89,9 @@ async def build_context(config: ServerConfig, engine: Any = None) -> ServerConte
     metrics = ServerMetrics(partial(runtime_figures, runtime))
     service = PieService(runtime, store, metrics, limits=runtime.config.limits,
                          max_upload_bytes=config.server.max_upload_bytes,
-                         model=model_info(config, engine))
+                         model=model_info(config, engine),
+                         max_backlog_bytes=config.server.max_client_backlog_bytes,
+                         max_tenant_upload_bytes=config.server.max_tenant_upload_bytes)
     service.start()
     openai = None
     if config.server.openai:

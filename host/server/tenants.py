@@ -6,7 +6,10 @@ own (the runtime namespaces exports/topics/store by the `tenant` given at launch
 - max_kv_pages: KV pages, as *reservations*: each instance reserves a page quota at launch
   (default max_kv_pages // max_instances) and the runtime holds it to that; the reservations of a
   tenant's live instances never sum past max_kv_pages, so neither do the pages they hold;
-- max_program_bytes: bytes of stored programs.
+- max_program_bytes: bytes of stored programs;
+- kv_share_pages: the tenant's guaranteed share of the pool (`resolve_kv_shares`): its instances
+  within it are never terminated for another tenant's demand, and its exports (persistent ones
+  included) count against it and never hold more (host/kv/contention.py).
 `QuotaBook` is owned by the server's trio thread (never touched from instance threads).
 """
 from __future__ import annotations
@@ -16,7 +19,21 @@ from dataclasses import dataclass
 
 from host.server.server_config import TenantConfig
 
-__all__ = ["Tenant", "TenantRegistry", "QuotaExceeded", "QuotaBook"]
+__all__ = ["Tenant", "TenantRegistry", "QuotaExceeded", "QuotaBook", "resolve_kv_shares"]
+
+
+def resolve_kv_shares(tenants: tuple[TenantConfig, ...], num_pages: int) -> tuple[tuple[str, int], ...]:
+    """Every tenant's guaranteed pages: its `kv_share_pages`, else an equal part (floor) of
+    what the given shares leave of the pool; never more than its max_kv_pages. ValueError when
+    the given shares sum past the pool."""
+    given = sum(t.kv_share_pages for t in tenants if t.kv_share_pages is not None)
+    if given > num_pages:
+        raise ValueError(f"tenants: kv_share_pages sum to {given}, more than the pool of "
+                         f"{num_pages} KV pages")
+    num_unset = sum(1 for t in tenants if t.kv_share_pages is None)
+    equal = (num_pages - given) // max(1, num_unset)
+    return tuple((t.name, min(t.max_kv_pages, equal if t.kv_share_pages is None
+                              else t.kv_share_pages)) for t in tenants)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@
 Layout under the store's root:
     programs/<sha256>.wasm           the bytes, stored once whoever uploaded them
     tenants/<tenant>/<sha256>        an (empty) marker: the tenant owns this program
+    incoming/                        uploads in progress (`PendingUpload`: on disk, not in memory;
+                                     unnamed temporary files, gone when closed or on a crash)
 
 A tenant sees only the programs it uploaded itself; a program uploaded by two tenants is stored once
 but each must send its bytes (so a tenant cannot probe which hashes another one holds). Writes are
@@ -13,10 +15,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
-__all__ = ["StoredProgram", "UploadStore", "UnknownProgramError", "is_sha256"]
+__all__ = ["StoredProgram", "UploadStore", "UnknownProgramError", "PendingUpload", "is_sha256"]
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -48,6 +52,12 @@ class UploadStore:
         self.root = Path(root)
         (self.root / "programs").mkdir(parents=True, exist_ok=True)
         (self.root / "tenants").mkdir(parents=True, exist_ok=True)
+        (self.root / "incoming").mkdir(parents=True, exist_ok=True)
+
+    def begin(self, tenant: str, sha256: str, size: int) -> "PendingUpload":
+        """A new upload in progress, spilled to an unnamed file under incoming/."""
+        return PendingUpload(tenant, sha256, size,
+                             tempfile.TemporaryFile(dir=self.root / "incoming"))
 
     def _blob(self, sha256: str) -> Path:
         return self.root / "programs" / f"{sha256}.wasm"
@@ -96,6 +106,35 @@ class UploadStore:
     def remove(self, tenant: str, sha256: str) -> None:
         """Drop the tenant's ownership (the bytes stay while another tenant owns them)."""
         self._marker(tenant, sha256).unlink(missing_ok=True)
+
+
+class PendingUpload:
+    """An upload in progress: its bytes go to a temporary file as they arrive (host memory holds
+    one chunk at a time), hashed on the way. `close` drops it (idempotent)."""
+
+    def __init__(self, tenant: str, sha256: str, size: int, file: BinaryIO) -> None:
+        self.tenant = tenant
+        self.sha256 = sha256
+        self.size = size
+        self.num_received = 0
+        self._file = file
+        self._hasher = hashlib.sha256()
+
+    def write(self, data: bytes) -> None:
+        self._file.write(data)
+        self._hasher.update(data)
+        self.num_received += len(data)
+
+    def hexdigest(self) -> str:
+        return self._hasher.hexdigest()
+
+    def read_all(self) -> bytes:
+        """Every byte received so far."""
+        self._file.seek(0)
+        return self._file.read()
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -9,11 +9,8 @@ every page they held is back in the pool before the handler returns.
 """
 from __future__ import annotations
 
-import hashlib
-import math
 import itertools
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -21,22 +18,14 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from host.server import protocol as p
 from host.server.service import PieService, ServiceError
-from host.server.uploads import is_sha256
+from host.server.sinks import EventSink
+from host.server.uploads import PendingUpload, is_sha256
 from host.server.tenants import Tenant, TenantRegistry
 
-__all__ = ["Connection", "MAX_UPLOADS_PER_CONNECTION", "EVENT_BUFFER"]
+__all__ = ["Connection", "MAX_UPLOADS_PER_CONNECTION"]
 
 _log = logging.getLogger(__name__)
 MAX_UPLOADS_PER_CONNECTION = 4
-EVENT_BUFFER = math.inf  # the service bounds what piles up (MAX_BUFFERED_EVENTS)
-
-
-@dataclass
-class _Upload:
-    sha256: str
-    size: int
-    data: bytearray = field(default_factory=bytearray)
-    hasher: Any = field(default_factory=hashlib.sha256)
 
 
 class Connection:
@@ -51,12 +40,12 @@ class Connection:
         self.grace_s = grace_s
         self.tenant: Tenant | None = None
         self.binary = False
-        self._uploads: dict[str, _Upload] = {}
+        self._uploads: dict[str, PendingUpload] = {}
         self._upload_ids = itertools.count(1)
         self._handles: list = []
         self._send_lock = trio.Lock()
         self._writer_done = trio.Event()
-        self._events_out, self._events_in = trio.open_memory_channel(EVENT_BUFFER)
+        self._events = EventSink()   # the service bounds the bytes waiting here
 
     async def run(self) -> None:
         """Serve the connection until the client leaves or the server shuts down."""
@@ -70,7 +59,9 @@ class Connection:
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
-                self._events_in.close()   # later events are dropped
+                self._events.close()   # later events are dropped
+                for upload_id in list(self._uploads):
+                    self._drop_upload(upload_id)
                 await self.service.terminate_and_wait(self._live_handles(), "client disconnected")
 
     def _authenticate_header(self) -> None:
@@ -118,7 +109,7 @@ class Connection:
                 pass  # the client is gone; the reader sees the disconnect
 
     async def _write_events(self) -> None:
-        async for event in self._events_in:
+        async for event in self._events:
             await self._send(p.event_message(event.instance_id, event.kind, event.data))
         self._writer_done.set()
 
@@ -131,7 +122,7 @@ class Connection:
                 await handle.done.wait()
         await self.service.terminate_and_wait(self._live_handles(), "server shutting down",
                                               detach=False)
-        await self._events_out.aclose()    # no launches now: the writer drains and returns
+        await self._events.close_sending()  # no launches now: the writer drains and returns
         await self._writer_done.wait()
         await self._send(p.error_message("server shutting down"))
         try:
@@ -169,48 +160,63 @@ class Connection:
             raise ServiceError(f"upload_begin: at most {MAX_UPLOADS_PER_CONNECTION} uploads "
                                f"in progress per connection")
         upload_id = f"u{next(self._upload_ids)}"
-        self._uploads[upload_id] = _Upload(request.sha256, request.size)
+        self.service.reserve_upload(tenant, request.size)
+        try:
+            self._uploads[upload_id] = self.service.store.begin(tenant.name, request.sha256,
+                                                                request.size)
+        except OSError as exc:
+            self.service.release_upload(tenant.name, request.size)
+            raise ServiceError(f"upload_begin: cannot spill the upload to disk: {exc}") from None
         await self._send(p.reply_message(request.id, exists=False, upload_id=upload_id,
                                          max_chunk_bytes=self.max_chunk_bytes))
 
-    def _upload(self, upload_id: str) -> _Upload:
+    def _upload(self, upload_id: str) -> PendingUpload:
         upload = self._uploads.get(upload_id)
         if upload is None:
             raise ServiceError(f"unknown upload {upload_id!r}")
         return upload
 
+    def _drop_upload(self, upload_id: str) -> PendingUpload:
+        """Forget an upload: its file is closed, its bytes no longer count for the tenant."""
+        upload = self._uploads.pop(upload_id)
+        upload.close()
+        self.service.release_upload(upload.tenant, upload.size)
+        return upload
+
     async def _on_UploadChunk(self, tenant: Tenant, request: p.UploadChunk) -> None:
         upload = self._upload(request.upload_id)
         if len(request.data) > self.max_chunk_bytes:
-            del self._uploads[request.upload_id]
+            self._drop_upload(request.upload_id)
             raise ServiceError(f"upload {request.upload_id}: chunk of {len(request.data)} bytes "
                                f"exceeds {self.max_chunk_bytes}; upload aborted")
-        if len(upload.data) + len(request.data) > upload.size:
-            del self._uploads[request.upload_id]
+        if upload.num_received + len(request.data) > upload.size:
+            self._drop_upload(request.upload_id)
             raise ServiceError(f"upload {request.upload_id}: more than the declared {upload.size} "
                                f"bytes; upload aborted")
-        upload.data += request.data
-        upload.hasher.update(request.data)
+        await trio.to_thread.run_sync(upload.write, request.data)
         if request.id is not None:
-            await self._send(p.reply_message(request.id, received=len(upload.data)))
+            await self._send(p.reply_message(request.id, received=upload.num_received))
 
     async def _on_UploadEnd(self, tenant: Tenant, request: p.UploadEnd) -> None:
         upload = self._upload(request.upload_id)
-        del self._uploads[request.upload_id]
-        if len(upload.data) != upload.size:
-            raise ServiceError(f"upload {request.upload_id}: got {len(upload.data)} bytes, "
-                               f"declared {upload.size}")
-        digest = upload.hasher.hexdigest()
-        if digest != upload.sha256:
-            raise ServiceError(f"upload {request.upload_id}: sha256 mismatch: declared "
-                               f"{upload.sha256}, received bytes hash to {digest}")
-        stored = await self.service.add_program(tenant, bytes(upload.data), digest)
+        try:
+            if upload.num_received != upload.size:
+                raise ServiceError(f"upload {request.upload_id}: got {upload.num_received} "
+                                   f"bytes, declared {upload.size}")
+            digest = upload.hexdigest()
+            if digest != upload.sha256:
+                raise ServiceError(f"upload {request.upload_id}: sha256 mismatch: declared "
+                                   f"{upload.sha256}, received bytes hash to {digest}")
+            data = await trio.to_thread.run_sync(upload.read_all)
+        finally:
+            self._drop_upload(request.upload_id)
+        stored = await self.service.add_program(tenant, data, digest)
         await self._send(p.reply_message(request.id, sha256=stored.sha256, size=stored.size))
 
     async def _on_Launch(self, tenant: Tenant, request: p.Launch) -> None:
         program = await self.service.program_for(tenant, request.program)
         handle = await self.service.launch(tenant, program, request.program, request.args,
-                                           self._events_out, request.kv_pages)
+                                           self._events, request.kv_pages)
         self._handles.append(handle)
         await self._send(p.reply_message(request.id, instance_id=handle.instance_id,
                                          kv_pages=handle.kv_pages))

@@ -151,7 +151,8 @@ def test_broadcast_reaches_subscribers_of_the_tenant_and_store_round_trips(
     assert runtime.wait(subscribers[2], timeout=5).status == "terminated"
 
 
-def test_contention_terminates_the_newest_instance(components, make_runtime):  # noqa: F811
+def test_contention_terminates_the_instance_over_its_fair_share(components,  # noqa: F811
+                                                                  make_runtime):
     runtime = make_runtime(FakeEngine(num_pages=16, page_size=4))
     older_events, newer_events = Events(), Events()
     older = launch(runtime, components, "holder", "x" * 4, on_event=older_events)
@@ -159,7 +160,7 @@ def test_contention_terminates_the_newest_instance(components, make_runtime):  #
     newer = launch(runtime, components, "holder", "x" * 10, on_event=newer_events)
     assert newer_events.next() == ("message", "holding")
 
-    runtime.send(older, "x" * 6)                          # 2 free: reclaim from the newer one
+    runtime.send(older, "x" * 4)                          # 2 free: newer holds 10 > 8 = 16 // 2
     assert older_events.next() == ("message", "holding")
     outcome = runtime.wait(newer, timeout=5)
     assert outcome.status == "terminated"
@@ -169,7 +170,7 @@ def test_contention_terminates_the_newest_instance(components, make_runtime):  #
     assert runtime.statistics().pages.num_free == 16
 
 
-def test_out_of_pages_when_nothing_newer_to_reclaim(components, make_runtime):  # noqa: F811
+def test_out_of_pages_when_no_instance_holds_more(components, make_runtime):  # noqa: F811
     runtime = make_runtime(FakeEngine(num_pages=16, page_size=4))
     first_events, second_events = Events(), Events()
     first = launch(runtime, components, "holder", "x" * 10, on_event=first_events)

@@ -1,0 +1,86 @@
+"""The scheduler's bookkeeping of one queued submission (`Item`, possibly split into chunks) and
+of one batch being formed (`Taken`). Used under the scheduler's lock only."""
+from __future__ import annotations
+
+import time
+from typing import Callable, Hashable
+
+from engine.batch import ForwardResult
+from host.scheduling.chunking import split_request
+from host.scheduling.types import SubmissionFuture
+
+__all__ = ["Item", "Taken", "owner_of"]
+
+
+class Item:
+    """A queued pass (request) or copies (request None); a chunk has `parent` set and no
+    future: its outputs go into the parent's."""
+
+    __slots__ = ("queue_key", "rank", "order", "request", "copies", "future", "on_done",
+                 "num_tokens", "enqueued_at", "parent", "output_slots", "outputs")
+
+    def __init__(self, queue_key: Hashable, rank: int, order: int, request, copies, on_done,
+                 on_wait: Callable[[Hashable], None] | None) -> None:
+        self.queue_key = queue_key
+        self.rank = rank
+        self.order = order
+        self.request = request                 # ForwardRequest, or None for a copy item
+        self.copies = copies
+        self.future = SubmissionFuture(owner_of(queue_key), on_wait) if on_wait else None
+        self.on_done = on_done
+        self.num_tokens = len(request.token_ids) if request is not None else 0
+        self.enqueued_at = time.monotonic()
+        self.parent: Item | None = None       # a chunk: the item whose pass it runs part of
+        self.output_slots: list[int] = []      # a chunked pass: where its outputs go ...
+        self.outputs: list | None = None       # ... in the whole pass's outputs
+
+    def split(self, num_first: int, page_size: int) -> "Item":
+        """Run the first `num_first` tokens as a chunk (returned); this item keeps the rest."""
+        if self.outputs is None:
+            self.outputs = [None] * len(self.request.output_indices)
+            self.output_slots = list(range(len(self.request.output_indices)))
+        first, rest, first_outputs, rest_outputs = split_request(self.request, num_first,
+                                                                 page_size)
+        chunk = Item(self.queue_key, self.rank, self.order, first, self.copies, None, None)
+        chunk.parent = self
+        chunk.output_slots = [self.output_slots[k] for k in first_outputs]
+        self.output_slots = [self.output_slots[k] for k in rest_outputs]
+        self.request, self.copies, self.num_tokens = rest, (), len(rest.token_ids)
+        return chunk
+
+    def merged(self, result: ForwardResult, slots: list[int] | None = None) -> ForwardResult:
+        """Put a part's outputs in their `slots` (default: this item's, for its last part) of
+        the whole pass's outputs; returns the whole pass's result so far."""
+        if self.outputs is None:
+            return result
+        for slot, output in zip(self.output_slots if slots is None else slots, result.outputs):
+            self.outputs[slot] = output
+        return ForwardResult(tuple(self.outputs))
+
+
+class Taken:
+    """What one batch being formed holds: tokens in all, per owner; whether it is full."""
+
+    def __init__(self, max_tokens: int, contended: bool) -> None:
+        self.max_tokens = max_tokens
+        self.contended = contended           # more than one owner has work
+        self.num_tokens = 0
+        self.full = False
+        self._per_owner: dict[Hashable, int] = {}
+
+    def room(self, owner: Hashable, max_per_owner: int) -> tuple[int, int]:
+        """(tokens left in the batch, tokens `owner` may still add: its own cap counts only
+        when others have work)."""
+        batch_room = self.max_tokens - self.num_tokens
+        if not self.contended:
+            return batch_room, batch_room
+        return batch_room, min(batch_room, max_per_owner - self._per_owner.get(owner, 0))
+
+    def add(self, owner: Hashable, num_tokens: int) -> None:
+        self.num_tokens += num_tokens
+        self._per_owner[owner] = self._per_owner.get(owner, 0) + num_tokens
+
+
+def owner_of(queue_key: Hashable) -> Hashable:
+    """The owner (instance id) of a queue key (instance id, local queue id)."""
+    return queue_key[0] if isinstance(queue_key, tuple) and queue_key else queue_key

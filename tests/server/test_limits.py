@@ -1,0 +1,171 @@
+"""Per-tenant and server limits on a real server (real Runtime, fake engine): deeply nested frames,
+a client that does not read (its instance is cut off, and it still gets the final event), uploads
+in flight bounded per tenant, and KV shares between tenants. Beside each attack a well-behaved
+instance of another tenant produces exactly its solo output, and every page comes back."""
+from __future__ import annotations
+
+import json
+
+import msgpack
+import pytest
+import trio
+from trio_websocket import open_websocket_url
+
+from host.client import PieError, connect
+from host.server.server_config import ConfigError, parse_config
+from host.server.tenants import resolve_kv_shares
+from tests.host.components import ComponentBuilder
+from tests.host.fake_engine import FakeEngine
+from tests.server.conftest import TOKENS, wait_until_idle
+from tests.server.harness import ServerThread
+
+BACKLOG_BYTES = 1024 * 1024
+UPLOAD_BYTES = 48 * 1024 * 1024   # the Python probe component is ~18 MiB
+
+
+@pytest.fixture(scope="module")
+def limited_server(tmp_path_factory: pytest.TempPathFactory):
+    """32 pages of 16 slots; tenants alice and bob with the default equal shares (16 each)."""
+    config = parse_config({
+        "server": {"data_dir": str(tmp_path_factory.mktemp("pie-limits")), "openai": False,
+                   "shutdown_grace_s": 1.0, "max_client_backlog_bytes": BACKLOG_BYTES,
+                   "max_tenant_upload_bytes": UPLOAD_BYTES},
+        "tenants": [{"name": "alice", "token": TOKENS["alice"], "max_instances": 4,
+                     "max_kv_pages": 32},
+                    {"name": "bob", "token": TOKENS["bob"], "max_instances": 4,
+                     "max_kv_pages": 32}]})
+    server = ServerThread(config, FakeEngine(num_pages=32, page_size=16, batch_delay_s=0.001,
+                                             keep_log=False)).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def guests() -> ComponentBuilder:
+    return ComponentBuilder()
+
+
+async def _result(client, program: str, *args: str) -> str:
+    event = await (await client.launch(program, list(args))).wait()
+    assert event.kind == "result", event
+    return event.data
+
+
+@pytest.mark.parametrize("frame", [
+    "[" * 100_000 + "]" * 100_000,                         # too deep for the JSON parser itself
+    json.dumps({"type": "send", "instance_id": "x", "message": [[[[[[[[["m"]]]]]]]]]}),
+    msgpack.packb({"type": "send", "message": [[[[[[[[["m"]]]]]]]]]}),
+])
+def test_deeply_nested_frames_get_a_named_error(fake_server, frame) -> None:
+    async def main() -> None:
+        async with connect(fake_server.url, TOKENS["bob"]) as client:
+            await client.send_raw(frame)
+            with trio.fail_after(5):
+                while not client.notices:
+                    await trio.sleep(0.01)
+            assert any("nested deeper than 8 levels" in notice for notice in client.notices), \
+                client.notices
+            assert (await client.model_info())["name"] == "fake-byte-model"   # still up
+    trio.run(main)
+
+
+def test_client_that_does_not_read_is_cut_off_and_gets_the_final_event(
+        limited_server, guests, probe_wasm) -> None:
+    flood = guests.component("flood")
+
+    async def main() -> None:
+        async with connect(limited_server.url, TOKENS["bob"]) as polite:
+            probe = await polite.upload(probe_wasm)
+            solo = await _result(polite, probe, "generate", "8")
+            async with connect(limited_server.url, TOKENS["alice"]) as setup:
+                program = await setup.upload(flood)
+            headers = [("Authorization", f"Bearer {TOKENS['alice']}")]
+            async with open_websocket_url(limited_server.ws_url, extra_headers=headers,
+                                          message_queue_size=1) as ws:
+                await ws.send_message(json.dumps({"type": "launch", "program": program,
+                                                  "args": ["m" * 65536], "id": 1}))
+                # the client reads nothing now; another tenant's instance runs meanwhile
+                assert await _result(polite, probe, "generate", "8") == solo
+                await trio.sleep(1.0)
+                finals, num_messages = [], 0
+                with trio.fail_after(60):
+                    while not finals:
+                        event = json.loads(await ws.get_message())
+                        if event["type"] == "ok":                # the launch answer
+                            continue
+                        if event["kind"] == "message":
+                            num_messages += 1
+                        else:
+                            finals.append(event)
+                with trio.move_on_after(0.5):          # nothing after the final event
+                    finals.append(json.loads(await ws.get_message()))
+        assert len(finals) == 1 and finals[0]["kind"] == "terminated", finals
+        assert "client not reading" in finals[0]["data"]
+        assert f"over server.max_client_backlog_bytes ({BACKLOG_BYTES})" in finals[0]["data"]
+        assert num_messages * 65536 < 64 * BACKLOG_BYTES   # bounded by the cap + socket buffers
+    trio.run(main)
+    wait_until_idle(limited_server.url)
+
+
+def test_uploads_in_flight_are_bounded_per_tenant(limited_server) -> None:
+    async def main() -> None:
+        size = UPLOAD_BYTES // 2 + 1
+        async with connect(limited_server.url, TOKENS["alice"]) as first, \
+                connect(limited_server.url, TOKENS["alice"]) as second:
+            begin = await first.request("upload_begin", sha256="1" * 64, size=size)
+            await first.request("upload_chunk", upload_id=begin["upload_id"], data=b"x" * 1000)
+            with pytest.raises(PieError) as error:
+                await second.request("upload_begin", sha256="2" * 64, size=size)
+            assert (f"has {size} bytes of uploads in progress; {size} more would pass "
+                    f"server.max_tenant_upload_bytes ({UPLOAD_BYTES})") in str(error.value)
+        async with connect(limited_server.url, TOKENS["alice"]) as again:
+            with trio.fail_after(5):                     # the first one left: its bytes are free
+                while True:
+                    try:
+                        begin = await again.request("upload_begin", sha256="2" * 64, size=size)
+                        break
+                    except PieError:
+                        await trio.sleep(0.05)
+            assert begin["exists"] is False
+    trio.run(main)
+
+
+def test_tenant_within_its_share_reclaims_from_a_tenant_over_it(limited_server, guests) -> None:
+    holder = guests.component("holder")
+
+    async def main() -> None:
+        async with connect(limited_server.url, TOKENS["alice"]) as alice, \
+                connect(limited_server.url, TOKENS["bob"]) as bob:
+            program = await alice.upload(holder)
+            assert await bob.upload(holder) == program
+            hog = await alice.launch(program, ["x" * 24], kv_pages=32)   # 8 over its 16
+            assert (await hog.next_event()).data == "holding"
+            polite = await bob.launch(program, ["x" * 8], kv_pages=16)
+            assert (await polite.next_event()).data == "holding"
+            await polite.send("x" * 8)                   # bob: 16 of its 16; the pool is full
+            assert (await polite.next_event()).data == "holding"
+            final = await hog.wait()
+            assert final.kind == "terminated" and "tenant 'alice' held 24 pages" in final.data
+            await polite.send("")
+            assert (await polite.wait()).data == "released"
+    trio.run(main)
+    wait_until_idle(limited_server.url)
+
+
+@pytest.mark.parametrize("section, field, value", [
+    ("server", "max_client_backlog_bytes", 0), ("server", "max_tenant_upload_bytes", -1),
+    ("scheduler", "max_tokens_per_owner", 0)])
+def test_limit_settings_are_validated(section, field, value) -> None:
+    with pytest.raises(ConfigError, match=f"{section}.{field} must be positive"):
+        parse_config({section: {field: value}, "tenants": [{"name": "a", "token": "t"}]})
+
+
+def test_kv_shares_resolve_and_must_fit_the_pool() -> None:
+    tenants = parse_config({"tenants": [
+        {"name": "a", "token": "ta", "kv_share_pages": 10},
+        {"name": "b", "token": "tb"}, {"name": "c", "token": "tc", "max_kv_pages": 2}]}).tenants
+    assert resolve_kv_shares(tenants, 32) == (("a", 10), ("b", 11), ("c", 2))
+    with pytest.raises(ValueError, match="kv_share_pages sum to 10, more than the pool of 8"):
+        resolve_kv_shares(tenants, 8)
+    with pytest.raises(ConfigError, match="kv_share_pages must be >= 0"):
+        parse_config({"tenants": [{"name": "a", "token": "t", "kv_share_pages": -1}]})

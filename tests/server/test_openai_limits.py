@@ -1,0 +1,49 @@
+"""Hostile OpenAI requests on the real model: a deeply nested body and a prompt longer than the
+context answer 400 naming the problem, up front, and a well-behaved request before and after them
+gives exactly the same answer; every page comes back."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.server.conftest import TOKENS, wait_until_idle
+
+pytestmark = pytest.mark.slow
+HEADERS = {"Authorization": f"Bearer {TOKENS['alice']}"}
+QUESTION = {"model": "pie", "messages": [{"role": "user", "content": "Name a colour."}],
+            "max_tokens": 6, "temperature": 0}
+
+
+def _post(server, body: str | dict) -> httpx.Response:
+    url = f"{server.url}/v1/chat/completions"
+    if isinstance(body, dict):
+        return httpx.post(url, json=body, headers=HEADERS, timeout=120)
+    return httpx.post(url, content=body, headers={**HEADERS, "Content-Type": "application/json"},
+                      timeout=120)
+
+
+def test_hostile_bodies_answer_400_and_leave_others_alone(model_server) -> None:
+    solo = _post(model_server, QUESTION).json()["choices"][0]["message"]["content"]
+
+    deep = _post(model_server, '{"messages": ' + "[" * 50_000 + "]" * 50_000 + "}")
+    assert deep.status_code == 400
+    assert "nested deeper than 64 levels" in deep.json()["error"]["message"]
+    value: object = 1
+    for _ in range(70):
+        value = [value]
+    nested = {**QUESTION, "metadata": value}                     # valid JSON, 72 levels deep
+    answer = _post(model_server, nested)
+    assert answer.status_code == 400 and "nested deeper" in answer.json()["error"]["message"]
+
+    words = "the quick brown fox jumps over the lazy dog " * 600      # > 4096 tokens
+    too_long = _post(model_server, {**QUESTION, "messages": [{"role": "user", "content": words}]})
+    assert too_long.status_code == 400
+    message = too_long.json()["error"]["message"]
+    assert "the context length is 4096 tokens" in message and "in the prompt" in message
+
+    near = _post(model_server, {**QUESTION, "max_tokens": 4096})  # prompt + 4096 > context
+    assert near.status_code == 400 and "max_tokens 4096" in near.json()["error"]["message"]
+
+    again = _post(model_server, QUESTION).json()["choices"][0]["message"]["content"]
+    assert again == solo
+    wait_until_idle(model_server.url)
