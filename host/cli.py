@@ -194,11 +194,15 @@ def _run_instance(runtime, program, inferlet_args: list[str], limits, *, lines: 
 
 
 def _forward_stdin(runtime, instance_id: str) -> None:
-    """Send each stdin line (without its newline) to the instance as a client message."""
+    """Send each stdin line (without its newline) to the instance as a client message; stop at
+    the first refused (the instance's unread messages are at client_max_chars)."""
+    from host.errors import LimitError
     try:
         for line in sys.stdin:
             if not runtime.send(instance_id, line.rstrip("\n")):
                 return
+    except LimitError as refused:
+        print(f"pie run: stdin no longer forwarded: {refused}", file=sys.stderr)
     except (OSError, ValueError, KeyError):
         return
 

@@ -64,11 +64,13 @@ class Runtime:
         policy = config.scheduler or SchedulerPolicy()
         self.wasm_engine = make_engine()
         current = threading.local()
-        self.programs = ProgramCache(self.wasm_engine, config.cache_dir, provided_items())
+        self.programs = ProgramCache(self.wasm_engine, config.cache_dir, provided_items(),
+                                     compile_timeout_s=config.compile_timeout_s,
+                                     compile_memory_mb=config.compile_memory_mb)
         self.page_allocator = PageAllocator(engine.num_pages)
         self.exports = ExportRegistry(self.page_allocator)
         self.scheduler = BatchScheduler(engine, policy)
-        self.hub = MessageHub()
+        self.hub = MessageHub(config.messages)
         tokenizer = engine.tokenizer
         self.services = HostServices(
             wasm_engine=self.wasm_engine, linker=build_linker(self.wasm_engine, current),
@@ -80,6 +82,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._running: dict[str, Instance] = {}
         self._finished: dict[str, Instance] = {}
+        self._num_finished_chars = 0          # log and result characters of _finished
         self._launch_counter = itertools.count()
         self._num_launched = 0
         self._num_finished = 0
@@ -112,7 +115,8 @@ class Runtime:
             page_quota=self.page_allocator.num_pages if limits.page_quota is None else limits.page_quota,
             page_size=self.engine.page_size,
             reclaim=lambda num_pages: self._reclaim(instance_id, num_pages),
-            vocab_size=self.services.model_info.vocab_size)
+            vocab_size=self.services.model_info.vocab_size,
+            max_kv_len=self.engine.model_config.max_position)
         channel = self.hub.open(instance_id, tenant,
                                 lambda message: emit(InstanceEvent(instance_id, "message", message)))
         instance = Instance(instance_id=instance_id, tenant=tenant, program=program, args=args,
@@ -126,7 +130,8 @@ class Runtime:
         return instance_id
 
     def send(self, instance_id: str, message: str) -> bool:
-        """Deliver a client message to a running instance; False when it has ended."""
+        """Deliver a client message to a running instance; False when it has ended. Raises
+        host.errors.LimitError when its unread client messages would pass client_max_chars."""
         self._instance(instance_id)
         return self.hub.deliver(instance_id, message)
 
@@ -207,13 +212,23 @@ class Runtime:
         self.scheduler.cancel_owner(instance.instance_id)
         self.hub.close(instance.instance_id, reason)
         instance.tables.clear()
+        instance.trim_log(self.config.finished_log_chars)
         with self._lock:
             self._running.pop(instance.instance_id, None)
             self._finished[instance.instance_id] = instance
-            while len(self._finished) > _MAX_FINISHED_KEPT:
-                self._finished.pop(next(iter(self._finished)))
+            self._num_finished_chars += _kept_chars(instance)
+            self._forget_finished()
             self._num_finished += 1
         emit(InstanceEvent(instance.instance_id, outcome.event_kind, outcome.value))
+
+    def _forget_finished(self) -> None:
+        """Forget the oldest ended instances past _MAX_FINISHED_KEPT or max_finished_chars
+        (the newest is always kept, so `wait` answers right after the end). Under _lock."""
+        while len(self._finished) > 1 and (
+                len(self._finished) > _MAX_FINISHED_KEPT
+                or self._num_finished_chars > self.config.max_finished_chars):
+            oldest = self._finished.pop(next(iter(self._finished)))
+            self._num_finished_chars -= _kept_chars(oldest)
 
     def _reclaim(self, requester_id: str, num_pages: int) -> bool:
         """Contention policy: terminate instances launched after the requester, newest first,
@@ -239,6 +254,12 @@ class Runtime:
         interval = self.config.epoch_tick_ms / 1000
         while not self._closed.wait(interval):
             self.wasm_engine.increment_epoch()
+
+
+def _kept_chars(instance: Instance) -> int:
+    """Characters an ended instance keeps: its (trimmed) log and its outcome's value."""
+    outcome = instance.outcome
+    return instance.num_log_chars + (len(outcome.value) if outcome is not None else 0)
 
 
 def _version() -> str:
