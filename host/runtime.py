@@ -23,6 +23,7 @@ from host.messages.hub import MessageHub
 from host.runtime_config import InstanceLimits, RuntimeConfig
 from host.sandbox.events import InstanceEvent, InstanceOutcome
 from host.sandbox.instance import HostServices, Instance, ModelInfo
+from host.sandbox.linear_memory import LinearMemories
 from host.sandbox.programs import Program, ProgramCache, ProgramStats, make_engine
 from host.sandbox.tables import InstanceTables
 from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy, SchedulerStats
@@ -62,8 +63,9 @@ class Runtime:
         self.engine = engine
         self.config = config
         policy = config.scheduler or SchedulerPolicy()
-        self.wasm_engine = make_engine()
         current = threading.local()
+        self.linear_memories = LinearMemories(current)     # lives as long as the engine
+        self.wasm_engine = make_engine(self.linear_memories)
         self.programs = ProgramCache(self.wasm_engine, config.cache_dir, provided_items(),
                                      compile_timeout_s=config.compile_timeout_s,
                                      compile_memory_mb=config.compile_memory_mb)

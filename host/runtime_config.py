@@ -23,10 +23,11 @@ class InstanceLimits:
     """What one instance may use.
 
     memory_mb:      the guest's linear memory in total, all its memories together (a Python guest
-                    needs >= 13 MiB to start): each of at most `max_memories` memories may grow to
-                    memory_mb / max_memories.
+                    needs >= 13 MiB to start); the host counts every memory it creates for the
+                    instance (host/sandbox/linear_memory.py) and names this limit in the outcome
+                    once a growth was refused at it.
     max_memories:   linear memories the instance may create (a componentize-py or wit-bindgen
-                    component has one; more are refused at instantiation).
+                    component has one; more are refused at instantiation); they share memory_mb.
     max_tables:     tables the instance may create (componentize-py: 2).
     max_table_elements: elements of each table (8 bytes each: at most
                     max_tables * max_table_elements * 8 bytes of tables in all).
@@ -52,11 +53,6 @@ class InstanceLimits:
     max_idle_s: float = 10.0
     page_quota: int | None = None
     max_blocking_s: float | None = None
-
-    @property
-    def memory_bytes_each(self) -> int:
-        """The size each linear memory may reach: memory_mb shared by max_memories."""
-        return (self.memory_mb << 20) // self.max_memories
 
     def __post_init__(self) -> None:
         if self.memory_mb <= 0 or self.memory_mb > 4096:

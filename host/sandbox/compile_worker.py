@@ -13,12 +13,13 @@ import resource
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from wasmtime import Config, Engine, WasmtimeError
 
 __all__ = ["make_engine", "ENGINE_CONFIG_KEY", "compile_bounded", "CompileRefused"]
 
-ENGINE_CONFIG_KEY = "epoch_interruption=1"
+ENGINE_CONFIG_KEY = "epoch_interruption=1,memory_init_cow=0"
 _EXIT_INVALID = 2          # the bytes are not a valid component (message on stderr)
 _EXIT_NO_MEMORY = 3        # the compiler ran out of its address-space limit
 
@@ -27,11 +28,16 @@ class CompileRefused(ValueError):
     """The component did not compile within the bounds, or is invalid; the message says which."""
 
 
-def make_engine() -> Engine:
+def make_engine(memories: Any = None) -> Engine:
     """The Wasmtime engine every program and instance of a runtime shares (epoch interruption on:
-    the instance's idle deadline; fuel off: it slows every guest)."""
+    the instance's idle deadline; fuel off: it slows every guest; copy-on-write memory images
+    off: the host creates the memories). `memories`: a host.sandbox.linear_memory.LinearMemories
+    that creates and counts every linear memory (None: Wasmtime's own, in the compile child)."""
     config = Config()
     config.epoch_interruption = True
+    config.memory_init_cow = False
+    if memories is not None:
+        memories.install(config)
     return Engine(config)
 
 

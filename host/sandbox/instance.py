@@ -116,6 +116,9 @@ class Instance:
         self._done = threading.Event()
         self._finish_started = False     # under _lock: _finish_once ran (thread end or abandon)
         self.num_host_calls_active = 0   # > 0 while the thread is inside a pie binding
+        self.memory_limit_bytes = limits.memory_mb << 20   # charged by LinearMemories
+        self.num_memory_bytes = 0
+        self.memory_limit_hit = False
         self._deadline_callback = _DeadlineCallback(self._on_deadline)
         self._check_ticks = max(1, min(_MAX_CHECK_TICKS, math.ceil(
             limits.max_idle_s * 1000 / services.epoch_tick_ms)))
@@ -289,7 +292,9 @@ class Instance:
     def _make_store(self) -> Store:
         store = Store(self.services.wasm_engine)
         limits = self.limits   # the instance's total: memories, tables and instances together
-        store.set_limits(memory_size=limits.memory_bytes_each,
+        # no per-memory bound here: LinearMemories enforces the total, and must see every refused
+        # growth to record it (a store limiter refusal would reach the guest unrecorded)
+        store.set_limits(memory_size=-1,
                          table_elements=limits.max_table_elements,
                          instances=limits.max_core_instances, tables=limits.max_tables,
                          memories=limits.max_memories)
@@ -334,6 +339,9 @@ class Instance:
                 return InstanceOutcome("trap", f"`run` returned {value.tag} with a string of "
                                        f"{len(value.payload)} characters, more than the limit "
                                        f"of {limit} (max_result_chars)")
+            if value.tag != "ok" and self.memory_limit_hit:
+                return InstanceOutcome("error", f"{self._memory_limit_cause()}; the inferlet "
+                                       f"then failed with: {value.payload}")
             return InstanceOutcome("ok" if value.tag == "ok" else "error", value.payload)
         return InstanceOutcome("trap", f"`run` returned {value!r}, not result<string, string>")
 
@@ -344,7 +352,13 @@ class Instance:
             return InstanceOutcome("trap", self.trap_cause)
         if host_error:
             return InstanceOutcome("trap", message)
-        return InstanceOutcome("trap", classify_trap(message, self.limits, self.log_lines()))
+        cause = classify_trap(message, self.limits, self.log_lines())
+        if self.memory_limit_hit and not cause.startswith("memory limit"):
+            cause = f"{self._memory_limit_cause()}; then {cause}"
+        return InstanceOutcome("trap", cause)
+
+    def _memory_limit_cause(self) -> str:
+        return f"memory limit {self.limits.memory_mb} MiB reached"
 
     # -------------------------------------------------------------- output
     def _write_output(self, stream: str, data: bytes) -> None:

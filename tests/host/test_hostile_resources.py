@@ -6,6 +6,7 @@ returns to where it started."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 
 import pytest
@@ -26,10 +27,17 @@ def run_beside_well_behaved(runtime, components, guest, *, args=(), limits=None)
     return hostile_id, well_behaved
 
 
-def assert_pool_back(runtime, num_free_at_start: int) -> None:
+def assert_pool_back(runtime, num_free_at_start: int, num_memories_left: int = 0) -> None:
+    """Every page back, nothing running, and the linear memories the host made unmapped (but
+    `num_memories_left`, those of abandoned threads) once their Stores are collected."""
     stats = runtime.statistics()
     assert stats.pages.num_free == num_free_at_start
     assert stats.num_running == 0
+    deadline = time.monotonic() + 5
+    while runtime.linear_memories.num_memories > num_memories_left and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert runtime.linear_memories.num_memories == num_memories_left
 
 
 # ------------------------------------------------------------------------- sampler fields
@@ -213,7 +221,7 @@ def test_terminate_ends_an_instance_blocked_in_wasi_within_a_second(  # noqa: F8
     assert (outcome.status, outcome.value) == ("terminated", "enough")
     assert [e.kind for e in events] == ["message", "terminated"]   # exactly one final event
     assert_well_behaved_unharmed(runtime, well_behaved, solo_results)
-    assert_pool_back(runtime, num_free)
+    assert_pool_back(runtime, num_free, num_memories_left=1)   # until its sleep returns
 
 
 def test_close_does_not_wait_for_a_wasi_sleep(components, make_runtime):  # noqa: F811
