@@ -108,7 +108,8 @@ def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
     if engine is None:
         return EXIT_ERROR
     from host.runtime import Runtime
-    with Runtime(engine, RuntimeConfig(cache_dir=cache_dir)) as runtime:
+    # one instance: naming its memory limit exactly is worth its slower start
+    with Runtime(engine, RuntimeConfig(cache_dir=cache_dir, count_linear_memory=True)) as runtime:
         program = _load_program(runtime, wasm_path)
         if program is None:
             return EXIT_ERROR

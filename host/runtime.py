@@ -64,11 +64,13 @@ class Runtime:
         self.config = config
         policy = config.scheduler or SchedulerPolicy()
         current = threading.local()
-        self.linear_memories = LinearMemories(current)     # lives as long as the engine
+        # lives as long as the engine; None: Wasmtime's own memories (copy-on-write images)
+        self.linear_memories = LinearMemories(current) if config.count_linear_memory else None
         self.wasm_engine = make_engine(self.linear_memories)
         self.programs = ProgramCache(self.wasm_engine, config.cache_dir, provided_items(),
                                      compile_timeout_s=config.compile_timeout_s,
-                                     compile_memory_mb=config.compile_memory_mb)
+                                     compile_memory_mb=config.compile_memory_mb,
+                                     copy_on_write=self.linear_memories is None)
         self.page_allocator = PageAllocator(engine.num_pages)
         self.exports = ExportRegistry(self.page_allocator)
         self.scheduler = BatchScheduler(engine, policy)
@@ -80,7 +82,8 @@ class Runtime:
             model_info=ModelInfo(engine.model_name, engine.page_size, tokenizer.vocab_size,
                                  tuple(tokenizer.stop_token_ids), tokenizer.chat_template,
                                  policy.max_batch_tokens),
-            version=_version(), epoch_tick_ms=config.epoch_tick_ms, current=current)
+            version=_version(), epoch_tick_ms=config.epoch_tick_ms, current=current,
+            counts_memory=self.linear_memories is not None)
         self._lock = threading.Lock()
         self._running: dict[str, Instance] = {}
         self._finished: dict[str, Instance] = {}

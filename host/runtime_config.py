@@ -23,9 +23,9 @@ class InstanceLimits:
     """What one instance may use.
 
     memory_mb:      the guest's linear memory in total, all its memories together (a Python guest
-                    needs >= 13 MiB to start); the host counts every memory it creates for the
-                    instance (host/sandbox/linear_memory.py) and names this limit in the outcome
-                    once a growth was refused at it.
+                    needs >= 13 MiB to start): counted exactly with
+                    RuntimeConfig.count_linear_memory, else each of max_memories memories may grow
+                    to memory_mb / max_memories.
     max_memories:   linear memories the instance may create (a componentize-py or wit-bindgen
                     component has one; more are refused at instantiation); they share memory_mb.
     max_tables:     tables the instance may create (componentize-py: 2).
@@ -120,6 +120,13 @@ class RuntimeConfig:
     compile_timeout_s: longest the compilation of one component may take (in a child process,
                    killed at the limit; the program is refused naming it).
     compile_memory_mb: address space of that child process.
+    count_linear_memory: the host creates every linear memory and charges it to its instance
+                   (host/sandbox/linear_memory.py): memory_mb is then the exact total of its
+                   memories and an instance that hit it is told so whatever the guest reports.
+                   Costs copy-on-write images: a componentize-py instance starts ~40-70 ms later
+                   and holds its ~12 MiB heap snapshot privately. False: Wasmtime's memories,
+                   memory_mb split evenly over max_memories, the limit named when the guest's
+                   own report shows it (MemoryError, an allocation failure).
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -131,6 +138,7 @@ class RuntimeConfig:
     max_finished_chars: int = 64 << 20
     compile_timeout_s: float = 300.0
     compile_memory_mb: int = 4096
+    count_linear_memory: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_dir", Path(self.cache_dir))

@@ -78,6 +78,7 @@ class HostServices:
     version: str
     epoch_tick_ms: int
     current: threading.local
+    counts_memory: bool = False      # LinearMemories creates and counts every linear memory
 
 
 class Instance:
@@ -292,9 +293,10 @@ class Instance:
     def _make_store(self) -> Store:
         store = Store(self.services.wasm_engine)
         limits = self.limits   # the instance's total: memories, tables and instances together
-        # no per-memory bound here: LinearMemories enforces the total, and must see every refused
-        # growth to record it (a store limiter refusal would reach the guest unrecorded)
-        store.set_limits(memory_size=-1,
+        # Counted: no per-memory bound here, LinearMemories enforces the total and must see every
+        # refused growth to record it. Else each of max_memories memories gets an equal share.
+        store.set_limits(memory_size=-1 if self.services.counts_memory
+                         else (limits.memory_mb << 20) // limits.max_memories,
                          table_elements=limits.max_table_elements,
                          instances=limits.max_core_instances, tables=limits.max_tables,
                          memories=limits.max_memories)

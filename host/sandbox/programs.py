@@ -26,12 +26,12 @@ from typing import Mapping
 from wasmtime import Engine, WasmtimeError
 from wasmtime.component import Component, ComponentInstanceType, FuncType, ResultType, String
 
-from host.sandbox.compile_worker import (ENGINE_CONFIG_KEY, CompileRefused, compile_bounded,
+from host.sandbox.compile_worker import (CompileRefused, compile_bounded, engine_config_key,
                                          make_engine)
 from host.sandbox.component_names import ComponentFormatError, read_names
 
 __all__ = ["Program", "ProgramError", "ProgramStats", "ProgramCache", "make_engine",
-           "ENGINE_CONFIG_KEY", "WASI_PACKAGES"]
+           "WASI_PACKAGES"]
 
 WASI_PACKAGES = ("wasi:cli/", "wasi:clocks/", "wasi:filesystem/", "wasi:io/", "wasi:random/",
                  "wasi:sockets/")   # what Linker.add_wasip2 provides (sandboxed by WasiConfig)
@@ -65,12 +65,15 @@ class ProgramStats:
 class ProgramCache:
     """Loads programs for one engine. `provided` maps each host interface name to the names of
     the functions and resources the host defines in it (what an inferlet may import).
-    compile_timeout_s / compile_memory_mb bound the compilation of one component."""
+    compile_timeout_s / compile_memory_mb bound the compilation of one component.
+    copy_on_write: whether `engine` was made with copy-on-write memory images (make_engine()
+    without LinearMemories); artifacts are compiled and cached for that config."""
 
     def __init__(self, engine: Engine, cache_dir: Path | None,
                  provided: Mapping[str, frozenset[str]], *, compile_timeout_s: float = 300.0,
-                 compile_memory_mb: int = 4096) -> None:
+                 compile_memory_mb: int = 4096, copy_on_write: bool = True) -> None:
         self.engine = engine
+        self.copy_on_write = copy_on_write
         self.compile_timeout_s = compile_timeout_s
         self.compile_memory_mb = compile_memory_mb
         self._refusals: dict[str, str] = {}     # hash -> the refusal's message, oldest first
@@ -82,7 +85,8 @@ class ProgramCache:
         self._counts = {"compiles": 0, "disk": 0, "memory": 0, "refusals": 0}
         wasmtime_version = importlib.metadata.version("wasmtime")
         self._artifact_suffix = hashlib.sha256(
-            f"{wasmtime_version}|{ENGINE_CONFIG_KEY}|{platform.machine()}".encode()).hexdigest()[:16]
+            f"{wasmtime_version}|{engine_config_key(copy_on_write)}|{platform.machine()}"
+            .encode()).hexdigest()[:16]
 
     def load(self, wasm_bytes: bytes) -> Program:
         """Validate and compile `wasm_bytes` (or reuse a cached artifact). Raises ProgramError."""
@@ -167,7 +171,8 @@ class ProgramCache:
         """The component and its serialized artifact, compiled in a bounded child process."""
         try:
             artifact = compile_bounded(wasm_bytes, timeout_s=self.compile_timeout_s,
-                                       memory_mb=self.compile_memory_mb)
+                                       memory_mb=self.compile_memory_mb,
+                                       copy_on_write=self.copy_on_write)
             component = Component.deserialize(self.engine, artifact)
         except CompileRefused as exc:
             raise ProgramError(str(exc)) from None

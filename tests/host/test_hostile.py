@@ -16,7 +16,6 @@ PROMPTS = [f"prompt {i}" for i in range(8)]
 RUNTIME_HOSTILE = [
     ("spin", "trap", ["no host call for 0.5 s"]),
     ("memory_bomb", "trap", ["memory limit 8 MiB reached"]),
-    ("memory_liar", "error", ["memory limit 8 MiB reached", "TypeError: unsupported operand"]),
     ("forged_page", "trap", ["kv.free-pages", "12345"]),
     ("double_free", "trap", ["kv.free-pages", "page id 0", "freed"]),
     ("hoard", "trap", ["kv.allocate-pages", "quota 8"]),

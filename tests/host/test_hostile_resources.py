@@ -33,6 +33,8 @@ def assert_pool_back(runtime, num_free_at_start: int, num_memories_left: int = 0
     stats = runtime.statistics()
     assert stats.pages.num_free == num_free_at_start
     assert stats.num_running == 0
+    if runtime.linear_memories is None:
+        return
     deadline = time.monotonic() + 5
     while runtime.linear_memories.num_memories > num_memories_left and time.monotonic() < deadline:
         gc.collect()
@@ -87,16 +89,36 @@ def test_extra_memories_are_refused_at_instantiation(components, make_runtime,  
     assert_pool_back(runtime, num_free)
 
 
-def test_memories_share_one_memory_limit(components, make_runtime, solo_results):  # noqa: F811
+@pytest.mark.parametrize("counted", [False, True], ids=["split", "counted"])
+def test_memories_share_one_memory_limit(counted, components, make_runtime,  # noqa: F811
+                                         solo_results):  # noqa: F811
     """Four memories allowed: each grows until refused, and all four together stay within
-    memory_mb (8 MiB = 128 pages of 64 KiB), not 4 x 8 MiB."""
+    memory_mb (8 MiB = 128 pages of 64 KiB), not 4 x 8 MiB: split evenly by the store limits, or
+    counted by the host's LinearMemories."""
     limits = dataclasses.replace(LIMITS, max_memories=4)
-    runtime = make_runtime(fresh_engine(), limits)
+    runtime = make_runtime(fresh_engine(), limits, count_linear_memory=counted)
     num_free = runtime.statistics().pages.num_free
     hostile_id, well_behaved = run_beside_well_behaved(runtime, components, "multi_memory")
     outcome = runtime.wait(hostile_id, timeout=30)
     assert outcome.status == "ok", outcome
     assert 120 <= int(outcome.value) <= 128, outcome.value
+    assert_well_behaved_unharmed(runtime, well_behaved, solo_results)
+    assert_pool_back(runtime, num_free)
+
+
+@pytest.mark.parametrize("guest,status", [("memory_liar", "error"), ("memory_bomb", "trap")])
+def test_counted_memory_limit_is_named_whatever_the_guest_says(guest, status, components,  # noqa: F811
+                                                              make_runtime, solo_results):  # noqa: F811
+    """memory_liar hits the limit, then fails with CPython's misleading TypeError; the host saw
+    the refused growth and says so. Its memory is unmapped once it ends."""
+    runtime = make_runtime(fresh_engine(), LIMITS, count_linear_memory=True)
+    num_free = runtime.statistics().pages.num_free
+    hostile_id, well_behaved = run_beside_well_behaved(runtime, components, guest)
+    outcome = runtime.wait(hostile_id, timeout=30)
+    assert outcome.status == status, outcome
+    assert outcome.value.startswith("memory limit 8 MiB reached"), outcome.value
+    if guest == "memory_liar":
+        assert outcome.value.endswith("TypeError: unsupported operand type(s) for +: '' and ''")
     assert_well_behaved_unharmed(runtime, well_behaved, solo_results)
     assert_pool_back(runtime, num_free)
 
