@@ -50,8 +50,9 @@ def sampler_problem(spec: object, vocab_size: int | None = None) -> str | None:
     seed = getattr(spec, "seed", None)
     if seed is not None and (not _is_int(seed) or not 0 <= seed <= MAX_SEED):
         return f"seed must be None or an integer in [0, 2**64), got {seed!r}"
-    if kind == "distribution" and spec.num_top <= 0:   # type: ignore[attr-defined]
-        return f"a distribution sampler needs num_top > 0, got {spec.num_top}"  # type: ignore[attr-defined]
+    num_top = getattr(spec, "num_top")
+    if kind == "distribution" and num_top <= 0:
+        return f"a distribution sampler needs num_top > 0, got {num_top}"
     return None
 
 

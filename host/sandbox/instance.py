@@ -1,13 +1,17 @@
 """One sandboxed instance: its thread, its Wasmtime Store, its limits and its lifecycle.
 
-Sandbox: a Store per instance with store limits on its total (memory_mb over at most max_memories
-linear memories, a number of tables of bounded size, a number of core instances) and an empty WasiConfig
-(no filesystem, network or environment; clocks and random only); the guest's stdout / stderr go
-to the instance's log. Idle limit: every host call stamps `last_host_exit`; an epoch-deadline
-callback, run by Wasmtime every few ticks of the engine epoch while the guest computes, traps the
-guest once it has computed for `max_idle_s` without a host call, or once it was terminated. Time
-blocked inside the host never counts. Blocking host calls wait through `wait_future` /
-`blocking_timeout`, which `terminate` wakes.
+Sandbox: a Store per instance with store limits on its total (memory_mb over at most
+max_memories linear memories, a number of tables of bounded size, a number of core instances)
+and an empty WasiConfig (no filesystem, network or environment; clocks and random only); the
+guest's stdout / stderr go to the instance's log (bounded). Idle limit: every host call stamps
+`last_host_exit`; an epoch-deadline callback, run by Wasmtime every few ticks of the engine epoch
+while the guest computes, traps the guest once it has computed for `max_idle_s` without a host
+call, or once it was terminated. Time blocked inside the host never counts. Blocking host calls
+wait through `wait_future` / `blocking_timeout`, which `terminate` wakes.
+
+A terminated instance still running 0.5 s later outside the host's bindings (blocked in a WASI
+call Wasmtime cannot interrupt) is abandoned: its end is reported and its resources returned,
+its thread finishes by itself later.
 
 After a trap the Store is poisoned: it is dropped, and the runtime's `on_finish` releases every
 page reference, pending submission and channel of the instance.

@@ -107,8 +107,8 @@ def test_memories_share_one_memory_limit(counted, components, make_runtime,  # n
 
 
 @pytest.mark.parametrize("guest,status", [("memory_liar", "error"), ("memory_bomb", "trap")])
-def test_counted_memory_limit_is_named_whatever_the_guest_says(guest, status, components,  # noqa: F811
-                                                              make_runtime, solo_results):  # noqa: F811
+def test_counted_memory_limit_is_named_whatever_the_guest_says(  # noqa: F811
+        guest, status, components, make_runtime, solo_results):  # noqa: F811
     """memory_liar hits the limit, then fails with CPython's misleading TypeError; the host saw
     the refused growth and says so. Its memory is unmapped once it ends."""
     runtime = make_runtime(fresh_engine(), LIMITS, count_linear_memory=True)
