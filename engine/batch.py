@@ -7,9 +7,53 @@ instances, queues or ownership.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 SAMPLER_KINDS = ("greedy", "sample", "distribution")
+MAX_SEED = (1 << 64) - 1
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    """A finite int or float (NaN and +-inf are not: `nan < 0` is False, so range checks alone
+    would let them through)."""
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+def sampler_problem(spec: object, vocab_size: int | None = None) -> str | None:
+    """What is wrong with a sampler's fields (None: nothing). Checks every field's type, that
+    floats are finite and every value is in range; with `vocab_size`, top_k and num_top too.
+    Used by SamplerSpec's constructor and again by the engine's validation, which may receive an
+    object that never went through the constructor."""
+    kind = getattr(spec, "kind", None)
+    if kind not in SAMPLER_KINDS:
+        return f"kind must be one of {SAMPLER_KINDS}, got {kind!r}"
+    temperature = getattr(spec, "temperature", None)
+    if not _is_real(temperature) or temperature < 0:
+        return f"temperature must be a finite number >= 0, got {temperature!r}"
+    for name, low in (("top_k", 0), ("num_top", 0)):
+        value = getattr(spec, name, None)
+        if not _is_int(value) or value < low:
+            return f"{name} must be an integer >= {low}, got {value!r}"
+        if vocab_size is not None and value > vocab_size:
+            return f"{name} {value} is more than the vocabulary size {vocab_size}"
+    top_p = getattr(spec, "top_p", None)
+    if not _is_real(top_p) or not 0.0 < top_p <= 1.0:
+        return f"top_p must be in (0, 1], got {top_p!r}"
+    min_p = getattr(spec, "min_p", None)
+    if not _is_real(min_p) or not 0.0 <= min_p < 1.0:
+        return f"min_p must be in [0, 1), got {min_p!r}"
+    seed = getattr(spec, "seed", None)
+    if seed is not None and (not _is_int(seed) or not 0 <= seed <= MAX_SEED):
+        return f"seed must be None or an integer in [0, 2**64), got {seed!r}"
+    num_top = getattr(spec, "num_top")
+    if kind == "distribution" and num_top <= 0:
+        return f"a distribution sampler needs num_top > 0, got {num_top}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -31,18 +75,9 @@ class SamplerSpec:
     num_top: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in SAMPLER_KINDS:
-            raise ValueError(f"sampler kind must be one of {SAMPLER_KINDS}, got {self.kind!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p < 1.0:
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
-        if self.kind == "distribution" and self.num_top <= 0:
-            raise ValueError(f"a distribution sampler needs num_top > 0, got {self.num_top}")
+        problem = sampler_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 GREEDY = SamplerSpec()

@@ -6,7 +6,7 @@ batch's requests with a clear message; nothing is written to the KV pool for a r
 """
 from __future__ import annotations
 
-from engine.batch import ForwardBatch, ForwardRequest, SamplerSpec
+from engine.batch import ForwardBatch, ForwardRequest, SamplerSpec, sampler_problem
 from engine.errors import RequestError
 from engine.paging import kv_len
 
@@ -32,6 +32,8 @@ def _check_ints(index: int, field: str, values: tuple, low: int, high: int, what
 def validate_request(index: int, request: ForwardRequest, *, page_size: int, num_pages: int,
                      vocab_size: int, max_position: int) -> None:
     """Raise RequestError (naming `index` and the field) if the request does not fit the engine."""
+    if not isinstance(request, ForwardRequest):
+        raise _fail(index, "request", f"a {type(request).__name__}, not a ForwardRequest")
     num_tokens = len(request.token_ids)
     if num_tokens == 0:
         raise _fail(index, "token_ids", "empty: a forward pass needs at least one token")
@@ -42,7 +44,7 @@ def validate_request(index: int, request: ForwardRequest, *, page_size: int, num
     if not request.page_ids:
         raise _fail(index, "page_ids", "empty: the new tokens need at least one page")
     _check_ints(index, "page_ids", request.page_ids, 0, num_pages, "page id")
-    if not 1 <= request.last_page_len <= page_size:
+    if not isinstance(request.last_page_len, int) or not 1 <= request.last_page_len <= page_size:
         raise _fail(index, "last_page_len",
                     f"{request.last_page_len} not in [1, page_size={page_size}]")
     num_slots = kv_len(len(request.page_ids), request.last_page_len, page_size)
@@ -54,8 +56,13 @@ def validate_request(index: int, request: ForwardRequest, *, page_size: int, num
     if len(request.samplers) != len(request.output_indices):
         raise _fail(index, "samplers", f"{len(request.samplers)} samplers for "
                     f"{len(request.output_indices)} output indices")
-    if any(not isinstance(s, SamplerSpec) for s in request.samplers):
-        raise _fail(index, "samplers", "every sampler must be a SamplerSpec")
+    for number, sampler in enumerate(request.samplers):
+        if not isinstance(sampler, SamplerSpec):
+            raise _fail(index, "samplers", f"sampler {number} is a {type(sampler).__name__}, "
+                        f"not a SamplerSpec")
+        problem = sampler_problem(sampler, vocab_size)
+        if problem is not None:
+            raise _fail(index, "samplers", f"sampler {number}: {problem}")
     if request.mask is not None and len(request.mask) != num_tokens:
         raise _fail(index, "mask", f"{len(request.mask)} mask rows for {num_tokens} tokens")
 

@@ -108,7 +108,8 @@ def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
     if engine is None:
         return EXIT_ERROR
     from host.runtime import Runtime
-    with Runtime(engine, RuntimeConfig(cache_dir=cache_dir)) as runtime:
+    # one instance: naming its memory limit exactly is worth its slower start
+    with Runtime(engine, RuntimeConfig(cache_dir=cache_dir, count_linear_memory=True)) as runtime:
         program = _load_program(runtime, wasm_path)
         if program is None:
             return EXIT_ERROR
@@ -194,11 +195,15 @@ def _run_instance(runtime, program, inferlet_args: list[str], limits, *, lines: 
 
 
 def _forward_stdin(runtime, instance_id: str) -> None:
-    """Send each stdin line (without its newline) to the instance as a client message."""
+    """Send each stdin line (without its newline) to the instance as a client message; stop at
+    the first refused (the instance's unread messages are at client_max_chars)."""
+    from host.errors import LimitError
     try:
         for line in sys.stdin:
             if not runtime.send(instance_id, line.rstrip("\n")):
                 return
+    except LimitError as refused:
+        print(f"pie run: stdin no longer forwarded: {refused}", file=sys.stderr)
     except (OSError, ValueError, KeyError):
         return
 

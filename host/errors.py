@@ -6,7 +6,7 @@ and the other instances never see it.
 """
 from __future__ import annotations
 
-__all__ = ["TrapError", "OutOfPagesError", "QuotaError", "Cancelled"]
+__all__ = ["TrapError", "OutOfPagesError", "QuotaError", "Cancelled", "LimitError"]
 
 
 class TrapError(Exception):
@@ -24,3 +24,10 @@ class QuotaError(TrapError):
 class Cancelled(TrapError):
     """A blocking call or a pending submission was cut short: the instance was terminated or the
     scheduler / channel was closed. The message says which call and why."""
+
+
+class LimitError(TrapError):
+    """A bounded store of the host is full (a tenant's key-value store, an instance's unread
+    client messages, its subscriptions, ...). The message names the call or store and the limit.
+    Inside a WIT call it traps the calling instance; from a client (Runtime.send) it is the
+    refusal of that one request."""

@@ -24,6 +24,7 @@ from host.messages.hub import MessageHub
 from host.runtime_config import InstanceLimits, RuntimeConfig
 from host.sandbox.events import InstanceEvent, InstanceOutcome
 from host.sandbox.instance import HostServices, Instance, ModelInfo
+from host.sandbox.linear_memory import LinearMemories
 from host.sandbox.programs import Program, ProgramCache, ProgramStats, make_engine
 from host.sandbox.tables import InstanceTables
 from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy, SchedulerStats
@@ -63,9 +64,14 @@ class Runtime:
         self.engine = engine
         self.config = config
         policy = config.scheduler or SchedulerPolicy()
-        self.wasm_engine = make_engine()
         current = threading.local()
-        self.programs = ProgramCache(self.wasm_engine, config.cache_dir, provided_items())
+        # lives as long as the engine; None: Wasmtime's own memories (copy-on-write images)
+        self.linear_memories = LinearMemories(current) if config.count_linear_memory else None
+        self.wasm_engine = make_engine(self.linear_memories)
+        self.programs = ProgramCache(self.wasm_engine, config.cache_dir, provided_items(),
+                                     compile_timeout_s=config.compile_timeout_s,
+                                     compile_memory_mb=config.compile_memory_mb,
+                                     copy_on_write=self.linear_memories is None)
         self.page_allocator = PageAllocator(engine.num_pages)
         self._kv_shares = dict(config.kv_shares)
         if sum(self._kv_shares.values()) > engine.num_pages:
@@ -74,7 +80,7 @@ class Runtime:
                              f"{engine.num_pages}")
         self.exports = ExportRegistry(self.page_allocator, page_limit=self.export_page_limit)
         self.scheduler = BatchScheduler(engine, policy)
-        self.hub = MessageHub()
+        self.hub = MessageHub(config.messages)
         tokenizer = engine.tokenizer
         self.services = HostServices(
             wasm_engine=self.wasm_engine, linker=build_linker(self.wasm_engine, current),
@@ -82,10 +88,12 @@ class Runtime:
             model_info=ModelInfo(engine.model_name, engine.page_size, tokenizer.vocab_size,
                                  tuple(tokenizer.stop_token_ids), tokenizer.chat_template,
                                  policy.max_batch_tokens),
-            version=_version(), epoch_tick_ms=config.epoch_tick_ms, current=current)
+            version=_version(), epoch_tick_ms=config.epoch_tick_ms, current=current,
+            counts_memory=self.linear_memories is not None)
         self._lock = threading.Lock()
         self._running: dict[str, Instance] = {}
         self._finished: dict[str, Instance] = {}
+        self._num_finished_chars = 0          # log and result characters of _finished
         self._launch_counter = itertools.count()
         self._num_launched = 0
         self._num_finished = 0
@@ -118,7 +126,8 @@ class Runtime:
             page_quota=self.page_allocator.num_pages if limits.page_quota is None else limits.page_quota,
             page_size=self.engine.page_size,
             reclaim=lambda num_pages: self._reclaim(instance_id, num_pages),
-            vocab_size=self.services.model_info.vocab_size)
+            vocab_size=self.services.model_info.vocab_size,
+            max_kv_len=self.engine.model_config.max_position)
         channel = self.hub.open(instance_id, tenant,
                                 lambda message: emit(InstanceEvent(instance_id, "message", message)))
         instance = Instance(instance_id=instance_id, tenant=tenant, program=program, args=args,
@@ -133,7 +142,8 @@ class Runtime:
         return instance_id
 
     def send(self, instance_id: str, message: str) -> bool:
-        """Deliver a client message to a running instance; False when it has ended."""
+        """Deliver a client message to a running instance; False when it has ended. Raises
+        host.errors.LimitError when its unread client messages would pass client_max_chars."""
         self._instance(instance_id)
         return self.hub.deliver(instance_id, message)
 
@@ -214,13 +224,23 @@ class Runtime:
         self.scheduler.cancel_owner(instance.instance_id)
         self.hub.close(instance.instance_id, reason)
         instance.tables.clear()
+        instance.trim_log(self.config.finished_log_chars)
         with self._lock:
             self._running.pop(instance.instance_id, None)
             self._finished[instance.instance_id] = instance
-            while len(self._finished) > _MAX_FINISHED_KEPT:
-                self._finished.pop(next(iter(self._finished)))
+            self._num_finished_chars += _kept_chars(instance)
+            self._forget_finished()
             self._num_finished += 1
         emit(InstanceEvent(instance.instance_id, outcome.event_kind, outcome.value))
+
+    def _forget_finished(self) -> None:
+        """Forget the oldest ended instances past _MAX_FINISHED_KEPT or max_finished_chars
+        (the newest is always kept, so `wait` answers right after the end). Under _lock."""
+        while len(self._finished) > 1 and (
+                len(self._finished) > _MAX_FINISHED_KEPT
+                or self._num_finished_chars > self.config.max_finished_chars):
+            oldest = self._finished.pop(next(iter(self._finished)))
+            self._num_finished_chars -= _kept_chars(oldest)
 
     def export_page_limit(self, tenant: str) -> int:
         """Most distinct pages `tenant`'s exports may hold: its configured share, else what the
@@ -276,6 +296,12 @@ def _reclaim_reason(view: PoolView, victim: Holder, requester_id: str,
            f"tenant {victim.tenant!r} held {view.tenant_pages.get(victim.tenant, 0)} pages, over "
            f"its guaranteed share of {view.shares.get(victim.tenant, 0)}")
     return f"out of KV pages: terminated to free pages for instance {requester_id} ({why})"
+
+
+def _kept_chars(instance: Instance) -> int:
+    """Characters an ended instance keeps: its (trimmed) log and its outcome's value."""
+    outcome = instance.outcome
+    return instance.num_log_chars + (len(outcome.value) if outcome is not None else 0)
 
 
 def _version() -> str:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from host.scheduling.scheduler import SchedulerPolicy
 
-__all__ = ["InstanceLimits", "RuntimeConfig", "default_cache_dir"]
+__all__ = ["InstanceLimits", "MessageLimits", "RuntimeConfig", "default_cache_dir"]
 
 
 def default_cache_dir() -> Path:
@@ -22,7 +22,20 @@ def default_cache_dir() -> Path:
 class InstanceLimits:
     """What one instance may use.
 
-    memory_mb:      linear memory limit of the guest (a Python guest needs >= 13 MiB to start).
+    memory_mb:      the guest's linear memory in total, all its memories together (a Python guest
+                    needs >= 13 MiB to start): counted exactly with
+                    RuntimeConfig.count_linear_memory, else each of max_memories memories may grow
+                    to memory_mb / max_memories.
+    max_memories:   linear memories the instance may create (a componentize-py or wit-bindgen
+                    component has one; more are refused at instantiation); they share memory_mb.
+    max_tables:     tables the instance may create (componentize-py: 2).
+    max_table_elements: elements of each table (8 bytes each: at most
+                    max_tables * max_table_elements * 8 bytes of tables in all).
+    max_core_instances: core module instances of the component (componentize-py: 15).
+    max_log_chars:  characters of the instance's log kept while it runs (its newest lines; each
+                    line at most 8,192 characters).
+    max_result_chars: characters of the string `run` returns; a longer one ends the instance
+                    with a trap naming the limit.
     max_idle_s:     longest the guest may compute without calling the host before it traps with
                     "no host call for N s" (time blocked in the host does not count).
     page_quota:     most KV pages held at once; None = the whole pool.
@@ -31,6 +44,12 @@ class InstanceLimits:
     """
 
     memory_mb: int = 256
+    max_memories: int = 1
+    max_tables: int = 8
+    max_table_elements: int = 65_536
+    max_core_instances: int = 64
+    max_log_chars: int = 1 << 20
+    max_result_chars: int = 4 << 20
     max_idle_s: float = 10.0
     page_quota: int | None = None
     max_blocking_s: float | None = None
@@ -38,6 +57,13 @@ class InstanceLimits:
     def __post_init__(self) -> None:
         if self.memory_mb <= 0 or self.memory_mb > 4096:
             raise ValueError(f"InstanceLimits.memory_mb must be in 1..4096, got {self.memory_mb}")
+        for name, low, high in (("max_memories", 1, 16), ("max_tables", 1, 1024),
+                                ("max_table_elements", 1, 1 << 24),
+                                ("max_core_instances", 1, 10_000),
+                                ("max_log_chars", 1, 1 << 30), ("max_result_chars", 1, 1 << 30)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"InstanceLimits.{name} must be in {low}..{high}, got {value!r}")
         if not self.max_idle_s > 0:
             raise ValueError(f"InstanceLimits.max_idle_s must be > 0, got {self.max_idle_s}")
         if self.page_quota is not None and self.page_quota < 0:
@@ -48,23 +74,75 @@ class InstanceLimits:
 
 
 @dataclass(frozen=True)
+class MessageLimits:
+    """What the messages of a runtime may hold (characters: a str of N characters holds at most
+    4N bytes). Each bound is per tenant or per instance, so one cannot fill the host for others.
+
+    store_max_keys:         keys of one tenant's key-value store.
+    store_max_chars:        characters of one tenant's store, keys and values together; a
+                            store-set past it traps naming the limit.
+    topic_max_messages:     unread broadcasts of one subscription; past it the oldest is dropped.
+    topic_max_chars:        characters of unread broadcasts of one subscription; past it the
+                            oldest are dropped (counted in Inbox.num_dropped).
+    max_subscriptions:      topics one instance may subscribe to (a subscribe past it traps).
+    client_max_chars:       characters of client messages queued to one instance that it has not
+                            read; a send past it is refused (host.errors.LimitError) and the
+                            queued messages stay.
+    """
+
+    store_max_keys: int = 10_000
+    store_max_chars: int = 8 << 20
+    topic_max_messages: int = 1024
+    topic_max_chars: int = 4 << 20
+    max_subscriptions: int = 64
+    client_max_chars: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("store_max_keys", "store_max_chars", "topic_max_messages",
+                     "topic_max_chars", "max_subscriptions", "client_max_chars"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"MessageLimits.{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     """How the runtime is set up.
 
     cache_dir:     where compiled components are kept (keyed by sha256 + wasmtime + engine config).
     scheduler:     the batching policy; None = host.scheduling.scheduler.SchedulerPolicy() (adaptive).
     limits:        the default InstanceLimits of a launch.
+    messages:      the MessageLimits of the runtime's message hub.
     epoch_tick_ms: how often the epoch ticker advances the Wasmtime epoch.
     kv_shares:     (tenant, pages) guaranteed to each named tenant (host/kv/contention.py); the
                    tenants not named split what is left equally. Their sum must fit the pool
                    (checked by the Runtime, which knows the pool).
+    finished_log_chars: characters of log kept for each ended instance (its newest lines).
+    max_finished_chars: characters kept for ended instances in all (their logs and results);
+                   past it, or past 4,096 instances, the oldest are forgotten.
+    compile_timeout_s: longest the compilation of one component may take (in a child process,
+                   killed at the limit; the program is refused naming it).
+    compile_memory_mb: address space of that child process.
+    count_linear_memory: the host creates every linear memory and charges it to its instance
+                   (host/sandbox/linear_memory.py): memory_mb is then the exact total of its
+                   memories and an instance that hit it is told so whatever the guest reports.
+                   Costs copy-on-write images: a componentize-py instance starts ~40-70 ms later
+                   and holds its ~12 MiB heap snapshot privately. False: Wasmtime's memories,
+                   memory_mb split evenly over max_memories, the limit named when the guest's
+                   own report shows it (MemoryError, an allocation failure).
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)
     scheduler: "SchedulerPolicy | None" = None
     limits: InstanceLimits = field(default_factory=InstanceLimits)
+    messages: MessageLimits = field(default_factory=MessageLimits)
     epoch_tick_ms: int = 10
     kv_shares: tuple[tuple[str, int], ...] = ()
+    finished_log_chars: int = 16_384
+    max_finished_chars: int = 64 << 20
+    compile_timeout_s: float = 300.0
+    compile_memory_mb: int = 4096
+    count_linear_memory: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_shares", tuple((str(t), int(n)) for t, n in self.kv_shares))
@@ -79,5 +157,17 @@ class RuntimeConfig:
         if not 1 <= self.epoch_tick_ms <= 1000:
             raise ValueError(f"RuntimeConfig.epoch_tick_ms must be in 1..1000, "
                              f"got {self.epoch_tick_ms}")
+        if not self.compile_timeout_s > 0:
+            raise ValueError(f"RuntimeConfig.compile_timeout_s must be > 0, "
+                             f"got {self.compile_timeout_s}")
+        if not isinstance(self.compile_memory_mb, int) or self.compile_memory_mb < 256:
+            raise ValueError(f"RuntimeConfig.compile_memory_mb must be an int >= 256, "
+                             f"got {self.compile_memory_mb!r}")
+        if not isinstance(self.messages, MessageLimits):
+            raise ValueError(f"RuntimeConfig.messages must be MessageLimits, got {self.messages!r}")
+        for name in ("finished_log_chars", "max_finished_chars"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"RuntimeConfig.{name} must be an int >= 0, got {value!r}")
         if not isinstance(self.limits, InstanceLimits):
             raise ValueError(f"RuntimeConfig.limits must be InstanceLimits, got {self.limits!r}")

@@ -62,7 +62,9 @@ def _host_function(call: str, impl: Callable[..., Any], current: threading.local
         instance = getattr(current, "instance", None)
         if instance is None:
             raise WasmtimeError(f"{call}: called outside any pie instance thread")
+        instance.num_host_calls_active += 1
         try:
+            instance.check_not_cancelled(call)     # a terminated instance makes no more calls
             if with_store:
                 return impl(instance, store, *args)
             return impl(instance, *args)
@@ -75,6 +77,7 @@ def _host_function(call: str, impl: Callable[..., Any], current: threading.local
             cause = f"{call}: host error: {exc!r}"
         finally:
             instance.last_host_exit = time.monotonic()
+            instance.num_host_calls_active -= 1
         if instance.trap_cause is None:
             instance.trap_cause = cause
         raise WasmtimeError(f"instance {instance.instance_id}: {cause}")

@@ -10,7 +10,7 @@ from typing import Any
 
 from wasmtime.component import Record, ResourceHost
 
-from engine.batch import Distribution, ForwardResult, SamplerSpec
+from engine.batch import Distribution, ForwardResult, SamplerSpec, sampler_problem
 from host.bindings.context import BindingContext
 from host.errors import TrapError
 from host.sandbox.tables import ForwardFutureEntry
@@ -26,7 +26,9 @@ def submit(ctx: BindingContext, queue_id: int, sequence_id: int, token_ids: list
            samplers: list[Record], mask: list[list[int]] | None) -> ResourceHost:
     call = "forward.submit"
     priority = ctx.tables.queues.priority(call, queue_id)
-    specs = [_sampler_spec(call, index, sampler) for index, sampler in enumerate(samplers)]
+    vocab_size = ctx.services.model_info.vocab_size
+    specs = [_sampler_spec(call, index, sampler, vocab_size)
+             for index, sampler in enumerate(samplers)]
     prepared = ctx.tables.pages.prepare_forward(sequence_id, token_ids, positions,
                                                   last_page_len, output_indices, specs, mask)
     future = ctx.services.scheduler.submit_forward((ctx.instance_id, queue_id),
@@ -62,14 +64,20 @@ def _entry(ctx: BindingContext, store: Any, handle: Any, call: str) -> ForwardFu
     return ctx.tables.futures.get(call, handle.to_host(store).rep)
 
 
-def _sampler_spec(call: str, index: int, sampler: Record) -> SamplerSpec:
+def _sampler_spec(call: str, index: int, sampler: Record, vocab_size: int) -> SamplerSpec:
+    """The guest's sampler record as a SamplerSpec; any NaN / inf / out-of-range field traps the
+    calling instance here, before the pass can reach a batch shared with other instances."""
     try:
-        return SamplerSpec(kind=sampler.kind, temperature=sampler.temperature,
+        spec = SamplerSpec(kind=sampler.kind, temperature=sampler.temperature,
                            top_k=getattr(sampler, "top-k"), top_p=getattr(sampler, "top-p"),
                            min_p=getattr(sampler, "min-p"), seed=sampler.seed,
                            num_top=getattr(sampler, "num-top"))
     except ValueError as exc:
         raise TrapError(f"{call}: sampler {index}: {exc}") from None
+    problem = sampler_problem(spec, vocab_size)
+    if problem is not None:
+        raise TrapError(f"{call}: sampler {index}: {problem}")
+    return spec
 
 
 def _lower_output(output: int | Distribution) -> int | Record:

@@ -38,14 +38,19 @@ class InstancePages:
     newer instances and returns True once it has returned pages to the pool (False: nothing to
     reclaim). Allocation then retries; with nothing to reclaim it raises OutOfPagesError.
     vocab_size: when given, forward.submit traps on a token id outside the vocabulary.
+    max_kv_len: when given, forward.submit traps on a pass over more KV slots than this (the
+    model's context length): a sequence listing one page thousands of times would otherwise make
+    one pass read that many slots and stall every other instance's batch.
     """
 
     def __init__(self, allocator: PageAllocator, exports: ExportRegistry, *, instance_id: str,
                  tenant: str, page_quota: int, page_size: int,
-                 reclaim: ReclaimHook | None = None, vocab_size: int | None = None) -> None:
+                 reclaim: ReclaimHook | None = None, vocab_size: int | None = None,
+                 max_kv_len: int | None = None) -> None:
         self.ledger = PageLedger(allocator, exports, instance_id=instance_id, tenant=tenant,
                                  page_quota=page_quota, page_size=page_size, reclaim=reclaim)
         self.vocab_size = vocab_size      # None: token ids are not checked here
+        self.max_kv_len = max_kv_len      # None: no bound on a pass's KV length
 
     @property
     def page_quota(self) -> int:
@@ -290,6 +295,10 @@ class InstancePages:
         if not 1 <= last_page_len <= self.ledger.page_size:
             raise TrapError(f"{call}: last-page-len {last_page_len} outside 1..{self.ledger.page_size}")
         num_slots = paged_kv_len(len(sequence.page_ids), last_page_len, self.ledger.page_size)
+        if self.max_kv_len is not None and num_slots > self.max_kv_len:
+            raise TrapError(f"{call}: the pass spans {num_slots} KV slots "
+                            f"({len(sequence.page_ids)} pages), more than the model's context "
+                            f"length {self.max_kv_len}")
         if num_tokens > num_slots:
             raise TrapError(f"{call}: {num_tokens} tokens but the pages hold {num_slots}")
         if len(samplers) != len(output_indices):

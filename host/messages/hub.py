@@ -5,6 +5,10 @@ Everything here is thread-safe and owned by one `MessageHub` (no module state). 
 wait on a condition and are woken by `close` (terminate): they then raise `Cancelled` naming the call
 and the reason. A receive with a timeout returns None when it expires (the caller decides whether
 that is a trap). Topic broadcasts reach only the instances subscribed before the broadcast.
+
+Every store is bounded by `MessageLimits` (host/runtime_config.py) in characters as well as in
+entries: a tenant's key-value store refuses a set past its size; a subscription's inbox drops its
+oldest unread broadcasts; an instance's inbox of client messages refuses a message past its size.
 """
 from __future__ import annotations
 
@@ -13,35 +17,67 @@ import time
 from collections import deque
 from typing import Callable
 
-from host.errors import Cancelled, TrapError
+from host.errors import Cancelled, LimitError, TrapError
+from host.runtime_config import MessageLimits
 
 __all__ = ["Inbox", "KeyValueStore", "MessageHub", "InstanceChannel"]
 
 
 class Inbox:
-    """A FIFO of strings. With `capacity`, a put into a full inbox drops the oldest message
-    (counted in num_dropped) so a reader that never reads cannot grow memory without bound."""
+    """A FIFO of strings, bounded by `capacity` messages and `max_chars` characters (None: no
+    bound). When a put would pass a bound, the oldest messages are dropped to make room (counted
+    in num_dropped), or, with `refuse_when_full`, the put raises LimitError naming `name` and the
+    bound and nothing is dropped. A message longer than max_chars on its own is never queued."""
 
-    def __init__(self, capacity: int | None = None) -> None:
-        if capacity is not None and capacity <= 0:
-            raise ValueError(f"Inbox capacity must be positive, got {capacity}")
+    def __init__(self, capacity: int | None = None, max_chars: int | None = None, *,
+                 refuse_when_full: bool = False, name: str = "inbox") -> None:
+        for bound_name, bound in (("capacity", capacity), ("max_chars", max_chars)):
+            if bound is not None and bound <= 0:
+                raise ValueError(f"Inbox {bound_name} must be positive, got {bound}")
         self.capacity = capacity
+        self.max_chars = max_chars
+        self.refuse_when_full = refuse_when_full
+        self.name = name
         self.num_dropped = 0
+        self._num_chars = 0
         self._cond = threading.Condition()
         self._messages: deque[str] = deque()
         self._closed_reason: str | None = None
 
     def put(self, message: str) -> bool:
-        """Append a message; False (dropped) when the inbox is closed."""
+        """Append a message; False when the inbox is closed, or when the message alone is over
+        max_chars and the inbox drops rather than refuses (it is then counted as dropped)."""
         with self._cond:
             if self._closed_reason is not None:
                 return False
-            if self.capacity is not None and len(self._messages) >= self.capacity:
-                self._messages.popleft()
-                self.num_dropped += 1
+            if self._full_after(len(message)):
+                if self.refuse_when_full:
+                    raise LimitError(self._refusal(len(message)))
+                if self.max_chars is not None and len(message) > self.max_chars:
+                    self.num_dropped += 1
+                    return False
+                while self._messages and self._full_after(len(message)):
+                    self._num_chars -= len(self._messages.popleft())
+                    self.num_dropped += 1
             self._messages.append(message)
+            self._num_chars += len(message)
             self._cond.notify()
             return True
+
+    def _full_after(self, num_chars: int) -> bool:
+        """Whether one more message of num_chars characters passes a bound."""
+        return ((self.capacity is not None and len(self._messages) + 1 > self.capacity)
+                or (self.max_chars is not None and self._num_chars + num_chars > self.max_chars))
+
+    def _refusal(self, num_chars: int) -> str:
+        return (f"{self.name} is full: {len(self._messages)} unread messages of "
+                f"{self._num_chars} characters, and {num_chars} more would pass its limit of "
+                f"{self.max_chars} characters / {self.capacity} messages")
+
+    def _pop(self) -> str:
+        message = self._messages.popleft()
+        self._num_chars -= len(message)
+        return message
 
     def receive(self, timeout: float | None = None, *, call: str = "messaging.receive") -> str | None:
         """The oldest message, waiting for one. None when `timeout` seconds pass first; raises
@@ -51,7 +87,7 @@ class Inbox:
             while True:
                 self._check_open(call)
                 if self._messages:
-                    return self._messages.popleft()
+                    return self._pop()
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return None
@@ -60,7 +96,7 @@ class Inbox:
     def try_receive(self, *, call: str = "messaging.try-receive") -> str | None:
         with self._cond:
             self._check_open(call)
-            return self._messages.popleft() if self._messages else None
+            return self._pop() if self._messages else None
 
     def close(self, reason: str) -> None:
         """Wake every waiter with Cancelled(reason); later puts are dropped. Idempotent."""
@@ -68,6 +104,7 @@ class Inbox:
             if self._closed_reason is None:
                 self._closed_reason = reason
                 self._messages.clear()
+                self._num_chars = 0
             self._cond.notify_all()
 
     @property
@@ -75,18 +112,26 @@ class Inbox:
         with self._cond:
             return len(self._messages)
 
+    @property
+    def num_pending_chars(self) -> int:
+        with self._cond:
+            return self._num_chars
+
     def _check_open(self, call: str) -> None:
         if self._closed_reason is not None:
             raise Cancelled(f"{call}: {self._closed_reason}")
 
 
 class KeyValueStore:
-    """A tenant's string -> string store, at most `max_keys` keys."""
+    """A tenant's string -> string store: at most `max_keys` keys and `max_chars` characters of
+    keys and values together. A set past either bound raises LimitError and changes nothing."""
 
-    def __init__(self, max_keys: int = 10_000) -> None:
+    def __init__(self, max_keys: int = 10_000, max_chars: int = 8 << 20) -> None:
         self.max_keys = max_keys
+        self.max_chars = max_chars
         self._lock = threading.Lock()
         self._values: dict[str, str] = {}
+        self._num_chars = 0
 
     def get(self, key: str) -> str | None:
         with self._lock:
@@ -94,14 +139,31 @@ class KeyValueStore:
 
     def set(self, key: str, value: str) -> None:
         with self._lock:
-            if key not in self._values and len(self._values) >= self.max_keys:
-                raise TrapError(f"messaging.store-set: the store is full ({self.max_keys} keys); "
-                                f"cannot add {key!r}")
+            old = self._values.get(key)
+            if old is None and len(self._values) >= self.max_keys:
+                raise LimitError(f"messaging.store-set: the store is full ({self.max_keys} keys); "
+                                 f"cannot add {key[:64]!r}")
+            freed = 0 if old is None else len(key) + len(old)
+            num_chars = self._num_chars - freed + len(key) + len(value)
+            if num_chars > self.max_chars:
+                raise LimitError(f"messaging.store-set: the store would hold {num_chars} "
+                                 f"characters, more than its limit of {self.max_chars} "
+                                 f"(store_max_chars); cannot set {key[:64]!r}")
             self._values[key] = value
+            self._num_chars = num_chars
+
+    @property
+    def num_chars(self) -> int:
+        with self._lock:
+            return self._num_chars
 
     def delete(self, key: str) -> bool:
         with self._lock:
-            return self._values.pop(key, None) is not None
+            old = self._values.pop(key, None)
+            if old is None:
+                return False
+            self._num_chars -= len(key) + len(old)
+            return True
 
     def __len__(self) -> int:
         with self._lock:
@@ -111,9 +173,8 @@ class KeyValueStore:
 class MessageHub:
     """All channels of a runtime. `open` an instance's channel at launch, `close` it at the end."""
 
-    def __init__(self, *, topic_capacity: int = 1024, store_max_keys: int = 10_000) -> None:
-        self.topic_capacity = topic_capacity
-        self.store_max_keys = store_max_keys
+    def __init__(self, limits: MessageLimits = MessageLimits()) -> None:
+        self.limits = limits
         self._lock = threading.Lock()
         self._channels: dict[str, InstanceChannel] = {}
         self._topics: dict[tuple[str, str], dict[str, Inbox]] = {}   # (tenant, topic) -> subscribers
@@ -124,7 +185,11 @@ class MessageHub:
         with self._lock:
             if instance_id in self._channels:
                 raise ValueError(f"instance {instance_id} already has a channel")
-            channel = InstanceChannel(self, instance_id, tenant, send_to_client)
+            channel = InstanceChannel(self, instance_id, tenant, send_to_client,
+                                      Inbox(max_chars=self.limits.client_max_chars,
+                                            refuse_when_full=True,
+                                            name=f"the client inbox of instance {instance_id} "
+                                                 f"(client_max_chars)"))
             self._channels[instance_id] = channel
             return channel
 
@@ -133,7 +198,8 @@ class MessageHub:
             return self._channels.get(instance_id)
 
     def deliver(self, instance_id: str, message: str) -> bool:
-        """Client -> instance. False when the instance has no open channel."""
+        """Client -> instance. False when the instance has no open channel; LimitError when its
+        unread client messages would pass client_max_chars."""
         channel = self.channel(instance_id)
         return channel is not None and channel.inbox.put(message)
 
@@ -153,7 +219,8 @@ class MessageHub:
         with self._lock:
             store = self._stores.get(tenant)
             if store is None:
-                store = self._stores[tenant] = KeyValueStore(self.store_max_keys)
+                store = self._stores[tenant] = KeyValueStore(self.limits.store_max_keys,
+                                                             self.limits.store_max_chars)
             return store
 
     def subscribe(self, tenant: str, topic: str, instance_id: str) -> Inbox:
@@ -163,7 +230,8 @@ class MessageHub:
             subscribers = self._topics.setdefault((tenant, topic), {})
             inbox = subscribers.get(instance_id)
             if inbox is None:
-                inbox = subscribers[instance_id] = Inbox(self.topic_capacity)
+                inbox = subscribers[instance_id] = Inbox(self.limits.topic_max_messages,
+                                                         self.limits.topic_max_chars)
             return inbox
 
     def broadcast(self, tenant: str, topic: str, message: str) -> int:
@@ -181,11 +249,11 @@ class InstanceChannel:
     """One instance's view of messaging: what the `messaging` WIT binding calls."""
 
     def __init__(self, hub: MessageHub, instance_id: str, tenant: str,
-                 send_to_client: Callable[[str], None]) -> None:
+                 send_to_client: Callable[[str], None], inbox: Inbox) -> None:
         self.hub = hub
         self.instance_id = instance_id
         self.tenant = tenant
-        self.inbox = Inbox()
+        self.inbox = inbox
         self._send_to_client = send_to_client
         self._closed_reason: str | None = None
         self._subscriptions: dict[str, Inbox] = {}
@@ -210,6 +278,11 @@ class InstanceChannel:
     def subscribe(self, topic: str) -> None:
         if self._closed_reason is not None:
             raise Cancelled(f"messaging.subscribe: {self._closed_reason}")
+        limit = self.hub.limits.max_subscriptions
+        with self._lock:
+            if topic not in self._subscriptions and len(self._subscriptions) >= limit:
+                raise LimitError(f"messaging.subscribe: already subscribed to {limit} topics "
+                                 f"(max_subscriptions); cannot subscribe to {topic[:64]!r}")
         inbox = self.hub.subscribe(self.tenant, topic, self.instance_id)
         with self._lock:
             self._subscriptions[topic] = inbox

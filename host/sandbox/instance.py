@@ -1,12 +1,17 @@
 """One sandboxed instance: its thread, its Wasmtime Store, its limits and its lifecycle.
 
-Sandbox: a Store per instance with a linear-memory limit (store limits) and an empty WasiConfig
-(no filesystem, network or environment; clocks and random only); the guest's stdout / stderr go
-to the instance's log. Idle limit: every host call stamps `last_host_exit`; an epoch-deadline
-callback, run by Wasmtime every few ticks of the engine epoch while the guest computes, traps the
-guest once it has computed for `max_idle_s` without a host call, or once it was terminated. Time
-blocked inside the host never counts. Blocking host calls wait through `wait_future` /
-`blocking_timeout`, which `terminate` wakes.
+Sandbox: a Store per instance with store limits on its total (memory_mb over at most
+max_memories linear memories, a number of tables of bounded size, a number of core instances)
+and an empty WasiConfig (no filesystem, network or environment; clocks and random only); the
+guest's stdout / stderr go to the instance's log (bounded). Idle limit: every host call stamps
+`last_host_exit`; an epoch-deadline callback, run by Wasmtime every few ticks of the engine epoch
+while the guest computes, traps the guest once it has computed for `max_idle_s` without a host
+call, or once it was terminated. Time blocked inside the host never counts. Blocking host calls
+wait through `wait_future` / `blocking_timeout`, which `terminate` wakes.
+
+A terminated instance still running 0.5 s later outside the host's bindings (blocked in a WASI
+call Wasmtime cannot interrupt) is abandoned: its end is reported and its resources returned,
+its thread finishes by itself later.
 
 After a trap the Store is poisoned: it is dropped, and the runtime's `on_finish` releases every
 page reference, pending submission and channel of the instance.
@@ -42,6 +47,8 @@ __all__ = ["Instance", "HostServices", "ModelInfo"]
 
 _log = logging.getLogger("pie.instance")
 _MAX_LOG_LINES = 2000
+_MAX_LOG_LINE_CHARS = 8192       # a longer line is cut, saying how much was cut
+_ABANDON_AFTER_S = 0.5          # a terminated instance still running then is abandoned
 _MAX_CHECK_TICKS = 5            # the deadline callback runs at least every 5 epoch ticks
 _DEADLINE_CONTINUE = 0          # WASMTIME_UPDATE_DEADLINE_CONTINUE
 # The exact ctypes function types wasmtime-py declared for wasmtime_store_epoch_deadline_callback.
@@ -75,6 +82,7 @@ class HostServices:
     version: str
     epoch_tick_ms: int
     current: threading.local
+    counts_memory: bool = False      # LinearMemories creates and counts every linear memory
 
 
 class Instance:
@@ -99,7 +107,9 @@ class Instance:
         self.trap_cause: str | None = None
         self.last_host_exit = time.monotonic()
         self._on_finish = on_finish
-        self._log_lines: collections.deque[str] = collections.deque(maxlen=_MAX_LOG_LINES)
+        self._log_lines: collections.deque[str] = collections.deque()
+        self._num_log_chars = 0
+        self._log_lock = threading.Lock()
         self._partial_output = {"stdout": b"", "stderr": b""}
         self._lock = threading.Lock()
         self._cancel_reason: str | None = None
@@ -109,6 +119,11 @@ class Instance:
         self._waker = threading.Lock()
         self._waker.acquire()
         self._done = threading.Event()
+        self._finish_started = False     # under _lock: _finish_once ran (thread end or abandon)
+        self.num_host_calls_active = 0   # > 0 while the thread is inside a pie binding
+        self.memory_limit_bytes = limits.memory_mb << 20   # charged by LinearMemories
+        self.num_memory_bytes = 0
+        self.memory_limit_hit = False
         self._deadline_callback = _DeadlineCallback(self._on_deadline)
         self._check_ticks = max(1, min(_MAX_CHECK_TICKS, math.ceil(
             limits.max_idle_s * 1000 / services.epoch_tick_ms)))
@@ -120,7 +135,10 @@ class Instance:
 
     def terminate(self, reason: str) -> bool:
         """Ask the instance to end: blocked host calls wake with Cancelled, a computing guest
-        traps at its next epoch check. False when it had already ended or been asked."""
+        traps at its next epoch check. A guest blocked in a WASI call (a sleep) cannot be
+        interrupted: if it has not ended _ABANDON_AFTER_S later it is abandoned (every page,
+        pass and channel returned, its end reported); its thread ends by itself later, trapping
+        at its next host call or epoch check. False when it had already ended or been asked."""
         with self._lock:
             if self._done.is_set() or self._cancel_reason is not None:
                 return False
@@ -128,7 +146,27 @@ class Instance:
         self._wake()
         self.channel.close(f"instance {self.instance_id} terminated: {reason}")
         self.services.scheduler.cancel_owner(self.instance_id)
+        self._arm_abandon()
         return True
+
+    def _arm_abandon(self) -> None:
+        timer = threading.Timer(_ABANDON_AFTER_S, self._abandon_if_stuck)
+        timer.name = f"pie-{self.instance_id}-abandon"
+        timer.daemon = True
+        timer.start()
+
+    def _abandon_if_stuck(self) -> None:
+        """Finish a terminated instance whose thread is stuck outside the host's bindings (in a
+        WASI call). Inside a binding it will wake on its own (every blocking binding wakes on
+        terminate): look again later."""
+        if self._done.is_set():
+            return
+        if self.num_host_calls_active > 0:
+            self._arm_abandon()
+            return
+        self.log(f"host: abandoned {_ABANDON_AFTER_S:g} s after terminate (blocked in a WASI "
+                 f"call); its thread ends by itself")
+        self._finish_once(InstanceOutcome("terminated", self._cancel_reason or "terminated"))
 
     def wait(self, timeout: float | None = None) -> InstanceOutcome | None:
         """The outcome once the instance has ended (None when `timeout` passes first)."""
@@ -144,11 +182,37 @@ class Instance:
         return self._cancel_reason
 
     def log_lines(self) -> tuple[str, ...]:
-        return tuple(self._log_lines)
+        with self._log_lock:
+            return tuple(self._log_lines)
+
+    @property
+    def num_log_chars(self) -> int:
+        return self._num_log_chars
 
     def log(self, line: str) -> None:
-        self._log_lines.append(line)
+        """Append a line (cut at 8,192 characters); the oldest lines go once the log passes
+        limits.max_log_chars or 2,000 lines. Ignored once the instance has finished (the thread
+        of an abandoned instance may still write)."""
+        if self._finish_started:
+            return
+        if len(line) > _MAX_LOG_LINE_CHARS:
+            line = f"{line[:_MAX_LOG_LINE_CHARS]}... ({len(line) - _MAX_LOG_LINE_CHARS} more " \
+                   f"characters cut)"
+        with self._log_lock:
+            self._log_lines.append(line)
+            self._num_log_chars += len(line)
+            self._trim_log(self.limits.max_log_chars, _MAX_LOG_LINES)
         _log.debug("[%s] %s", self.instance_id, line)
+
+    def trim_log(self, max_chars: int) -> None:
+        """Keep only the newest lines holding at most max_chars characters (an ended instance)."""
+        with self._log_lock:
+            self._trim_log(max_chars, _MAX_LOG_LINES)
+
+    def _trim_log(self, max_chars: int, max_lines: int) -> None:
+        while self._log_lines and (self._num_log_chars > max_chars
+                                   or len(self._log_lines) > max_lines):
+            self._num_log_chars -= len(self._log_lines.popleft())
 
     # ------------------------------------------------------ blocking helpers
     def blocking_timeout(self) -> float | None:
@@ -192,13 +256,24 @@ class Instance:
     # -------------------------------------------------------------- thread
     def _main(self) -> None:
         self.services.current.instance = self
-        outcome = self._execute()
-        self._flush_output()
+        try:
+            outcome = self._execute()
+            self._flush_output()
+            self._finish_once(outcome)
+        finally:
+            self.services.current.instance = None
+
+    def _finish_once(self, outcome: InstanceOutcome) -> None:
+        """Record the outcome and call on_finish, once: on the instance's thread when it ends,
+        or on the abandon timer's thread for a thread stuck in a WASI call."""
+        with self._lock:
+            if self._finish_started:
+                return
+            self._finish_started = True
         self.outcome = outcome
         try:
             self._on_finish(self, outcome)
         finally:
-            self.services.current.instance = None
             self._done.set()
 
     def _execute(self) -> InstanceOutcome:
@@ -221,7 +296,14 @@ class Instance:
 
     def _make_store(self) -> Store:
         store = Store(self.services.wasm_engine)
-        store.set_limits(memory_size=self.limits.memory_mb << 20)
+        limits = self.limits   # the instance's total: memories, tables and instances together
+        # Counted: no per-memory bound here, LinearMemories enforces the total and must see every
+        # refused growth to record it. Else each of max_memories memories gets an equal share.
+        store.set_limits(memory_size=-1 if self.services.counts_memory
+                         else (limits.memory_mb << 20) // limits.max_memories,
+                         table_elements=limits.max_table_elements,
+                         instances=limits.max_core_instances, tables=limits.max_tables,
+                         memories=limits.max_memories)
         wasi = WasiConfig()   # no args, env, preopened dirs or network; clocks and random only
         wasi.stdout_custom = lambda data: self._write_output("stdout", data)
         wasi.stderr_custom = lambda data: self._write_output("stderr", data)
@@ -258,6 +340,14 @@ class Instance:
 
     def _outcome_of_result(self, value: Any) -> InstanceOutcome:
         if isinstance(value, Variant) and isinstance(value.payload, str):
+            limit = self.limits.max_result_chars
+            if len(value.payload) > limit:
+                return InstanceOutcome("trap", f"`run` returned {value.tag} with a string of "
+                                       f"{len(value.payload)} characters, more than the limit "
+                                       f"of {limit} (max_result_chars)")
+            if value.tag != "ok" and self.memory_limit_hit:
+                return InstanceOutcome("error", f"{self._memory_limit_cause()}; the inferlet "
+                                       f"then failed with: {value.payload}")
             return InstanceOutcome("ok" if value.tag == "ok" else "error", value.payload)
         return InstanceOutcome("trap", f"`run` returned {value!r}, not result<string, string>")
 
@@ -268,7 +358,13 @@ class Instance:
             return InstanceOutcome("trap", self.trap_cause)
         if host_error:
             return InstanceOutcome("trap", message)
-        return InstanceOutcome("trap", classify_trap(message, self.limits, self.log_lines()))
+        cause = classify_trap(message, self.limits, self.log_lines())
+        if self.memory_limit_hit and not cause.startswith("memory limit"):
+            cause = f"{self._memory_limit_cause()}; then {cause}"
+        return InstanceOutcome("trap", cause)
+
+    def _memory_limit_cause(self) -> str:
+        return f"memory limit {self.limits.memory_mb} MiB reached"
 
     # -------------------------------------------------------------- output
     def _write_output(self, stream: str, data: bytes) -> None:

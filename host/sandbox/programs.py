@@ -5,6 +5,12 @@ component takes seconds; loading the serialized artifact takes ~2 ms, so `Progra
 looks in memory, then on disk (`<cache_dir>/components/<sha256>-<config>.cwasm`, keyed also by the
 wasmtime version and the engine config, since an artifact only loads into a matching engine), and
 compiles only when both miss. Concurrent loads of the same bytes compile once.
+
+Before compiling, the component's top-level import and export names are read from its binary
+(`component_names.py`, ~1 ms for 18 MB): an import the host does not provide or a missing `run`
+is refused without compiling. Compilation runs in a child process bounded in time and memory
+(`compile_worker.py`). Every refusal is remembered by hash (the newest `_MAX_REFUSALS_KEPT`),
+so the same bytes are refused again at once.
 """
 from __future__ import annotations
 
@@ -17,29 +23,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from wasmtime import Config, Engine, WasmtimeError
+from wasmtime import Engine, WasmtimeError
 from wasmtime.component import Component, ComponentInstanceType, FuncType, ResultType, String
 
-__all__ = ["Program", "ProgramError", "ProgramStats", "ProgramCache", "make_engine",
-           "ENGINE_CONFIG_KEY", "WASI_PACKAGES"]
+from host.sandbox.compile_worker import (CompileRefused, compile_bounded, engine_config_key,
+                                         make_engine)
+from host.sandbox.component_names import ComponentFormatError, read_names
 
-ENGINE_CONFIG_KEY = "epoch_interruption=1"
+__all__ = ["Program", "ProgramError", "ProgramStats", "ProgramCache", "make_engine",
+           "WASI_PACKAGES"]
+
 WASI_PACKAGES = ("wasi:cli/", "wasi:clocks/", "wasi:filesystem/", "wasi:io/", "wasi:random/",
                  "wasi:sockets/")   # what Linker.add_wasip2 provides (sandboxed by WasiConfig)
 _WASM_MAGIC = b"\0asm"
 _CORE_VERSION = b"\x01\x00\x00\x00"
+_MAX_REFUSALS_KEPT = 4096
 
 
 class ProgramError(ValueError):
     """The bytes are not a runnable inferlet; the message says why."""
-
-
-def make_engine() -> Engine:
-    """The Wasmtime engine every program and instance of a runtime shares (epoch interruption on:
-    the instance's idle deadline; fuel off: it slows every guest)."""
-    config = Config()
-    config.epoch_interruption = True
-    return Engine(config)
 
 
 @dataclass(frozen=True)
@@ -57,29 +59,38 @@ class ProgramStats:
     num_compiles: int        # compilations from bytes (disk and memory both missed)
     num_disk_loads: int      # artifacts deserialized from the disk cache
     num_memory_hits: int     # loads answered by the in-process memo
+    num_refusals: int = 0    # loads refused (a remembered refusal counts again)
 
 
 class ProgramCache:
     """Loads programs for one engine. `provided` maps each host interface name to the names of
-    the functions and resources the host defines in it (what an inferlet may import)."""
+    the functions and resources the host defines in it (what an inferlet may import).
+    compile_timeout_s / compile_memory_mb bound the compilation of one component.
+    copy_on_write: whether `engine` was made with copy-on-write memory images (make_engine()
+    without LinearMemories); artifacts are compiled and cached for that config."""
 
     def __init__(self, engine: Engine, cache_dir: Path | None,
-                 provided: Mapping[str, frozenset[str]]) -> None:
+                 provided: Mapping[str, frozenset[str]], *, compile_timeout_s: float = 300.0,
+                 compile_memory_mb: int = 4096, copy_on_write: bool = True) -> None:
         self.engine = engine
+        self.copy_on_write = copy_on_write
+        self.compile_timeout_s = compile_timeout_s
+        self.compile_memory_mb = compile_memory_mb
+        self._refusals: dict[str, str] = {}     # hash -> the refusal's message, oldest first
         self.cache_dir = Path(cache_dir) / "components" if cache_dir is not None else None
         self.provided = dict(provided)
         self._lock = threading.Lock()
         self._programs: dict[str, Program] = {}
         self._hash_locks: dict[str, threading.Lock] = {}
-        self._counts = {"compiles": 0, "disk": 0, "memory": 0}
+        self._counts = {"compiles": 0, "disk": 0, "memory": 0, "refusals": 0}
         wasmtime_version = importlib.metadata.version("wasmtime")
         self._artifact_suffix = hashlib.sha256(
-            f"{wasmtime_version}|{ENGINE_CONFIG_KEY}|{platform.machine()}".encode()).hexdigest()[:16]
+            f"{wasmtime_version}|{engine_config_key(copy_on_write)}|{platform.machine()}"
+            .encode()).hexdigest()[:16]
 
     def load(self, wasm_bytes: bytes) -> Program:
         """Validate and compile `wasm_bytes` (or reuse a cached artifact). Raises ProgramError."""
         wasm_bytes = bytes(wasm_bytes)
-        check_header(wasm_bytes)
         program_hash = hashlib.sha256(wasm_bytes).hexdigest()
         with self._lock:
             if program_hash in self._programs:
@@ -91,17 +102,38 @@ class ProgramCache:
                 if program_hash in self._programs:
                     self._counts["memory"] += 1
                     return self._programs[program_hash]
-            component = self._load_artifact(program_hash)
-            if component is None:
-                component = self._compile(wasm_bytes)
-                check_world(component, self.engine, self.provided)
-                self._store_artifact(program_hash, component)
-            else:
-                check_world(component, self.engine, self.provided)
-            program = Program(program_hash, len(wasm_bytes), component)
+            try:
+                program = self._load_new(program_hash, wasm_bytes)
+            except ProgramError as exc:
+                self._remember_refusal(program_hash, str(exc))
+                raise
             with self._lock:
                 self._programs[program_hash] = program
             return program
+
+    def _load_new(self, program_hash: str, wasm_bytes: bytes) -> Program:
+        with self._lock:
+            refusal = self._refusals.get(program_hash)
+        if refusal is not None:
+            raise ProgramError(refusal)
+        check_header(wasm_bytes)
+        check_names(wasm_bytes, self.provided)
+        component = self._load_artifact(program_hash)
+        if component is None:
+            component, artifact = self._compile(wasm_bytes)
+            check_world(component, self.engine, self.provided)
+            self._store_artifact(program_hash, artifact)
+        else:
+            check_world(component, self.engine, self.provided)
+        return Program(program_hash, len(wasm_bytes), component)
+
+    def _remember_refusal(self, program_hash: str, message: str) -> None:
+        with self._lock:
+            self._counts["refusals"] += 1
+            self._refusals.pop(program_hash, None)
+            self._refusals[program_hash] = message
+            while len(self._refusals) > _MAX_REFUSALS_KEPT:
+                self._refusals.pop(next(iter(self._refusals)))
 
     def get(self, program_hash: str) -> Program:
         """A program loaded before, by hash. Raises ProgramError for an unknown hash."""
@@ -114,7 +146,8 @@ class ProgramCache:
     def statistics(self) -> ProgramStats:
         with self._lock:
             return ProgramStats(len(self._programs), self._counts["compiles"],
-                                self._counts["disk"], self._counts["memory"])
+                                self._counts["disk"], self._counts["memory"],
+                                self._counts["refusals"])
 
     def _artifact_path(self, program_hash: str) -> Path | None:
         if self.cache_dir is None:
@@ -134,22 +167,28 @@ class ProgramCache:
             self._counts["disk"] += 1
         return component
 
-    def _compile(self, wasm_bytes: bytes) -> Component:
+    def _compile(self, wasm_bytes: bytes) -> tuple[Component, bytes]:
+        """The component and its serialized artifact, compiled in a bounded child process."""
         try:
-            component = Component(self.engine, wasm_bytes)
+            artifact = compile_bounded(wasm_bytes, timeout_s=self.compile_timeout_s,
+                                       memory_mb=self.compile_memory_mb,
+                                       copy_on_write=self.copy_on_write)
+            component = Component.deserialize(self.engine, artifact)
+        except CompileRefused as exc:
+            raise ProgramError(str(exc)) from None
         except WasmtimeError as exc:
-            raise ProgramError(f"not a valid component: {_first_line(exc)}") from None
+            raise ProgramError(f"cannot load the compiled component: {_first_line(exc)}") from None
         with self._lock:
             self._counts["compiles"] += 1
-        return component
+        return component, artifact
 
-    def _store_artifact(self, program_hash: str, component: Component) -> None:
+    def _store_artifact(self, program_hash: str, artifact: bytes) -> None:
         path = self._artifact_path(program_hash)
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        partial.write_bytes(component.serialize())
+        partial.write_bytes(artifact)
         partial.replace(path)   # atomic: a reader sees the whole artifact or none
 
 
@@ -163,10 +202,27 @@ def check_header(wasm_bytes: bytes) -> None:
                            "with `pie build` (componentize-py) or `wasm-tools component new`")
 
 
+def check_names(wasm_bytes: bytes, provided: Mapping[str, frozenset[str]]) -> None:
+    """Before compiling: the component's top-level names read from its binary. It must export
+    `run` and import only WASI and interfaces the host provides."""
+    try:
+        names = read_names(wasm_bytes)
+    except ComponentFormatError as exc:
+        raise ProgramError(f"not a valid component: {exc}") from None
+    if "run" not in names.exports:
+        raise ProgramError(f"not an inferlet: no export `run` (exports: "
+                           f"{sorted(names.exports)[:20]}); target world pie:inferlet/inferlet")
+    for name in names.imports:
+        if not name.startswith(WASI_PACKAGES) and name not in provided:
+            raise ProgramError(f"imports `{name[:200]}`, which this host does not provide "
+                               f"(it provides {sorted(provided)} and WASI 0.2)")
+
+
 def check_world(component: Component, engine: Engine,
                 provided: Mapping[str, frozenset[str]]) -> None:
-    """Check the component targets world pie:inferlet/inferlet: it exports
-    `run: func() -> result<string, string>` and imports nothing the host does not provide."""
+    """After compiling (types need the compiled component): the component targets world
+    pie:inferlet/inferlet: it exports `run: func() -> result<string, string>` and imports
+    nothing the host does not provide, down to each function of each interface."""
     component_type = component.type
     exports = component_type.exports(engine)
     if "run" not in exports:

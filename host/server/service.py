@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from host.errors import LimitError
 from host.server.metrics import ServerMetrics
 from host.server.sinks import EventSink
 from host.server.uploads import UploadStore, StoredProgram, UnknownProgramError
@@ -217,7 +218,11 @@ class PieService:
 
     def send(self, tenant: Tenant, instance_id: str, message: str) -> None:
         handle = self.find(tenant, instance_id)
-        if not self.runtime.send(handle.instance_id, message):
+        try:
+            delivered = self.runtime.send(handle.instance_id, message)
+        except LimitError as error:          # the instance's unread client messages are full
+            raise ServiceError(str(error)) from None
+        if not delivered:
             raise ServiceError(f"instance {instance_id!r} has ended")
 
     async def terminate(self, handle: InstanceHandle, reason: str) -> None:

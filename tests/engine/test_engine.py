@@ -69,6 +69,60 @@ def test_bad_input_names_request_and_field_and_engine_keeps_serving(make_tiny_en
     assert engine.forward(ForwardBatch((GOOD,))) == before
 
 
+def corrupt_sampler(**fields) -> SamplerSpec:
+    """A SamplerSpec whose fields were changed after its constructor checked them: the engine
+    must not trust that every SamplerSpec it receives went through the constructor."""
+    spec = SamplerSpec(kind="sample", temperature=0.7, seed=1)
+    for name, value in fields.items():
+        object.__setattr__(spec, name, value)
+    return spec
+
+
+BAD_SAMPLERS = {
+    "temperature nan": corrupt_sampler(temperature=float("nan")),
+    "temperature inf": corrupt_sampler(temperature=float("inf")),
+    "temperature negative": corrupt_sampler(temperature=-1.0),
+    "top_p nan": corrupt_sampler(top_p=float("nan")),
+    "top_p zero": corrupt_sampler(top_p=0.0),
+    "min_p nan": corrupt_sampler(min_p=float("nan")),
+    "min_p one": corrupt_sampler(min_p=1.0),
+    "top_k negative": corrupt_sampler(top_k=-3),
+    "top_k over vocab": corrupt_sampler(top_k=98),
+    "top_k float": corrupt_sampler(top_k=2.5),
+    "num_top over vocab": corrupt_sampler(kind="distribution", num_top=1 << 31),
+    "num_top zero": corrupt_sampler(kind="distribution", num_top=0),
+    "seed negative": corrupt_sampler(seed=-1),
+    "seed over u64": corrupt_sampler(seed=1 << 64),
+    "kind unknown": corrupt_sampler(kind="beam"),
+    "not a sampler": "greedy",
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SAMPLERS))
+def test_bad_sampler_fails_only_its_request(make_tiny_engine, case):
+    """Whatever sampler the engine receives, it is a RequestError naming that request (so the
+    scheduler fails it alone); the same batch without it runs and gives what it gives alone."""
+    engine = make_tiny_engine(page_size=4)
+    good = fill([4, 5], 0, (5,), 4)
+    alone = engine.forward(ForwardBatch((good,)))
+    bad = fill([1, 2, 3], 0, (0,), 4, samplers=(BAD_SAMPLERS[case],))
+    pool_before = engine.kv_cache.pool.clone()
+    with pytest.raises(RequestError) as raised:
+        engine.forward(ForwardBatch((good, bad)))
+    assert (raised.value.request_index, raised.value.field) == (1, "samplers")
+    assert case.split()[0] in str(raised.value) or case == "not a sampler"
+    assert torch.equal(engine.kv_cache.pool, pool_before)
+    assert engine.forward(ForwardBatch((good,))) == alone
+
+
+@pytest.mark.parametrize("fields", [{"temperature": float("nan")}, {"top_p": float("inf")},
+                                    {"min_p": float("nan")}, {"temperature": float("-inf")},
+                                    {"top_k": -1}, {"seed": 1 << 64}])
+def test_sampler_spec_constructor_rejects_non_finite_and_out_of_range(fields):
+    with pytest.raises(ValueError, match=next(iter(fields))):
+        SamplerSpec(kind="sample", **fields)
+
+
 def test_bad_token_copy_is_rejected_whole(make_tiny_engine):
     engine = make_tiny_engine(page_size=4)
     engine.forward(ForwardBatch((GOOD,)))

@@ -127,16 +127,16 @@ def program_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def make_runtime(program_cache_dir: Path):
-    """make_runtime(engine, limits=None, policy=None, kv_shares=()) -> a started Runtime, closed
-    after the test."""
+    """make_runtime(engine, limits=None, policy=None, **config_fields) -> a started Runtime,
+    closed after the test; config_fields are further RuntimeConfig fields (kv_shares, ...)."""
     from host import InstanceLimits, Runtime, RuntimeConfig
 
     made: list = []
 
-    def make(engine, limits: "InstanceLimits | None" = None, policy=None, kv_shares=()):
+    def make(engine, limits: "InstanceLimits | None" = None, policy=None, **config_fields):
         config = RuntimeConfig(cache_dir=program_cache_dir,
                                limits=limits or InstanceLimits(max_idle_s=5.0), scheduler=policy,
-                               kv_shares=kv_shares)
+                               **config_fields)
         runtime = Runtime(engine, config)
         made.append(runtime)
         return runtime

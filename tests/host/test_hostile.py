@@ -22,6 +22,8 @@ RUNTIME_HOSTILE = [
     ("leak", "ok", ["leaked"]),
     ("bad_handle", "trap", ["invalid resource handle", "77"]),
     ("bad_token", "trap", ["forward.submit", "token id 2147483647 outside the vocabulary"]),
+    ("bad_sampler", "trap", ["forward.submit", "sampler 0", "temperature", "nan"]),
+    ("long_pass", "trap", ["forward.submit", "8189 KV slots", "context length 4096"]),
 ]
 # bytes that never become a program: builder, expected phrases of the ProgramError
 LOAD_HOSTILE = [

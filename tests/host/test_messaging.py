@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from host.errors import Cancelled, TrapError
+from host.errors import Cancelled, LimitError, TrapError
 from host.messages.hub import Inbox, KeyValueStore, MessageHub
+from host.runtime_config import MessageLimits
 
 
 def open_channel(hub: MessageHub, instance_id: str, tenant: str = "t"):
@@ -97,7 +98,7 @@ def test_topic_receive_is_cancelled_by_terminate_and_subscriptions_end():
 
 
 def test_store_is_per_tenant():
-    hub = MessageHub(store_max_keys=2)
+    hub = MessageHub(MessageLimits(store_max_keys=2))
     a, _ = open_channel(hub, "a")
     b, _ = open_channel(hub, "b")
     other, _ = open_channel(hub, "c", tenant="u")
@@ -138,3 +139,54 @@ def test_store_validates_capacity():
     store.set("a", "1")
     store.set("a", "2")                              # replacing does not need room
     assert store.get("a") == "2"
+
+
+def test_store_is_bounded_in_characters_and_a_refused_set_changes_nothing():
+    store = KeyValueStore(max_keys=100, max_chars=20)
+    store.set("a", "x" * 9)                           # 10 characters
+    store.set("b", "y" * 9)                           # 20
+    with pytest.raises(LimitError, match=r"would hold 21 characters, more than its limit of 20 "
+                                         r"\(store_max_chars\)"):
+        store.set("c", "")
+    with pytest.raises(LimitError, match="store_max_chars"):
+        store.set("a", "x" * 10)                      # replacing counts the new value only
+    assert store.get("a") == "x" * 9 and store.num_chars == 20
+    store.set("a", "")                                # smaller: fits
+    assert store.num_chars == 11
+    assert store.delete("b") and store.num_chars == 1
+
+
+def test_topic_inbox_drops_oldest_past_its_characters():
+    hub = MessageHub(MessageLimits(topic_max_chars=10))
+    reader, _ = open_channel(hub, "r")
+    writer, _ = open_channel(hub, "w")
+    reader.subscribe("news")
+    for message in ("aaaa", "bbbb", "cccc", "dd"):
+        writer.broadcast("news", message)
+    inbox = hub.subscription("t", "news", "r")
+    assert inbox.num_pending_chars == 10 and inbox.num_dropped == 1
+    assert writer.broadcast("news", "x" * 11) == 0     # longer than the bound alone: dropped
+    assert [reader.try_receive_topic("news") for _ in range(4)] == ["bbbb", "cccc", "dd", None]
+    assert inbox.num_dropped == 2
+
+
+def test_subscriptions_are_bounded():
+    hub = MessageHub(MessageLimits(max_subscriptions=2))
+    channel, _ = open_channel(hub, "a")
+    channel.subscribe("one")
+    channel.subscribe("two")
+    channel.subscribe("one")                          # again: no new subscription
+    with pytest.raises(LimitError, match=r"messaging.subscribe: already subscribed to 2 topics "
+                                         r"\(max_subscriptions\)"):
+        channel.subscribe("three")
+
+
+def test_client_inbox_refuses_past_its_characters():
+    hub = MessageHub(MessageLimits(client_max_chars=8))
+    channel, _ = open_channel(hub, "a")
+    assert hub.deliver("a", "12345")
+    with pytest.raises(LimitError, match=r"client inbox of instance a \(client_max_chars\).*"
+                                         r"limit of 8 characters"):
+        hub.deliver("a", "6789")
+    assert hub.deliver("a", "678")
+    assert channel.try_receive() == "12345" and hub.deliver("a", "9")

@@ -32,7 +32,9 @@ def test_load_validates_and_hashes(engine, tmp_path, components):  # noqa: F811
 @pytest.mark.parametrize("wasm,phrase", [
     (b"", "not a WebAssembly binary"),
     (b"\x7fELF\x02\x01\x01\x00", "not a WebAssembly binary"),
-    (b"\x00asm\x0d\x00\x01\x00\x07\x07garbage", "not a valid component"),
+    (b"\x00asm\x0d\x00\x01\x00\x07\x07garbage", "no export `run`"),   # read, not compiled
+    (b"\x00asm\x0d\x00\x01\x00\x0b\x07garbage", "not a valid component"),  # a bad export
+    (b"\x00asm\x0d\x00\x01\x00\x0b\x09\x01\x00\x03run\x01\x00\x00\x00", "not a valid component"),
 ])
 def test_bad_bytes_name_the_reason(engine, tmp_path, wasm, phrase):
     store = new_store(engine, tmp_path)
@@ -118,3 +120,32 @@ def test_without_cache_dir_compiles_in_memory_only(engine, components):  # noqa:
     wasm = components.component("info")
     assert store.load(wasm) is store.load(wasm)
     assert store.statistics().num_compiles == 1
+
+
+def test_foreign_import_is_refused_without_compiling_and_remembered(engine, tmp_path,  # noqa: F811
+                                                                     components):  # noqa: F811
+    """The import section is read from the bytes: no compilation, and the second load of the
+    same bytes is answered from the remembered refusal."""
+    store = new_store(engine, tmp_path)
+    wasm = components.component("foreign")
+    for _ in range(2):
+        with pytest.raises(ProgramError, match=re.escape("pie:test/gadget@0.1.0")):
+            store.load(wasm)
+    stats = store.statistics()
+    assert (stats.num_compiles, stats.num_refusals, stats.num_programs) == (0, 2, 0)
+
+
+def test_compile_is_bounded_in_time(engine, tmp_path, components):  # noqa: F811
+    store = ProgramCache(engine, tmp_path, provided_items(), compile_timeout_s=0.001)
+    with pytest.raises(ProgramError, match=r"compilation took longer than the limit of 0.001 s "
+                                           r"\(compile_timeout_s\)"):
+        store.load(components.component("generate"))
+    assert store.statistics().num_compiles == 0
+
+
+def test_compile_is_bounded_in_memory(engine, tmp_path, components):  # noqa: F811
+    """The child's address space is capped (24 MiB: less than Python and the compiler need; a
+    componentize-py component needs ~450 MiB); the parent refuses, naming the bound."""
+    store = ProgramCache(engine, tmp_path, provided_items(), compile_memory_mb=24)
+    with pytest.raises(ProgramError, match=r"24 MiB \(compile_memory_mb\)"):
+        store.load(components.component("generate"))

@@ -88,6 +88,9 @@ def test_run_exit_codes_and_causes(cli_env, component_path):
     assert trap.returncode == 3 and "trapped" in trap.stderr and "987654" in trap.stderr
     memory = pie(["run", wasm, "--memory-mb", "64", "--", "memory"], cli_env, stdin=subprocess.DEVNULL)
     assert memory.returncode == 1 and "MemoryError" in memory.stderr
+    strings = pie(["run", wasm, "--memory-mb", "64", "--", "strings"], cli_env,
+                  stdin=subprocess.DEVNULL)
+    assert strings.returncode == 1 and "memory limit 64 MiB reached" in strings.stderr
 
 
 def test_run_rejects_bad_options_and_files(cli_env, tmp_path):

@@ -52,3 +52,23 @@
     (local.set $ptr (call $alloc (i32.const 4)))
     (i32.store (local.get $ptr) (local.get $value))
     (local.get $ptr))
+
+  ;; The decimal digits of $value at 1024 (the guest's static data) (at most 10); returns their count.
+  (func $decimal (param $value i32) (result i32)
+    (local $len i32) (local $i i32) (local $tmp i32)
+    (loop $digit
+      (i32.store8 (i32.add (i32.const 1024) (local.get $len))
+                  (i32.add (i32.const 48) (i32.rem_u (local.get $value) (i32.const 10))))
+      (local.set $len (i32.add (local.get $len) (i32.const 1)))
+      (local.set $value (i32.div_u (local.get $value) (i32.const 10)))
+      (br_if $digit (local.get $value)))
+    (local.set $i (i32.const 0))
+    (block $done (loop $swap
+      (br_if $done (i32.ge_u (local.get $i) (i32.sub (i32.sub (local.get $len) (local.get $i)) (i32.const 1))))
+      (local.set $tmp (i32.load8_u (i32.add (i32.const 1024) (local.get $i))))
+      (i32.store8 (i32.add (i32.const 1024) (local.get $i))
+                  (i32.load8_u (i32.sub (i32.add (i32.const 1023) (local.get $len)) (local.get $i))))
+      (i32.store8 (i32.sub (i32.add (i32.const 1023) (local.get $len)) (local.get $i)) (local.get $tmp))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $swap)))
+    (local.get $len))

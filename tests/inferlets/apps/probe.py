@@ -28,6 +28,10 @@ def main(args: list[str]) -> str:
         hog = []
         while True:
             hog.append(bytearray(1 << 20))
+    if mode == "strings":   # doubling a str: CPython reports a TypeError when it no longer fits
+        text = "x"
+        while True:
+            text = text + text
     if mode == "info":
         info = inferlet.model_info()
         return f"{info.name} page_size={info.page_size} stop={list(info.stop_token_ids)}"

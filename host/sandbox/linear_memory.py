@@ -1,0 +1,175 @@
+"""Every linear memory of a runtime's instances, created by the host so it counts them.
+
+Wasmtime's store limits bound each memory on its own and say nothing when a `memory.grow` is
+refused; a guest then reports whatever its allocator makes of it (CPython in componentize-py
+0.25.1 doubling a str that no longer fits raises "TypeError: unsupported operand type(s) for +:
+'' and ''": formatting the type names already failed). So the host creates the memories itself
+(a Wasmtime host memory creator): `LinearMemories` reserves each memory's address space (PROT_NONE,
+as Wasmtime would), makes its accessible prefix read-write as it grows, charges every byte to the
+instance whose thread created it (`current.instance`), refuses a growth past that instance's
+total (`InstanceLimits.memory_mb`, all its memories together) and records that it did, so the
+instance's outcome can name the limit whatever the guest reports.
+
+Memories created outside an instance thread are not charged. Data segments are copied into each
+memory (`memory_init_cow` off: copy-on-write images need Wasmtime's own mmap memories).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+from typing import Any, Protocol
+
+from wasmtime import Config, WasmtimeError
+from wasmtime import _bindings
+
+__all__ = ["LinearMemories", "MemoryOwner"]
+
+_PROT_NONE, _PROT_READ_WRITE = 0, 3
+_MAP_PRIVATE, _MAP_ANONYMOUS, _MAP_NORESERVE = 0x02, 0x20, 0x4000
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_OS_PAGE = 4096
+_Finalizer = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class MemoryOwner(Protocol):
+    """What an instance exposes to be charged for its memories."""
+
+    memory_limit_bytes: int      # its total, all memories together
+    num_memory_bytes: int        # charged now
+    memory_limit_hit: bool       # a creation or growth was refused at the limit
+
+
+def _libc() -> Any:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+def _error(message: str) -> int:
+    """A wasmtime_error_t* for Wasmtime to own, as the callbacks return it."""
+    return ctypes.cast(WasmtimeError(message)._consume(), ctypes.c_void_p).value or 0
+
+
+class _Memory:
+    __slots__ = ("base", "num_bytes", "capacity", "reserved", "owner")
+
+    def __init__(self, base: int, num_bytes: int, capacity: int, reserved: int,
+                 owner: MemoryOwner | None) -> None:
+        self.base = base
+        self.num_bytes = num_bytes
+        self.capacity = capacity      # what Wasmtime may address: the reservation less the guard
+        self.reserved = reserved      # what was mapped, guard included
+        self.owner = owner
+
+
+class LinearMemories:
+    """The host memory creator of one Wasmtime engine. Keep it alive as long as the engine."""
+
+    def __init__(self, current: threading.local) -> None:
+        self._current = current
+        self._libc = _libc()
+        self._lock = threading.Lock()
+        self._memories: dict[int, _Memory] = {}
+        self._next_key = 1
+        self._callbacks = (_bindings.wasmtime_memory_get_callback_t(self._get),
+                           _bindings.wasmtime_memory_grow_callback_t(self._grow),
+                           _Finalizer(self._finalize),
+                           _bindings.wasmtime_new_memory_callback_t(self._new),
+                           _Finalizer(lambda _env: None))
+        self._creator = _bindings.wasmtime_memory_creator_t()
+        self._creator.env = None
+        self._creator.new_memory = self._callbacks[3]
+        self._creator.finalizer = self._callbacks[4]
+
+    def install(self, config: Config) -> None:
+        """Make `config`'s engine create its memories here."""
+        _bindings.wasmtime_config_host_memory_creator_set(config.ptr(),
+                                                          ctypes.byref(self._creator))
+
+    @property
+    def num_memories(self) -> int:
+        with self._lock:
+            return len(self._memories)
+
+    # ---------------------------------------------------- Wasmtime's callbacks (never raise)
+    def _new(self, _env: Any, _type: Any, minimum: int, _maximum: int, reserved: int,
+             guard: int, memory_out: Any) -> int:
+        try:
+            owner = getattr(self._current, "instance", None)
+            if owner is not None and not self._charge(owner, minimum):
+                return _error(f"memory limit {owner.memory_limit_bytes >> 20} MiB reached "
+                              f"(a memory of {minimum} bytes at instantiation)")
+            capacity = max(reserved, minimum)
+            base = self._libc.mmap(None, capacity + guard, _PROT_NONE,
+                                   _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+            if base in (None, _MAP_FAILED) or not self._protect(base, 0, minimum):
+                if owner is not None:
+                    self._charge(owner, -minimum)
+                return _error(f"cannot reserve a linear memory of {capacity} bytes")
+            with self._lock:
+                key = self._next_key
+                self._next_key += 1
+                self._memories[key] = _Memory(base, minimum, capacity, capacity + guard, owner)
+            memory = memory_out[0]
+            memory.env = key
+            memory.get_memory, memory.grow_memory, memory.finalizer = self._callbacks[:3]
+            return 0
+        except BaseException as exc:  # noqa: BLE001 -- never unwind through Wasmtime
+            return _error(f"host memory creator failed: {exc!r}")
+
+    def _get(self, env: Any, size_out: Any, capacity_out: Any) -> int:
+        memory = self._memories[env]
+        size_out[0] = memory.num_bytes
+        capacity_out[0] = memory.capacity
+        return memory.base
+
+    def _grow(self, env: Any, new_size: int) -> int:
+        try:
+            memory = self._memories[env]
+            delta = new_size - memory.num_bytes
+            if new_size > memory.capacity:
+                return _error(f"a linear memory cannot grow past {memory.capacity} bytes")
+            owner = memory.owner
+            if owner is not None and not self._charge(owner, delta):
+                return _error(f"memory limit {owner.memory_limit_bytes >> 20} MiB reached")
+            if not self._protect(memory.base, memory.num_bytes, new_size):
+                if owner is not None:
+                    self._charge(owner, -delta)
+                return _error("cannot make linear memory accessible")
+            memory.num_bytes = new_size
+            return 0
+        except BaseException as exc:  # noqa: BLE001
+            return _error(f"host memory creator failed: {exc!r}")
+
+    def _finalize(self, env: Any) -> None:
+        with self._lock:
+            memory = self._memories.pop(env, None)
+        if memory is None:
+            return
+        if memory.owner is not None:
+            self._charge(memory.owner, -memory.num_bytes)
+        self._libc.munmap(memory.base, memory.reserved)
+
+    # -------------------------------------------------------------------------- helpers
+    def _charge(self, owner: MemoryOwner, num_bytes: int) -> bool:
+        """Add num_bytes to the owner's total; False (and marked as hit) past its limit."""
+        with self._lock:
+            total = owner.num_memory_bytes + num_bytes
+            if num_bytes > 0 and total > owner.memory_limit_bytes:
+                owner.memory_limit_hit = True
+                return False
+            owner.num_memory_bytes = total
+            return True
+
+    def _protect(self, base: int, old_size: int, new_size: int) -> bool:
+        """Make [0, new_size) of the memory read-write (it was so up to old_size)."""
+        start = old_size // _OS_PAGE * _OS_PAGE
+        end = -(-new_size // _OS_PAGE) * _OS_PAGE
+        if end <= start:
+            return True
+        return self._libc.mprotect(base + start, end - start, _PROT_READ_WRITE) == 0
