@@ -286,6 +286,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object of the goals")
     parser.add_argument("--idle-instances", type=int, default=None,
                         help="instances of the idle-memory row (default 1000, --quick 100)")
+    parser.add_argument("--only", default="",
+                        help="comma-separated sections: calls,step,launch,fill,tpot,idle")
     options = parser.parse_args()
     quick = options.quick
     builder = ComponentBuilder()
@@ -295,20 +297,22 @@ def main() -> None:
     rows, figures = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         cache_dir = Path(tmp)
-        for make_rows in (lambda: call_rows(wat, cache_dir, 5000 if quick else BARE_COUNT),
-                          lambda: python_step_rows(py_wasm, cache_dir, 200 if quick else 1000),
-                          lambda: launch_rows(py_wasm, cache_dir, 10 if quick else 30),
-                          lambda: batch_fill_rows(wat, cache_dir, 20 if quick else 60),
-                          lambda: tpot_rows(py_wasm, cache_dir, 10 if quick else 30),
-                          lambda: idle_rows(py_wasm, cache_dir, options.idle_instances
-                                            or (100 if quick else 1000))):
-            new_rows, new_figures = make_rows()
+        sections = {
+            "calls": lambda: call_rows(wat, cache_dir, 5000 if quick else BARE_COUNT),
+            "step": lambda: python_step_rows(py_wasm, cache_dir, 200 if quick else 1000),
+            "launch": lambda: launch_rows(py_wasm, cache_dir, 10 if quick else 30),
+            "fill": lambda: batch_fill_rows(wat, cache_dir, 20 if quick else 60),
+            "tpot": lambda: tpot_rows(py_wasm, cache_dir, 10 if quick else 30),
+            "idle": lambda: idle_rows(py_wasm, cache_dir,
+                                      options.idle_instances or (100 if quick else 1000))}
+        for name in options.only.split(",") if options.only else sections:
+            new_rows, new_figures = sections[name]()
             rows += new_rows
             figures.update(new_figures)
     keys = ("host_us_per_step", "batch_fill_256", "host_share_256", "launch_ms",
             "idle_instance_mb", "tpot_overhead_llama1b")
     if options.json:
-        print(json.dumps({key: round(figures[key], 4) for key in keys}))
+        print(json.dumps({key: round(figures[key], 4) for key in keys if key in figures}))
         return
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"{torch.get_num_threads()} torch threads")

@@ -18,6 +18,13 @@ come back at slightly different times, regroup into full batches; a lone instanc
 until it waits again, i.e. not at all once its next pass is in. "k-or-t": when k queues have work
 or the oldest item has waited t_ms.
 
+Who runs a batch: the engine thread, or -- adaptive only -- the thread about to block on one of
+its passes (`SubmissionFuture.wait_started`): when a batch may fire right then and none is
+running, that thread runs it itself instead of waking the engine thread and waiting to be woken
+(two thread hand-offs per decode step saved). One batch runs at a time, whoever runs it. The
+engine thread still runs every batch that no blocked thread can: the end of a hold at its bound,
+passes nobody waits on, the k-or-t policy.
+
 Submitting never blocks (eager calls never wait on a batch); it returns a SubmissionFuture (a
 concurrent.futures.Future). An engine exception fails the futures of that batch with the exception
 and the scheduler goes on; a ValueError that names one request ("request i: ...") fails that pass
@@ -52,13 +59,13 @@ class _Item:
                  "num_tokens", "enqueued_at")
 
     def __init__(self, queue_key: Hashable, rank: int, order: int, request, copies, on_done,
-                 on_wait: Callable[[Hashable], None]) -> None:
+                 on_wait: Callable[[SubmissionFuture], None]) -> None:
         self.queue_key = queue_key
         self.rank = rank
         self.order = order
         self.request = request                 # ForwardRequest, or None for a copy item
         self.copies = copies
-        self.future = SubmissionFuture(_owner(queue_key), on_wait)
+        self.future = SubmissionFuture(_owner(queue_key), on_wait)    # on_wait(future)
         self.on_done = on_done
         self.num_tokens = len(request.token_ids) if request is not None else 0
         self.enqueued_at = time.monotonic()
@@ -82,6 +89,8 @@ class BatchScheduler:
                         "holds": 0, "hold_timeouts": 0}
         self._expected: set[Hashable] = set()   # adaptive: owners the next batch is held for
         self._hold_until = 0.0                  # monotonic end of that hold
+        self._running = False                   # a batch is running (engine or waiting thread)
+        self._engine_idle = False               # the engine thread waits with no timer
         self._histogram: dict[int, int] = {}
         self._recent: deque[int] = deque(maxlen=_NUM_RECENT)
 
@@ -97,6 +106,8 @@ class BatchScheduler:
         """Stop the engine thread (after the batch it is running); pending futures get Cancelled."""
         with self._cond:
             self._closed = True
+            while self._running:                  # the batch in flight ends first
+                self._cond.wait()
             items = [item for queue in self._queues.values() for item in queue]
             self._queues.clear()
             self._last_futures.clear()
@@ -134,7 +145,7 @@ class BatchScheduler:
         if priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
         item = _Item(queue_key, PRIORITIES.index(priority), 0, request, copies, on_done,
-                     self.owner_waiting)
+                     self._wait_started)
         with self._cond:
             accepted = not self._closed
             if accepted:
@@ -198,15 +209,53 @@ class BatchScheduler:
             with self._cond:
                 if not self._wait_for_batch():
                     return
+                self._running = True
                 copy_items, forward_items = self._take_batch()
-            try:
-                self._run_batch(copy_items, forward_items)
-            except Exception:                                  # never let the thread die
-                _log.exception("scheduler: unexpected error running a batch")
+            self._run_taken(copy_items, forward_items)
+
+    def _run_taken(self, copy_items: list[_Item], forward_items: list[_Item]) -> None:
+        """Run a batch taken under the lock (`_running` set), on whichever thread took it."""
+        try:
+            self._run_batch(copy_items, forward_items)
+        except Exception:                                  # never let a runner die
+            _log.exception("scheduler: unexpected error running a batch")
+        finally:
+            with self._cond:
+                self._running = False
+                if self._closed or (self._engine_idle and (self._num_pending or self._expected)):
+                    self._cond.notify_all()                # what is left is the engine's
+
+    def _wait_started(self, future: SubmissionFuture) -> None:
+        """`future`'s owner is about to block on it (`SubmissionFuture.wait_started`): run every
+        batch the adaptive policy fires now on this thread, while `future` is pending and no
+        batch runs elsewhere; else (as `owner_waiting`) let the engine thread fire or time it."""
+        owner = future.owner
+        while not future.done():
+            with self._cond:
+                self._expected.discard(owner)
+                if (self._running or self._closed or self._expected or not self._num_pending
+                        or self.policy.kind != "adaptive"):
+                    if not self._expected or self._engine_idle:
+                        self._cond.notify()           # it fires, or times the hold
+                    return
+                self._running = True
+                copy_items, forward_items = self._take_batch()
+            self._run_taken(copy_items, forward_items)
+
+    def _wait_idle(self) -> None:
+        """Under the lock, on the engine thread: wait with no timer until notified."""
+        self._engine_idle = True
+        try:
+            self._cond.wait()
+        finally:
+            self._engine_idle = False
 
     def _wait_for_batch(self) -> bool:
         """Under the lock: wait until the policy fires. False when closed."""
         while not self._closed:
+            if self._running:                             # a waiting thread runs one
+                self._wait_idle()
+                continue
             if self._expected:                            # adaptive: holding after a batch
                 wait_s = self._hold_until - time.monotonic()
                 if wait_s > 0:
@@ -215,7 +264,7 @@ class BatchScheduler:
                 self._counts["hold_timeouts"] += 1
                 self._expected.clear()
             if not self._num_pending:
-                self._cond.wait()
+                self._wait_idle()
                 continue
             if self.policy.kind == "adaptive":
                 return True

@@ -68,14 +68,14 @@ class SubmissionFuture(Future):
     A consumer about to block on it calls `wait_started()` (`result()` / `exception()` do,
     Instance.wait_future does): if it is not done yet, `awaited` turns True (its owner is
     blocked on it: the adaptive policy expects the owner back after the batch that resolves it)
-    and `on_wait(owner)` tells the scheduler the owner has blocked (its turn after the last
-    batch is over)."""
+    and `on_wait(self)` tells the scheduler the owner has blocked (its turn after the last
+    batch is over; the adaptive scheduler may run the batch on this very thread)."""
 
     def __init__(self, owner: Hashable = None,
-                 on_wait: Callable[[Hashable], None] | None = None) -> None:
+                 on_wait: Callable[["SubmissionFuture"], None] | None = None) -> None:
         super().__init__()
         self.awaited = False
-        self._owner = owner
+        self.owner = owner
         self._on_wait = on_wait
 
     def wait_started(self) -> None:
@@ -83,7 +83,7 @@ class SubmissionFuture(Future):
             return
         self.awaited = True
         if self._on_wait is not None:
-            self._on_wait(self._owner)
+            self._on_wait(self)
 
     def result(self, timeout: float | None = None):
         self.wait_started()
