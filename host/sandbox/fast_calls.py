@@ -77,7 +77,8 @@ class _FrozenRecord(RecordType):
 
     def __init__(self, fields: list[tuple[str, ValType]]) -> None:
         self._fields = fields
-        self._owns_memory = [_scalar_getter(ty) is None for _, ty in fields]
+        # (name, type, getter): a number field is read straight from the union (owns nothing)
+        self._lifts = [(name, ty, _scalar_getter(ty)) for name, ty in fields]
 
     @property
     def fields(self) -> list[tuple[str, ValType]]:
@@ -92,12 +93,14 @@ class _FrozenRecord(RecordType):
                                 f"{len(self._fields)}")
             record = Record()
             data = c.of.record.data
-            for i, ((name, ty), owns_memory) in enumerate(zip(self._fields, self._owns_memory)):
+            for i, (name, ty, get_scalar) in enumerate(self._lifts):
                 value = data[i].val
+                if get_scalar is not None:
+                    setattr(record, name, get_scalar(value))
+                    continue
                 setattr(record, name, ty.convert_from_c(value))
-                if owns_memory:          # lifted (moved out): the record's delete must skip it
-                    value.kind = ffi.WASMTIME_COMPONENT_BOOL
-                    value.of.boolean = False
+                value.kind = ffi.WASMTIME_COMPONENT_BOOL   # moved out: the delete must skip it
+                value.of.boolean = False
             return record
         finally:
             ffi.wasmtime_component_valrecord_delete(c.of.record)

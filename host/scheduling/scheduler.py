@@ -153,7 +153,7 @@ class BatchScheduler:
                 self._queues.setdefault(queue_key, deque()).append(item)
                 self._last_futures[queue_key] = item.future
                 self._num_pending += 1
-                if not self._expected:                # no hold: the engine may fire now
+                if not self._expected or self._engine_idle:   # it fires, or times the hold
                     self._cond.notify()
         if not accepted:
             self._finish([item], [Cancelled("scheduler closed: submission refused")])
@@ -222,7 +222,7 @@ class BatchScheduler:
         finally:
             with self._cond:
                 self._running = False
-                if self._closed or (self._engine_idle and (self._num_pending or self._expected)):
+                if self._closed or (self._engine_idle and self._num_pending):
                     self._cond.notify_all()                # what is left is the engine's
 
     def _wait_started(self, future: SubmissionFuture) -> None:
