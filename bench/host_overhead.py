@@ -41,6 +41,7 @@ from engine.batch import ForwardBatch, ForwardResult  # noqa: E402
 from host import Runtime, RuntimeConfig  # noqa: E402
 from host.sandbox import fast_calls  # noqa: E402
 from host.sandbox.build import build_cached  # noqa: E402
+from host.scheduling.scheduler import SchedulerPolicy  # noqa: E402
 from tests.host.components import ComponentBuilder  # noqa: E402
 from tests.host.fake_engine import FakeEngine  # noqa: E402
 
@@ -175,9 +176,9 @@ def _bare_function(name: str, count: int):
     return lambda store, *args: None
 
 
-def call_rows(wat: bytes, cache_dir: Path, count: int) -> tuple[list, dict]:
+def call_rows(wat: bytes, config: RuntimeConfig, count: int) -> tuple[list, dict]:
     """No-op import (pie vs bare) and the WAT decode step."""
-    with Runtime(BenchEngine(), RuntimeConfig(cache_dir=cache_dir)) as runtime:
+    with Runtime(BenchEngine(), config) as runtime:
         program = runtime.load_program(wat)
         run_to_end(runtime, program, ["noop", "10"])   # warm up
         noop_s = run_to_end(runtime, program, ["noop", str(count)])
@@ -191,10 +192,10 @@ def call_rows(wat: bytes, cache_dir: Path, count: int) -> tuple[list, dict]:
     return rows, {"wat_us_per_step": 1e6 * step_s / num_steps}
 
 
-def python_step_rows(py_wasm: bytes, cache_dir: Path, num_steps: int) -> tuple[list, dict]:
+def python_step_rows(py_wasm: bytes, config: RuntimeConfig, num_steps: int) -> tuple[list, dict]:
     """host_us_per_step: one Python guest decoding over a 5 ms engine, host calls timed."""
     engine = BenchEngine(GPU_STEP_S)
-    with HostCallTimer() as timer, Runtime(engine, RuntimeConfig(cache_dir=cache_dir)) as runtime:
+    with HostCallTimer() as timer, Runtime(engine, config) as runtime:
         program = runtime.load_program(py_wasm)
         run_to_end(runtime, program, ["decode", "8"])            # warm up
         timer.seconds, timer.calls, engine.engine_s = 0.0, 0, 0.0
@@ -209,10 +210,10 @@ def python_step_rows(py_wasm: bytes, cache_dir: Path, num_steps: int) -> tuple[l
     return rows, {"host_us_per_step": host_us}
 
 
-def launch_rows(py_wasm: bytes, cache_dir: Path, repeats: int) -> tuple[list, dict]:
-    with Runtime(BenchEngine(), RuntimeConfig(cache_dir=cache_dir)) as runtime:
+def launch_rows(py_wasm: bytes, config: RuntimeConfig, repeats: int) -> tuple[list, dict]:
+    with Runtime(BenchEngine(), config) as runtime:
         runtime.load_program(py_wasm)                  # compiled into the disk cache
-    with Runtime(BenchEngine(), RuntimeConfig(cache_dir=cache_dir)) as runtime:
+    with Runtime(BenchEngine(), config) as runtime:
         started = time.perf_counter()
         program = runtime.load_program(py_wasm)
         cached_load = time.perf_counter() - started
@@ -223,9 +224,9 @@ def launch_rows(py_wasm: bytes, cache_dir: Path, repeats: int) -> tuple[list, di
     return rows, {"launch_ms": launch * 1e3}
 
 
-def batch_fill_rows(wat: bytes, cache_dir: Path, num_steps: int) -> tuple[list, dict]:
+def batch_fill_rows(wat: bytes, config: RuntimeConfig, num_steps: int) -> tuple[list, dict]:
     engine = BenchEngine(GPU_STEP_S)
-    with Runtime(engine, RuntimeConfig(cache_dir=cache_dir)) as runtime:
+    with Runtime(engine, config) as runtime:
         run = lined_up(runtime, engine, runtime.load_program(wat), ["step", str(num_steps)], 256)
     fill = run["num_forwards"] / run["num_batches"] / 256
     share = (run["wall_s"] - run["engine_s"]) / run["engine_s"]
@@ -237,11 +238,11 @@ def batch_fill_rows(wat: bytes, cache_dir: Path, num_steps: int) -> tuple[list, 
     return rows, {"batch_fill_256": fill, "host_share_256": share}
 
 
-def tpot_rows(py_wasm: bytes, cache_dir: Path, num_steps: int) -> tuple[list, dict]:
+def tpot_rows(py_wasm: bytes, config: RuntimeConfig, num_steps: int) -> tuple[list, dict]:
     rows, overheads = [], []
     for num_instances in (1, 8, 64):
         engine = BenchEngine(LLAMA1B_TPOT_S)
-        with Runtime(engine, RuntimeConfig(cache_dir=cache_dir)) as runtime:
+        with Runtime(engine, config) as runtime:
             run = lined_up(runtime, engine, runtime.load_program(py_wasm),
                            ["decode", str(num_steps)], num_instances)
         tpot = run["wall_s"] * num_instances / run["num_forwards"]
@@ -254,9 +255,9 @@ def tpot_rows(py_wasm: bytes, cache_dir: Path, num_steps: int) -> tuple[list, di
     return rows, {"tpot_overhead_llama1b": max(overheads)}
 
 
-def idle_rows(py_wasm: bytes, cache_dir: Path, num_instances: int) -> tuple[list, dict]:
+def idle_rows(py_wasm: bytes, config: RuntimeConfig, num_instances: int) -> tuple[list, dict]:
     """Resident memory per Python instance blocked in receive()."""
-    with Runtime(BenchEngine(), RuntimeConfig(cache_dir=cache_dir)) as runtime:
+    with Runtime(BenchEngine(), config) as runtime:
         program = runtime.load_program(py_wasm)
         runtime.wait(runtime.launch(program, ["noop"]))
         before = _rss_mb()
@@ -290,6 +291,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object of the goals")
     parser.add_argument("--idle-instances", type=int, default=None,
                         help="instances of the idle-memory row (default 1000, --quick 100)")
+    parser.add_argument("--no-run-on-waiter", action="store_true",
+                        help="every batch on the engine thread (the old behaviour: A/B)")
     parser.add_argument("--only", default="",
                         help="comma-separated sections: calls,step,launch,fill,tpot,idle")
     options = parser.parse_args()
@@ -300,14 +303,15 @@ def main() -> None:
     py_wasm = py_path.read_bytes()
     rows, figures = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        cache_dir = Path(tmp)
+        config = RuntimeConfig(cache_dir=Path(tmp), scheduler=SchedulerPolicy(
+            run_on_waiter=not options.no_run_on_waiter))
         sections = {
-            "calls": lambda: call_rows(wat, cache_dir, 5000 if quick else BARE_COUNT),
-            "step": lambda: python_step_rows(py_wasm, cache_dir, 100 if quick else 400),
-            "launch": lambda: launch_rows(py_wasm, cache_dir, 10 if quick else 30),
-            "fill": lambda: batch_fill_rows(wat, cache_dir, 20 if quick else 60),
-            "tpot": lambda: tpot_rows(py_wasm, cache_dir, 10 if quick else 30),
-            "idle": lambda: idle_rows(py_wasm, cache_dir,
+            "calls": lambda: call_rows(wat, config, 5000 if quick else BARE_COUNT),
+            "step": lambda: python_step_rows(py_wasm, config, 100 if quick else 400),
+            "launch": lambda: launch_rows(py_wasm, config, 10 if quick else 30),
+            "fill": lambda: batch_fill_rows(wat, config, 20 if quick else 60),
+            "tpot": lambda: tpot_rows(py_wasm, config, 10 if quick else 30),
+            "idle": lambda: idle_rows(py_wasm, config,
                                       options.idle_instances or (100 if quick else 1000))}
         for name in options.only.split(",") if options.only else sections:
             new_rows, new_figures = sections[name]()

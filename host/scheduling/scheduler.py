@@ -234,7 +234,7 @@ class BatchScheduler:
             with self._cond:
                 self._expected.discard(owner)
                 if (self._running or self._closed or self._expected or not self._num_pending
-                        or self.policy.kind != "adaptive"):
+                        or self.policy.kind != "adaptive" or not self.policy.run_on_waiter):
                     if not self._expected or self._engine_idle:
                         self._cond.notify()           # it fires, or times the hold
                     return

@@ -15,7 +15,8 @@ POLICY_KINDS = ("adaptive", "k-or-t")
 @dataclass(frozen=True)
 class SchedulerPolicy:
     """When batches fire. k / t_ms are used by "k-or-t" only; max_hold_ms / hold_fraction (the
-    bound of the hold after a batch) by "adaptive" only."""
+    bound of the hold after a batch) and run_on_waiter (a thread about to block on a pass runs
+    the batch itself when it may fire and none is running) by "adaptive" only."""
 
     kind: str = "adaptive"
     max_batch_tokens: int = 4096
@@ -23,6 +24,7 @@ class SchedulerPolicy:
     t_ms: float = 5.0
     max_hold_ms: float = 10.0
     hold_fraction: float = 0.25
+    run_on_waiter: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in POLICY_KINDS:
@@ -37,6 +39,9 @@ class SchedulerPolicy:
             raise ValueError(f"SchedulerPolicy.t_ms must be >= 0, got {self.t_ms}")
         if self.max_hold_ms < 0:
             raise ValueError(f"SchedulerPolicy.max_hold_ms must be >= 0, got {self.max_hold_ms}")
+        if not isinstance(self.run_on_waiter, bool):
+            raise ValueError(f"SchedulerPolicy.run_on_waiter must be a bool, "
+                             f"got {self.run_on_waiter!r}")
         if self.hold_fraction < 0:
             raise ValueError(f"SchedulerPolicy.hold_fraction must be >= 0, "
                              f"got {self.hold_fraction}")

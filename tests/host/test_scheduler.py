@@ -317,8 +317,11 @@ def test_adaptive_runs_the_batch_on_the_thread_that_blocks_on_it():
     assert stats.num_forwards == 10 and stats.num_hold_timeouts == 0
 
 
-def test_k_or_t_batches_stay_on_the_engine_thread():
-    engine = FakeEngine(num_pages=64, page_size=4, keep_log=False)
+@pytest.mark.parametrize("policy", [SchedulerPolicy("k-or-t", k=1, t_ms=1.0),
+                                    SchedulerPolicy(max_hold_ms=1000, hold_fraction=1000,
+                                                    run_on_waiter=False)])
+def test_batches_stay_on_the_engine_thread_unless_run_on_waiter(policy):
+    engine = FakeEngine(num_pages=64, page_size=4, batch_delay_s=0.001, keep_log=False)
     runner_names = []
     forward = engine.forward
 
@@ -326,7 +329,7 @@ def test_k_or_t_batches_stay_on_the_engine_thread():
         runner_names.append(threading.current_thread().name)
         return forward(batch)
     engine.forward = recording_forward
-    with BatchScheduler(engine, SchedulerPolicy("k-or-t", k=1, t_ms=1.0)) as scheduler:
+    with BatchScheduler(engine, policy) as scheduler:
         decode_loop(scheduler, "alone", 5, 0)
     assert runner_names == ["pie-engine"] * 5
 
@@ -384,6 +387,11 @@ def test_adaptive_stops_holding_for_an_owner_that_ended():
 def test_hold_bounds_are_validated(field, value):
     with pytest.raises(ValueError, match=f"SchedulerPolicy.{field} must be >= 0"):
         SchedulerPolicy(**{field: value})
+
+
+def test_run_on_waiter_must_be_a_bool():
+    with pytest.raises(ValueError, match="SchedulerPolicy.run_on_waiter must be a bool"):
+        SchedulerPolicy(run_on_waiter="yes")
 
 
 def test_runtime_instances_regroup_through_wasm(components, make_runtime):  # noqa: F811
