@@ -18,12 +18,10 @@ come back at slightly different times, regroup into full batches; a lone instanc
 until it waits again, i.e. not at all once its next pass is in. "k-or-t": when k queues have work
 or the oldest item has waited t_ms.
 
-Who runs a batch: the engine thread, or -- adaptive only -- the thread about to block on one of
-its passes (`SubmissionFuture.wait_started`): when a batch may fire right then and none is
-running, that thread runs it itself instead of waking the engine thread and waiting to be woken
-(two thread hand-offs per decode step saved). One batch runs at a time, whoever runs it. The
-engine thread still runs every batch that no blocked thread can: the end of a hold at its bound,
-passes nobody waits on, the k-or-t policy.
+Who runs a batch (one at a time): adaptive with run_on_waiter, the thread about to block on one of
+its passes when the batch may fire right then (no hand-off to the engine thread and back); else,
+and for what no blocked thread runs (a hold's bound, passes nobody waits on, k-or-t), the engine
+thread.
 
 Submitting never blocks (eager calls never wait on a batch); it returns a SubmissionFuture (a
 concurrent.futures.Future). An engine exception fails the futures of that batch with the exception
@@ -229,10 +227,9 @@ class BatchScheduler:
         """`future`'s owner is about to block on it (`SubmissionFuture.wait_started`): run every
         batch the adaptive policy fires now on this thread, while `future` is pending and no
         batch runs elsewhere; else (as `owner_waiting`) let the engine thread fire or time it."""
-        owner = future.owner
         while not future.done():
             with self._cond:
-                self._expected.discard(owner)
+                self._expected.discard(future.owner)
                 if (self._running or self._closed or self._expected or not self._num_pending
                         or self.policy.kind != "adaptive" or not self.policy.run_on_waiter):
                     if not self._expected or self._engine_idle:
@@ -245,10 +242,8 @@ class BatchScheduler:
     def _wait_idle(self) -> None:
         """Under the lock, on the engine thread: wait with no timer until notified."""
         self._engine_idle = True
-        try:
-            self._cond.wait()
-        finally:
-            self._engine_idle = False
+        self._cond.wait()
+        self._engine_idle = False
 
     def _wait_for_batch(self) -> bool:
         """Under the lock: wait until the policy fires. False when closed."""

@@ -299,41 +299,6 @@ def test_adaptive_never_holds_a_lone_instance_once_it_is_back():
     assert stats.num_batches == 10 and stats.num_hold_timeouts == 0
 
 
-def test_adaptive_runs_the_batch_on_the_thread_that_blocks_on_it():
-    """A lone decode loop: once its first pass has run, every batch runs on the loop's own thread
-    (it blocks on its pass when the batch may fire), with no hand-off to the engine thread."""
-    engine = FakeEngine(num_pages=64, page_size=4, batch_delay_s=0.002, keep_log=False)
-    runner_names = []
-    forward = engine.forward
-
-    def recording_forward(batch):
-        runner_names.append(threading.current_thread().name)
-        return forward(batch)
-    engine.forward = recording_forward
-    with BatchScheduler(engine, LONG_HOLD) as scheduler:
-        decode_loop(scheduler, "alone", 10, 0)
-        stats = scheduler.statistics()
-    assert runner_names[1:] == [threading.current_thread().name] * 9
-    assert stats.num_forwards == 10 and stats.num_hold_timeouts == 0
-
-
-@pytest.mark.parametrize("policy", [SchedulerPolicy("k-or-t", k=1, t_ms=1.0),
-                                    SchedulerPolicy(max_hold_ms=1000, hold_fraction=1000,
-                                                    run_on_waiter=False)])
-def test_batches_stay_on_the_engine_thread_unless_run_on_waiter(policy):
-    engine = FakeEngine(num_pages=64, page_size=4, batch_delay_s=0.001, keep_log=False)
-    runner_names = []
-    forward = engine.forward
-
-    def recording_forward(batch):
-        runner_names.append(threading.current_thread().name)
-        return forward(batch)
-    engine.forward = recording_forward
-    with BatchScheduler(engine, policy) as scheduler:
-        decode_loop(scheduler, "alone", 5, 0)
-    assert runner_names == ["pie-engine"] * 5
-
-
 def held_submission_s(scheduler: BatchScheduler, consume) -> float:
     """Run one pass of owner a, consume its result with `consume`, then time a pass of owner b
     (a never blocks again)."""
@@ -387,11 +352,6 @@ def test_adaptive_stops_holding_for_an_owner_that_ended():
 def test_hold_bounds_are_validated(field, value):
     with pytest.raises(ValueError, match=f"SchedulerPolicy.{field} must be >= 0"):
         SchedulerPolicy(**{field: value})
-
-
-def test_run_on_waiter_must_be_a_bool():
-    with pytest.raises(ValueError, match="SchedulerPolicy.run_on_waiter must be a bool"):
-        SchedulerPolicy(run_on_waiter="yes")
 
 
 def test_runtime_instances_regroup_through_wasm(components, make_runtime):  # noqa: F811
