@@ -1,55 +1,150 @@
-"""The host's own cost, isolated with the fake engine (tests/host/fake_engine.py).
+"""The host's own cost, isolated with a fake engine (no model): one table, or `--json`.
 
-Prints one table:
-  - guest->host call rate: a no-op import (messaging.try-receive) through pie's bindings, side by
-    side with the same import on a bare wasmtime-py linker (the baseline: no pie wrapper);
-  - a decode step (forward.submit + get + drop) through the scheduler and the fake engine;
-  - launch time of a cached program (new Runtime, program from the disk cache, instantiate, run to
-    the end), for a WAT guest and, when componentize-py can build one, a Python guest (~18 MB);
-    target < 50 ms;
-  - scheduler overhead per batch with 64 instances decoding at once.
+Rows (each with the baseline it is read against, measured in the same run):
+  - no-op import (messaging.try-receive) through pie's bindings vs a bare wasmtime-py linker;
+  - a decode step of a WAT guest (forward.submit + get + drop), zero-time engine;
+  - host_us_per_step: a decode step of a Python guest through the SDK (bench/guests/host_bench.py)
+    over an engine that sleeps a GPU-like 5 ms per batch: the time spent inside host calls per step
+    (timed around every host call) less the engine's own time; the guest's own time (CPython in
+    Wasm) and the process CPU per step are shown beside it;
+  - launch_ms: a cached Python guest, launch to result (median), and the load from the disk cache;
+  - batch_fill_256 / host_share_256: 256 WAT guests decoding at once over an engine that sleeps a
+    GPU-like 5 ms per batch: mean passes per batch / 256, and the host time per batch (wall less
+    engine time) as a fraction of the engine time;
+  - tpot_overhead_llama1b: Python guests (1, 8, 64) decoding over an engine that sleeps 16.8 ms
+    per batch (the Pie paper's vLLM time per output token, Llama-3-1B): the time per output token
+    less one batch's engine time, as a fraction of it; the worst of the three;
+  - idle_instance_mb: resident memory per instance blocked in receive() (Python guest), N of them.
+Runs that several instances make are lined up first: the engine holds its first batch until every
+instance has queued its first pass, so launch time is not counted as batching.
 
-Run from the repo root: .venv/bin/python bench/host_overhead.py [--quick]
+Run from the repo root: .venv/bin/python bench/host_overhead.py [--quick] [--json]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
-import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 REPO_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_DIR))
 
+import torch  # noqa: E402
+from wasmtime import _ffi as ffi  # noqa: E402
+
+from engine.batch import ForwardBatch, ForwardResult  # noqa: E402
 from host import Runtime, RuntimeConfig  # noqa: E402
+from host.sandbox import fast_calls  # noqa: E402
+from host.sandbox.build import build_cached  # noqa: E402
+from host.scheduling.scheduler import SchedulerPolicy  # noqa: E402
 from tests.host.components import ComponentBuilder  # noqa: E402
 from tests.host.fake_engine import FakeEngine  # noqa: E402
 
-PY_GUEST = '''
-import wit_world
-from wit_world.imports import runtime
+GUEST_APP = REPO_DIR / "bench" / "guests" / "host_bench.py"
+GPU_STEP_S = 0.005           # batch_fill_256: a GPU-like engine step
+LLAMA1B_TPOT_S = 0.0168      # the Pie paper: vLLM, Llama-3-1B, time per output token
+BARE_COUNT = 20000
 
 
-class WitWorld(wit_world.WitWorld):
-    def run(self) -> str:
-        return runtime.instance_id()
-'''
+class BenchEngine(FakeEngine):
+    """The fake engine without its per-token bookkeeping: every forward sleeps `batch_delay_s`
+    (the GIL released, like a GPU step) and answers token 97 for each output. `engine_s` sums
+    the time spent in forward. `hold()` makes the next forward wait for `release()` (not counted)."""
+
+    def __init__(self, batch_delay_s: float = 0.0) -> None:
+        super().__init__(num_pages=16384, page_size=16, batch_delay_s=batch_delay_s,
+                         keep_log=False)
+        self.engine_s = 0.0
+        self.num_held = 0               # passes of the batch waiting at the gate
+        self._gate = threading.Event()
+        self._gate.set()
+
+    def hold(self) -> None:
+        self._gate.clear()
+
+    def release(self) -> None:
+        self._gate.set()
+
+    def forward(self, batch: ForwardBatch) -> list[ForwardResult]:
+        if not self._gate.is_set():
+            self.num_held = len(batch.requests)
+            self._gate.wait()
+        started = time.perf_counter()
+        if self.batch_delay_s:
+            time.sleep(self.batch_delay_s)
+        results = [ForwardResult((97,) * len(request.output_indices))
+                   for request in batch.requests]
+        self.engine_s += time.perf_counter() - started
+        return results
 
 
-def timed_run(runtime: Runtime, program, args) -> float:
+class HostCallTimer:
+    """Registers a timed copy of the host-call callback (for the Runtimes built while active):
+    `seconds` / `calls` sum every host call's duration and count."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+        self._original = fast_calls._call_host_function
+        self._callback = ffi.wasmtime_component_func_callback_t(self._timed)
+
+    def _timed(self, *args):  # type: ignore[no-untyped-def]
+        started = time.perf_counter()
+        try:
+            return fast_calls.host_call(*args)
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.calls += 1
+
+    def __enter__(self) -> "HostCallTimer":
+        fast_calls._call_host_function = self._callback
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        fast_calls._call_host_function = self._original
+
+
+def run_to_end(runtime: Runtime, program, args) -> float:
     started = time.perf_counter()
     outcome = runtime.wait(runtime.launch(program, args), timeout=600)
     assert outcome.status == "ok", outcome
     return time.perf_counter() - started
 
 
+def lined_up(runtime: Runtime, engine: BenchEngine, program, args: list[str],
+             num_instances: int) -> dict:
+    """Launch `num_instances`, hold the engine until each has queued its first pass, then time
+    the run to the end: wall s, engine s, batches and passes in that window."""
+    engine.hold()
+    engine.num_held = 0
+    ids = [runtime.launch(program, args) for _ in range(num_instances)]
+    deadline = time.monotonic() + 600
+    while engine.num_held + runtime.statistics().scheduler.num_pending < num_instances:
+        if time.monotonic() > deadline:
+            raise SystemExit("instances did not line up within 600 s")
+        time.sleep(0.005)
+    before, engine_before = runtime.statistics().scheduler, engine.engine_s
+    started, cpu_started = time.perf_counter(), time.process_time()
+    engine.release()
+    for instance_id in ids:
+        outcome = runtime.wait(instance_id, timeout=600)
+        assert outcome.status == "ok", outcome
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    after = runtime.statistics().scheduler
+    return {"wall_s": wall, "cpu_s": cpu, "engine_s": engine.engine_s - engine_before,
+            "num_batches": after.num_batches - before.num_batches,
+            "num_forwards": after.num_forwards - before.num_forwards}
+
+
 def bare_noop_rate(wasm: bytes, count: int) -> float:
     """Calls/s of the same guest loop on a bare wasmtime-py linker (no pie wrapper)."""
     from wasmtime import Store, WasiConfig
-    from wasmtime.component import Component, Linker
+    from wasmtime.component import Component, Linker, ResourceType
 
     from host.bindings import INTERFACE_MODULES
     from host.sandbox.programs import make_engine
@@ -61,10 +156,9 @@ def bare_noop_rate(wasm: bytes, count: int) -> float:
         for module in INTERFACE_MODULES:
             with root.add_instance(module.INTERFACE) as interface:
                 for name in module.RESOURCES:
-                    from wasmtime.component import ResourceType
                     interface.add_resource(name, ResourceType.host(1), lambda store, rep: None)
                 for name in list(module.FUNCTIONS) + list(module.METHODS):
-                    interface.add_func(name, _bare_function(name))
+                    interface.add_func(name, _bare_function(name, count))
     store = Store(engine)
     store.set_wasi(WasiConfig())
     store.set_epoch_deadline(1 << 40)
@@ -74,122 +168,165 @@ def bare_noop_rate(wasm: bytes, count: int) -> float:
     return count / (time.perf_counter() - started)
 
 
-def _bare_function(name: str):
+def _bare_function(name: str, count: int):
     if name == "try-receive":
         return lambda store: None
     if name == "arguments":
-        return lambda store: ["noop", str(BARE_COUNT)]
+        return lambda store: ["noop", str(count)]
     return lambda store, *args: None
 
 
-BARE_COUNT = 20000
+def call_rows(wat: bytes, config: RuntimeConfig, count: int) -> tuple[list, dict]:
+    """No-op import (pie vs bare) and the WAT decode step."""
+    with Runtime(BenchEngine(), config) as runtime:
+        program = runtime.load_program(wat)
+        run_to_end(runtime, program, ["noop", "10"])   # warm up
+        noop_s = run_to_end(runtime, program, ["noop", str(count)])
+        num_steps = count // 10
+        step_s = run_to_end(runtime, program, ["step", str(num_steps)])
+    bare_rate, pie_rate = bare_noop_rate(wat, BARE_COUNT), count / noop_s
+    rows = [("no-op import (try-receive), pie", f"{1e6 / pie_rate:.1f} us/call",
+             f"bare wasmtime-py {1e6 / bare_rate:.1f} us/call (pie/bare x{bare_rate / pie_rate:.2f})"),
+            ("decode step, WAT guest (submit + get + drop)", f"{1e6 * step_s / num_steps:.0f} us",
+             "zero-time engine")]
+    return rows, {"wat_us_per_step": 1e6 * step_s / num_steps}
 
 
-def build_python_guest() -> bytes | None:
-    """A minimal componentize-py inferlet (cached under .cache/bench/); None when it cannot build."""
-    cache = REPO_DIR / ".cache" / "bench" / "py_guest.wasm"
-    if cache.exists():
-        return cache.read_bytes()
-    tool = Path(sys.executable).parent / "componentize-py"
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "app.py").write_text(PY_GUEST)
-        done = subprocess.run([str(tool), "-d", str(REPO_DIR / "wit"), "-w", "inferlet",
-                               "componentize", "app", "-o", "app.wasm"], cwd=tmp,
-                              capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            print(f"(python guest not built: {done.stderr.strip()[-200:]})")
-            return None
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_bytes((Path(tmp) / "app.wasm").read_bytes())
-    return cache.read_bytes()
+def python_step_rows(py_wasm: bytes, config: RuntimeConfig, num_steps: int) -> tuple[list, dict]:
+    """host_us_per_step: one Python guest decoding over a 5 ms engine, host calls timed."""
+    engine = BenchEngine(GPU_STEP_S)
+    with HostCallTimer() as timer, Runtime(engine, config) as runtime:
+        program = runtime.load_program(py_wasm)
+        run_to_end(runtime, program, ["decode", "8"])            # warm up
+        timer.seconds, timer.calls, engine.engine_s = 0.0, 0, 0.0
+        cpu_started = time.process_time()
+        wall = run_to_end(runtime, program, ["decode", str(num_steps)])
+        cpu_us = 1e6 * (time.process_time() - cpu_started) / num_steps
+    host_us = 1e6 * (timer.seconds - engine.engine_s) / num_steps
+    guest_us = 1e6 * (wall - timer.seconds) / num_steps
+    rows = [("decode step, Python guest via the SDK: host", f"{host_us:.0f} us",
+             f"target <= 50; {timer.calls / num_steps:.1f} host calls/step, guest+launch "
+             f"{guest_us:.0f} us/step, process CPU {cpu_us:.0f} us/step")]
+    return rows, {"host_us_per_step": host_us}
 
 
-def launch_times(wasm: bytes, cache_dir: Path, repeats: int) -> tuple[float, float, float]:
-    """(first load s, cached load s in a new Runtime, median launch-to-end s)."""
-    with Runtime(FakeEngine(), RuntimeConfig(cache_dir=cache_dir)) as runtime:
+def launch_rows(py_wasm: bytes, config: RuntimeConfig, repeats: int) -> tuple[list, dict]:
+    with Runtime(BenchEngine(), config) as runtime:
+        runtime.load_program(py_wasm)                  # compiled into the disk cache
+    with Runtime(BenchEngine(), config) as runtime:
         started = time.perf_counter()
-        runtime.load_program(wasm)
-        first_load = time.perf_counter() - started
-    with Runtime(FakeEngine(), RuntimeConfig(cache_dir=cache_dir)) as runtime:
-        started = time.perf_counter()
-        program = runtime.load_program(wasm)
+        program = runtime.load_program(py_wasm)
         cached_load = time.perf_counter() - started
-        assert runtime.statistics().programs.num_compiles == 0
-        runs = [timed_run(runtime, program, ()) for _ in range(repeats)]
-    return first_load, cached_load, statistics.median(runs)
+        run_to_end(runtime, program, ["noop"])
+        launch = statistics.median(run_to_end(runtime, program, ["noop"]) for _ in range(repeats))
+    rows = [("Python guest: launch to result (cached)", f"{launch * 1e3:.2f} ms",
+             f"target <= 5; load from the disk cache {cached_load * 1e3:.1f} ms")]
+    return rows, {"launch_ms": launch * 1e3}
 
 
-def scheduler_per_batch(wasm: bytes, cache_dir: Path) -> tuple[int, float, float, float]:
-    """64 instances decoding at once: (batches, mean batch size, wall ms/batch, engine ms/batch)."""
-    engine = FakeEngine(num_pages=1024, page_size=4, keep_log=False)
-    engine_time = [0.0]
-    forward = engine.forward
+def batch_fill_rows(wat: bytes, config: RuntimeConfig, num_steps: int) -> tuple[list, dict]:
+    engine = BenchEngine(GPU_STEP_S)
+    with Runtime(engine, config) as runtime:
+        run = lined_up(runtime, engine, runtime.load_program(wat), ["step", str(num_steps)], 256)
+    fill = run["num_forwards"] / run["num_batches"] / 256
+    share = (run["wall_s"] - run["engine_s"]) / run["engine_s"]
+    per_batch_ms = 1e3 * run["wall_s"] / run["num_batches"]
+    rows = [("256 WAT guests, 5 ms engine: batch fill", f"{fill:.3f}",
+             f"target >= 0.9; {run['num_batches']} batches, {per_batch_ms:.2f} ms each"),
+            ("  host time per batch / engine time", f"{share:.3f}",
+             f"target <= 0.05; process CPU {1e6 * run['cpu_s'] / run['num_forwards']:.0f} us/pass")]
+    return rows, {"batch_fill_256": fill, "host_share_256": share}
 
-    def timed_forward(batch):
-        started = time.perf_counter()
-        try:
-            return forward(batch)
-        finally:
-            engine_time[0] += time.perf_counter() - started
-    engine.forward = timed_forward
-    with Runtime(engine, RuntimeConfig(cache_dir=cache_dir)) as runtime:
-        program = runtime.load_program(wasm)
-        started = time.perf_counter()
-        ids = [runtime.launch(program, ["step", "50"]) for _ in range(64)]
+
+def tpot_rows(py_wasm: bytes, config: RuntimeConfig, num_steps: int) -> tuple[list, dict]:
+    rows, overheads = [], []
+    for num_instances in (1, 8, 64):
+        engine = BenchEngine(LLAMA1B_TPOT_S)
+        with Runtime(engine, config) as runtime:
+            run = lined_up(runtime, engine, runtime.load_program(py_wasm),
+                           ["decode", str(num_steps)], num_instances)
+        tpot = run["wall_s"] * num_instances / run["num_forwards"]
+        batch_s = run["engine_s"] / run["num_batches"]
+        overheads.append(tpot / batch_s - 1)
+        rows.append((f"16.8 ms engine, {num_instances} Python guests: TPOT", f"{tpot * 1e3:.2f} ms",
+                     f"host adds {overheads[-1]:+.3f} (target <= 0.03; engine "
+                     f"{batch_s * 1e3:.2f} ms/batch, {run['num_forwards'] / run['num_batches']:.1f}"
+                     f" passes/batch)"))
+    return rows, {"tpot_overhead_llama1b": max(overheads)}
+
+
+def idle_rows(py_wasm: bytes, config: RuntimeConfig, num_instances: int) -> tuple[list, dict]:
+    """Resident memory per Python instance blocked in receive()."""
+    with Runtime(BenchEngine(), config) as runtime:
+        program = runtime.load_program(py_wasm)
+        runtime.wait(runtime.launch(program, ["noop"]))
+        before = _rss_mb()
+        ready = threading.Semaphore(0)
+
+        def on_event(event) -> None:
+            if event.kind == "message":
+                ready.release()
+        ids = [runtime.launch(program, ["idle"], on_event=on_event) for _ in range(num_instances)]
+        for _ in ids:                            # each sends "ready" right before receive()
+            ready.acquire(timeout=600)
+        time.sleep(0.2)
+        per_instance = (_rss_mb() - before) / num_instances
         for instance_id in ids:
-            assert runtime.wait(instance_id, timeout=600).status == "ok"
-        wall = time.perf_counter() - started
-        stats = runtime.statistics().scheduler
-    mean_size = stats.num_forwards / stats.num_batches
-    return (stats.num_batches, mean_size, 1000 * wall / stats.num_batches,
-            1000 * engine_time[0] / stats.num_batches)
+            runtime.send(instance_id, "end")
+        for instance_id in ids:
+            runtime.wait(instance_id, timeout=600)
+    rows = [(f"{num_instances} idle Python guests (in receive)", f"{per_instance:.2f} MB each",
+             "resident memory growth / instances")]
+    return rows, {"idle_instance_mb": per_instance}
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096 / 2**20
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats, no Python guest")
+    parser.add_argument("--quick", action="store_true", help="fewer steps and instances")
+    parser.add_argument("--json", action="store_true", help="print one JSON object of the goals")
+    parser.add_argument("--idle-instances", type=int, default=None,
+                        help="instances of the idle-memory row (default 1000, --quick 100)")
+    parser.add_argument("--no-run-on-waiter", action="store_true",
+                        help="every batch on the engine thread (the old behaviour: A/B)")
+    parser.add_argument("--only", default="",
+                        help="comma-separated sections: calls,step,launch,fill,tpot,idle")
     options = parser.parse_args()
+    quick = options.quick
     builder = ComponentBuilder()
-    bench_wasm = builder.component("bench_calls")
-    count = 5000 if options.quick else BARE_COUNT
-    rows = []
+    wat = builder.component("bench_calls")
+    py_path, _ = build_cached(GUEST_APP, REPO_DIR / ".cache" / "bench" / "builds")
+    py_wasm = py_path.read_bytes()
+    rows, figures = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        cache_dir = Path(tmp)
-        with Runtime(FakeEngine(), RuntimeConfig(cache_dir=cache_dir)) as runtime:
-            program = runtime.load_program(bench_wasm)
-            timed_run(runtime, program, ["noop", "10"])   # warm up
-            noop_s = timed_run(runtime, program, ["noop", str(count)])
-            step_count = count // 10
-            step_s = timed_run(runtime, program, ["step", str(step_count)])
-        bare_rate = bare_noop_rate(bench_wasm, BARE_COUNT)
-        pie_rate = count / noop_s
-        rows.append(("no-op import (try-receive), pie", f"{pie_rate:,.0f} calls/s",
-                     f"{1e6 / pie_rate:.1f} us/call"))
-        rows.append(("no-op import, bare wasmtime-py (baseline)", f"{bare_rate:,.0f} calls/s",
-                     f"pie/bare time x{bare_rate / pie_rate:.2f}"))
-        rows.append(("decode step (submit + get + drop)", f"{step_count / step_s:,.0f} steps/s",
-                     f"{1e6 * step_s / step_count:.0f} us/step"))
-        first, cached, launch = launch_times(builder.component("info"), cache_dir, 20)
-        rows.append(("WAT program: compile / cached load", f"{first * 1e3:.1f} ms",
-                     f"{cached * 1e3:.1f} ms"))
-        rows.append(("WAT program: launch to end (cached)", f"{launch * 1e3:.2f} ms",
-                     "target < 50 ms"))
-        py_wasm = None if options.quick else build_python_guest()
-        if py_wasm is not None:
-            first, cached, launch = launch_times(py_wasm, cache_dir, 10)
-            rows.append((f"Python program ({len(py_wasm) / 1e6:.1f} MB): compile / cached load",
-                         f"{first:.2f} s", f"{cached * 1e3:.1f} ms"))
-            rows.append(("Python program: launch to end (cached)", f"{launch * 1e3:.2f} ms",
-                         "target < 50 ms"))
-        batches, size, wall_ms, engine_ms = scheduler_per_batch(bench_wasm, cache_dir)
-        rows.append(("64 instances x 50 steps: batches / mean size", f"{batches}",
-                     f"{size:.1f} passes"))
-        rows.append(("  per batch: wall / fake engine / host", f"{wall_ms:.2f} ms",
-                     f"{engine_ms:.2f} ms / {wall_ms - engine_ms:.2f} ms"))
+        config = RuntimeConfig(cache_dir=Path(tmp), scheduler=SchedulerPolicy(
+            run_on_waiter=not options.no_run_on_waiter))
+        sections = {
+            "calls": lambda: call_rows(wat, config, 5000 if quick else BARE_COUNT),
+            "step": lambda: python_step_rows(py_wasm, config, 100 if quick else 400),
+            "launch": lambda: launch_rows(py_wasm, config, 10 if quick else 30),
+            "fill": lambda: batch_fill_rows(wat, config, 20 if quick else 60),
+            "tpot": lambda: tpot_rows(py_wasm, config, 10 if quick else 30),
+            "idle": lambda: idle_rows(py_wasm, config,
+                                      options.idle_instances or (100 if quick else 1000))}
+        for name in options.only.split(",") if options.only else sections:
+            new_rows, new_figures = sections[name]()
+            rows += new_rows
+            figures.update(new_figures)
+    keys = ("host_us_per_step", "batch_fill_256", "host_share_256", "launch_ms",
+            "idle_instance_mb", "tpot_overhead_llama1b")
+    if options.json:
+        print(json.dumps({key: round(figures[key], 4) for key in keys if key in figures}))
+        return
+    print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+          f"{torch.get_num_threads()} torch threads")
     width = max(len(row[0]) for row in rows)
-    print(f"{'measure':<{width}}  {'value':>18}  detail")
     for name, value, detail in rows:
-        print(f"{name:<{width}}  {value:>18}  {detail}")
+        print(f"{name:<{width}}  {value:>16}  {detail}")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,17 @@
 """Inferlets through Wasm vs the engine's own loop, on the real model.
 
-    python bench/inferlet_bench.py [--tokens 64] [--repeats 3] [--dtype auto]
+    python bench/inferlet_bench.py [--tokens 64] [--repeats 3] [--dtype auto] [--json]
 
 Rows (medians of --repeats runs, wall time):
   greedy x1   text_completion (--ignore-eos, greedy) vs Engine.generate_greedy, same prompt/tokens
   greedy x8   8 concurrent instances vs Engine.generate_greedy_batch of the 8 prompts
+  greedy x64  the same with 64 (the 8 prompts, each numbered)
   forks x8    parallel_generation with 8 forks vs 8 independent text_completion instances
               (same prefix + suffixes): prefill tokens computed, tokens/s
   launch      launch-to-result of a cached component (--help, no model work); load of a
               compiled component from the disk cache in a fresh Runtime
-The ratio column is wasm time / engine time (target: within 1.03).
+The ratio column is wasm time / engine time (target: within 1.03). `--json` prints one object:
+wasm_vs_engine_8 and wasm_vs_engine_64 (the greedy ratios), and runs only the greedy rows.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import torch  # noqa: E402
+
 from engine.engine import load_default_engine  # noqa: E402
 from host.sandbox.build import build_cached  # noqa: E402
 from host.runtime_config import RuntimeConfig  # noqa: E402
@@ -32,6 +36,7 @@ from host.scheduling.scheduler import SchedulerPolicy  # noqa: E402
 
 PROMPTS = [f"Write a short story about a {animal} who learns to" for animal in
            ("cat", "dog", "fox", "owl", "bear", "wolf", "frog", "hare")]
+WIDTHS = (1, 8, 64)
 PREFIX = "Here is a list of eight short stories about animals, each one a single sentence.\n"
 
 
@@ -58,10 +63,20 @@ def completion_args(prompt: str, num_tokens: int) -> list[str]:
     return ["--prompt", prompt, "--max-tokens", str(num_tokens), "--ignore-eos", "--json"]
 
 
-def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int) -> None:
+def prompts_of(width: int) -> list[str]:
+    """`width` prompts: the 8 of PROMPTS, numbered once there are more than 8."""
+    if width <= len(PROMPTS):
+        return PROMPTS[:width]
+    return [f"{PROMPTS[i % len(PROMPTS)]} (story {i + 1})" for i in range(width)]
+
+
+def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int,
+                 out=sys.stdout) -> dict[int, float]:
+    """Greedy completion through Wasm vs the engine's batched loop; {width: wasm / engine}."""
     encode = engine.tokenizer.encode
-    for width in (1, 8):
-        prompts = PROMPTS[:width]
+    ratios = {}
+    for width in WIDTHS:
+        prompts = prompts_of(width)
         engine_s = median_time(lambda: engine.generate_greedy_batch([encode(p) for p in prompts],
                                                                     num_tokens), repeats)
         before = runtime.statistics().engine
@@ -74,9 +89,11 @@ def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int) -> Non
         same = [json.loads(r)["token_ids"] for r in results] == engine.generate_greedy_batch(
             [encode(p) for p in prompts], num_tokens)
         total = width * num_tokens
+        ratios[width] = wasm_s / engine_s
         print(f"greedy x{width:<3} engine {engine_s:7.3f} s ({total / engine_s:7.1f} tok/s)   "
               f"wasm {wasm_s:7.3f} s ({total / wasm_s:7.1f} tok/s)   ratio {wasm_s / engine_s:5.3f}"
-              f"   same tokens: {same}   wasm mean batch {mean_batch:.2f}")
+              f"   same tokens: {same}   wasm mean batch {mean_batch:.2f}", file=out)
+    return ratios
 
 
 def bench_forks(runtime, engine, parallel, completion, num_tokens: int, repeats: int) -> None:
@@ -120,9 +137,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
+    parser.add_argument("--json", action="store_true",
+                        help="greedy rows only; print {wasm_vs_engine_8, wasm_vs_engine_64}")
     parser.add_argument("--policy", default="adaptive", choices=("adaptive", "k-or-t"),
                         help="the scheduler policy of the Wasm path (k-or-t: k=8, t=--t-ms)")
     parser.add_argument("--t-ms", type=float, default=2.0)
+    parser.add_argument("--no-run-on-waiter", action="store_true",
+                        help="adaptive: every batch on the engine thread (the old behaviour)")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="sys.setswitchinterval for this process (GIL hand-off latency)")
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "pie-bench")
@@ -133,15 +154,22 @@ def main() -> None:
     completion_path, _ = build_cached(REPO / "inferlets/examples/text_completion.py", builds)
     parallel_path, _ = build_cached(REPO / "inferlets/examples/parallel_generation.py", builds)
     engine = load_default_engine(progress=False, dtype=opts.dtype)
-    policy = SchedulerPolicy(opts.policy, k=8, t_ms=opts.t_ms)
-    print(f"model {engine.model_name}, dtype {opts.dtype}, {opts.tokens} new tokens, "
-          f"median of {opts.repeats}, scheduler {policy}")
+    policy = SchedulerPolicy(opts.policy, k=8, t_ms=opts.t_ms,
+                             run_on_waiter=not opts.no_run_on_waiter)
+    out = sys.stderr if opts.json else sys.stdout       # --json: stdout holds the object alone
+    print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
+          f"torch threads; model {engine.model_name}, dtype {opts.dtype}, {opts.tokens} new tokens, "
+          f"median of {opts.repeats}, scheduler {policy}", file=out)
     with Runtime(engine, RuntimeConfig(cache_dir=opts.cache_dir, scheduler=policy)) as runtime:
         completion = runtime.load_program(completion_path.read_bytes())
         parallel = runtime.load_program(parallel_path.read_bytes())
         run_all(runtime, completion, [completion_args("warm up", 4)])   # first-call costs
         engine.generate_greedy(engine.tokenizer.encode("warm up"), 4)
-        bench_greedy(runtime, engine, completion, opts.tokens, opts.repeats)
+        ratios = bench_greedy(runtime, engine, completion, opts.tokens, opts.repeats, out)
+        if opts.json:
+            print(json.dumps({f"wasm_vs_engine_{width}": round(ratios[width], 4)
+                              for width in (8, 64)}))
+            return
         bench_forks(runtime, engine, parallel, completion, opts.tokens, opts.repeats)
         bench_launch(runtime, engine, completion_path, completion, opts.repeats)
 

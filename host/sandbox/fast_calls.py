@@ -29,7 +29,7 @@ from wasmtime.component._types import (F32, F64, S8, S16, S32, S64, U8, U16, U32
 
 from host.sandbox.wasmtime_fix import case_classes, lower_variant
 
-__all__ = ["add_host_function", "freeze_type"]
+__all__ = ["add_host_function", "freeze_type", "host_call"]
 
 Signature = tuple[tuple[ValType, ...], "ValType | None"]
 
@@ -77,7 +77,8 @@ class _FrozenRecord(RecordType):
 
     def __init__(self, fields: list[tuple[str, ValType]]) -> None:
         self._fields = fields
-        self._owns_memory = [_scalar_getter(ty) is None for _, ty in fields]
+        # (name, type, getter): a number field is read straight from the union (owns nothing)
+        self._lifts = [(name, ty, _scalar_getter(ty)) for name, ty in fields]
 
     @property
     def fields(self) -> list[tuple[str, ValType]]:
@@ -92,12 +93,14 @@ class _FrozenRecord(RecordType):
                                 f"{len(self._fields)}")
             record = Record()
             data = c.of.record.data
-            for i, ((name, ty), owns_memory) in enumerate(zip(self._fields, self._owns_memory)):
+            for i, (name, ty, get_scalar) in enumerate(self._lifts):
                 value = data[i].val
+                if get_scalar is not None:
+                    setattr(record, name, get_scalar(value))
+                    continue
                 setattr(record, name, ty.convert_from_c(value))
-                if owns_memory:          # lifted (moved out): the record's delete must skip it
-                    value.kind = ffi.WASMTIME_COMPONENT_BOOL
-                    value.of.boolean = False
+                value.kind = ffi.WASMTIME_COMPONENT_BOOL   # moved out: the delete must skip it
+                value.of.boolean = False
             return record
         finally:
             ffi.wasmtime_component_valrecord_delete(c.of.record)
@@ -200,8 +203,9 @@ class _HostEntry:
         return signature
 
 
-@ffi.wasmtime_component_func_callback_t
-def _call_host_function(idx, context, ty_raw, args, nargs, results, nresults):  # type: ignore
+def host_call(idx, context, ty_raw, args, nargs, results, nresults):  # type: ignore
+    """The body of every pie host function (the C callback below calls it): find the function,
+    convert its arguments, call it, convert its result."""
     def run(store: Any) -> None:
         entry: _HostEntry = _linker.FUNCTIONS.get(idx or 0)
         param_types, result_type = entry.signature(ty_raw, store)
@@ -213,6 +217,11 @@ def _call_host_function(idx, context, ty_raw, args, nargs, results, nresults):  
         if result_type is not None:
             result_type.convert_to_c(store, value, results)
     return _linker.catch_exceptions(context, run)
+
+
+# The C callback registered for every host function (bench/host_overhead.py times host calls by
+# registering a timed callback in its place before it builds a Runtime).
+_call_host_function = ffi.wasmtime_component_func_callback_t(host_call)
 
 
 def add_host_function(interface: Any, name: str, func: Callable[..., Any], current: Any) -> None:

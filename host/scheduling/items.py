@@ -20,7 +20,7 @@ class Item:
                  "num_tokens", "enqueued_at", "parent", "output_slots", "outputs")
 
     def __init__(self, queue_key: Hashable, rank: int, order: int, request, copies, on_done,
-                 on_wait: Callable[[Hashable], None] | None) -> None:
+                 on_wait: Callable[[SubmissionFuture], None] | None) -> None:
         self.queue_key = queue_key
         self.rank = rank
         self.order = order

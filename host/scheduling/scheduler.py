@@ -22,10 +22,14 @@ come back at slightly different times, regroup into full batches; a lone instanc
 until it waits again, i.e. not at all once its next pass is in. "k-or-t": when k queues have work
 or the oldest item has waited t_ms.
 
+Who runs a batch (one at a time): adaptive with run_on_waiter, the thread about to block on one of
+its passes when the batch may fire right then (no hand-off to the engine thread and back); else,
+and for what no blocked thread runs (a hold's bound, passes nobody waits on, k-or-t), the engine
+thread.
+
 Submitting never blocks (eager calls never wait on a batch); it returns a SubmissionFuture (a
 concurrent.futures.Future). An engine exception fails the futures of that batch with the exception
-and the scheduler goes on; a ValueError that names one request ("request i: ...") fails that pass
-alone and the rest re-run.
+and the scheduler goes on; a RequestError fails the pass it names alone (engine_calls.py).
 """
 from __future__ import annotations
 
@@ -35,20 +39,19 @@ import logging
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Callable, Hashable, Sequence
 
-from engine.batch import ForwardBatch, ForwardResult, TokenCopy
-from engine.errors import RequestError
+from engine.batch import ForwardResult, TokenCopy
 from engine.protocol import EngineLike
 from host.errors import Cancelled
+from host.scheduling.engine_calls import resolve, run_forward
 from host.scheduling.fairness import FairShares
 from host.scheduling.items import Item as _Item, Taken as _Taken, owner_of as _owner
-from host.scheduling.work import PreparedCopy, PreparedForward
 from host.scheduling.types import PRIORITIES, SchedulerPolicy, SchedulerStats, SubmissionFuture
+from host.scheduling.work import PreparedCopy, PreparedForward
 
-__all__ = ["SchedulerPolicy", "SchedulerStats", "BatchScheduler", "SubmissionFuture",
-           "PRIORITIES"]
+__all__ = ["BatchScheduler", "SchedulerPolicy", "SchedulerStats", "SubmissionFuture", "PRIORITIES"]
 
 _NUM_RECENT = 64
 _log = logging.getLogger(__name__)
@@ -72,6 +75,8 @@ class BatchScheduler:
                         "holds": 0, "hold_timeouts": 0}
         self._expected: set[Hashable] = set()   # adaptive: owners the next batch is held for
         self._hold_until = 0.0                  # monotonic end of that hold
+        self._running = False                   # a batch is running (engine or waiting thread)
+        self._engine_idle = False               # the engine thread waits with no timer
         self._histogram: dict[int, int] = {}
         self._recent: deque[int] = deque(maxlen=_NUM_RECENT)
         self._fair = FairShares(max_lag_tokens=policy.max_batch_tokens)
@@ -88,6 +93,8 @@ class BatchScheduler:
         """Stop the engine thread (after the batch it is running); pending futures get Cancelled."""
         with self._cond:
             self._closed = True
+            while self._running:                  # the batch in flight ends first
+                self._cond.wait()
             items = [item for queue in self._queues.values() for item in queue]
             self._queues.clear()
             self._last_futures.clear()
@@ -125,7 +132,7 @@ class BatchScheduler:
         if priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
         item = _Item(queue_key, PRIORITIES.index(priority), 0, request, copies, on_done,
-                     self.owner_waiting)
+                     self._wait_started)
         with self._cond:
             accepted = not self._closed
             if accepted:
@@ -133,7 +140,7 @@ class BatchScheduler:
                 self._queues.setdefault(queue_key, deque()).append(item)
                 self._last_futures[queue_key] = item.future
                 self._num_pending += 1
-                if not self._expected:                # no hold: the engine may fire now
+                if not self._expected or self._engine_idle:   # it fires, or times the hold
                     self._cond.notify()
         if not accepted:
             self._finish([item], [Cancelled("scheduler closed: submission refused")])
@@ -195,15 +202,50 @@ class BatchScheduler:
             with self._cond:
                 if not self._wait_for_batch():
                     return
+                self._running = True
                 copy_items, forward_items = self._take_batch()
-            try:
-                self._run_batch(copy_items, forward_items)
-            except Exception:                                  # never let the thread die
-                _log.exception("scheduler: unexpected error running a batch")
+            self._run_taken(copy_items, forward_items)
+
+    def _run_taken(self, copy_items: list[_Item], forward_items: list[_Item]) -> None:
+        """Run a batch taken under the lock (`_running` set), on whichever thread took it."""
+        try:
+            self._run_batch(copy_items, forward_items)
+        except Exception:                                  # never let a runner die
+            _log.exception("scheduler: unexpected error running a batch")
+        finally:
+            with self._cond:
+                self._running = False
+                if self._closed or (self._engine_idle and self._num_pending):
+                    self._cond.notify_all()                # what is left is the engine's
+
+    def _wait_started(self, future: SubmissionFuture) -> None:
+        """`future`'s owner is about to block on it (`SubmissionFuture.wait_started`): run every
+        batch the adaptive policy fires now on this thread, while `future` is pending and no
+        batch runs elsewhere; else (as `owner_waiting`) let the engine thread fire or time it."""
+        while not future.done():
+            with self._cond:
+                self._expected.discard(future.owner)
+                if (self._running or self._closed or self._expected or not self._num_pending
+                        or self.policy.kind != "adaptive" or not self.policy.run_on_waiter):
+                    if not self._expected or self._engine_idle:
+                        self._cond.notify()           # it fires, or times the hold
+                    return
+                self._running = True
+                copy_items, forward_items = self._take_batch()
+            self._run_taken(copy_items, forward_items)
+
+    def _wait_idle(self) -> None:
+        """Under the lock, on the engine thread: wait with no timer until notified."""
+        self._engine_idle = True
+        self._cond.wait()
+        self._engine_idle = False
 
     def _wait_for_batch(self) -> bool:
         """Under the lock: wait until the policy fires. False when closed."""
         while not self._closed:
+            if self._running:                             # a waiting thread runs one
+                self._wait_idle()
+                continue
             if self._expected:                            # adaptive: holding after a batch
                 wait_s = self._hold_until - time.monotonic()
                 if wait_s > 0:
@@ -212,7 +254,7 @@ class BatchScheduler:
                 self._counts["hold_timeouts"] += 1
                 self._expected.clear()
             if not self._num_pending:
-                self._cond.wait()
+                self._wait_idle()
                 continue
             if self.policy.kind == "adaptive":
                 return True
@@ -301,37 +343,11 @@ class BatchScheduler:
         except Exception as error:                     # the batch fails, the scheduler goes on
             outcomes: list = [error] * len(items)
         else:
-            outcomes = [None] * len(copy_items) + self._forward(forward_items)
+            outcomes = [None] * len(copy_items) + run_forward(self.engine, forward_items)
         failed = any(isinstance(outcome, BaseException) for outcome in outcomes)
         self._record(copy_items, forward_items, failed, time.monotonic() - started)
         self._finish(items, outcomes)
         self._forget(items)
-
-    def _forward(self, items: list[_Item]) -> list:
-        """Run the passes: a result or an exception per item. A RequestError (the engine validates
-        before it computes) fails the pass it names alone and the others run again without it;
-        any other exception fails them all."""
-        outcomes: dict[int, object] = {}
-        remaining = list(range(len(items)))
-        while remaining:
-            batch = ForwardBatch(tuple(items[i].request for i in remaining))
-            try:
-                results = self.engine.forward(batch)
-                if len(results) != len(remaining):
-                    raise RuntimeError(f"engine returned {len(results)} results for "
-                                       f"{len(remaining)} requests")
-            except RequestError as error:
-                if not 0 <= error.request_index < len(remaining):
-                    outcomes.update((i, error) for i in remaining)
-                    break
-                outcomes[remaining.pop(error.request_index)] = error
-                continue
-            except Exception as error:
-                outcomes.update((i, error) for i in remaining)
-            else:
-                outcomes.update(zip(remaining, results))
-            break
-        return [outcomes[i] for i in range(len(items))]
 
     def _record(self, copy_items: list[_Item], forward_items: list[_Item], failed: bool,
                 engine_s: float) -> None:
@@ -363,14 +379,7 @@ class BatchScheduler:
                 continue
             if isinstance(outcome, ForwardResult):
                 outcome = item.merged(outcome)
-            self._call_on_done(item)
-            try:
-                if isinstance(outcome, BaseException):
-                    item.future.set_exception(outcome)
-                else:
-                    item.future.set_result(outcome)
-            except InvalidStateError:                  # the waiter cancelled it
-                pass
+            resolve(item, outcome)
 
     def _finish_chunk(self, chunk: _Item, outcome: object) -> None:
         """A chunk ran: keep its outputs for its pass; a failure fails the whole pass (the rest,
@@ -389,12 +398,3 @@ class BatchScheduler:
                 del self._queues[parent.queue_key]
         self._finish([parent], [outcome])
         self._forget([parent])
-
-    @staticmethod
-    def _call_on_done(item: _Item) -> None:
-        if item.on_done is None:
-            return
-        try:
-            item.on_done()
-        except Exception:
-            _log.exception("scheduler: on_done callback failed")

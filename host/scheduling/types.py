@@ -15,7 +15,9 @@ POLICY_KINDS = ("adaptive", "k-or-t")
 @dataclass(frozen=True)
 class SchedulerPolicy:
     """When batches fire. k / t_ms are used by "k-or-t" only; max_hold_ms / hold_fraction (the
-    bound of the hold after a batch) by "adaptive" only. max_tokens_per_owner: when more than one
+    bound of the hold after a batch) and run_on_waiter (a thread about to block on a pass runs
+    the batch itself when it may fire and none is running) by "adaptive" only.
+    max_tokens_per_owner: when more than one
     owner has work, the most input tokens one owner puts into a batch (a longer pass is run in
     chunks of at most that many, host/scheduling/chunking.py), so another owner's decode step
     waits at most one batch of max_batch_tokens, and no owner fills it alone."""
@@ -27,6 +29,7 @@ class SchedulerPolicy:
     max_hold_ms: float = 10.0
     hold_fraction: float = 0.25
     max_tokens_per_owner: int = 512
+    run_on_waiter: bool = True
 
     def __post_init__(self) -> None:
         if self.max_tokens_per_owner <= 0:
@@ -44,6 +47,9 @@ class SchedulerPolicy:
             raise ValueError(f"SchedulerPolicy.t_ms must be >= 0, got {self.t_ms}")
         if self.max_hold_ms < 0:
             raise ValueError(f"SchedulerPolicy.max_hold_ms must be >= 0, got {self.max_hold_ms}")
+        if not isinstance(self.run_on_waiter, bool):
+            raise ValueError(f"SchedulerPolicy.run_on_waiter must be a bool, "
+                             f"got {self.run_on_waiter!r}")
         if self.hold_fraction < 0:
             raise ValueError(f"SchedulerPolicy.hold_fraction must be >= 0, "
                              f"got {self.hold_fraction}")
@@ -75,14 +81,14 @@ class SubmissionFuture(Future):
     A consumer about to block on it calls `wait_started()` (`result()` / `exception()` do,
     Instance.wait_future does): if it is not done yet, `awaited` turns True (its owner is
     blocked on it: the adaptive policy expects the owner back after the batch that resolves it)
-    and `on_wait(owner)` tells the scheduler the owner has blocked (its turn after the last
-    batch is over)."""
+    and `on_wait(self)` tells the scheduler the owner has blocked (its turn after the last
+    batch is over; the adaptive scheduler may run the batch on this very thread)."""
 
     def __init__(self, owner: Hashable = None,
-                 on_wait: Callable[[Hashable], None] | None = None) -> None:
+                 on_wait: Callable[["SubmissionFuture"], None] | None = None) -> None:
         super().__init__()
         self.awaited = False
-        self._owner = owner
+        self.owner = owner
         self._on_wait = on_wait
 
     def wait_started(self) -> None:
@@ -90,7 +96,7 @@ class SubmissionFuture(Future):
             return
         self.awaited = True
         if self._on_wait is not None:
-            self._on_wait(self._owner)
+            self._on_wait(self)
 
     def result(self, timeout: float | None = None):
         self.wait_started()

@@ -1,0 +1,62 @@
+"""The scheduler's calls into the engine and the end of each item, apart from its queueing.
+
+`run_forward` runs a batch's passes so that one bad request fails alone; `resolve` ends an item:
+its `on_done` first (pages it pinned may be released), then its future.
+"""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import InvalidStateError
+from typing import Sequence
+
+from engine.batch import ForwardBatch
+from engine.errors import RequestError
+from engine.protocol import EngineLike
+from host.scheduling.items import Item
+
+__all__ = ["run_forward", "resolve"]
+
+_log = logging.getLogger("host.scheduling.scheduler")
+
+
+def run_forward(engine: EngineLike, items: Sequence[Item]) -> list:
+    """Run the passes: a result or an exception per item. A RequestError (the engine validates
+    before it computes) fails the pass it names alone and the others run again without it; any
+    other exception fails them all."""
+    outcomes: dict[int, object] = {}
+    remaining = list(range(len(items)))
+    while remaining:
+        batch = ForwardBatch(tuple(items[i].request for i in remaining))
+        try:
+            results = engine.forward(batch)
+            if len(results) != len(remaining):
+                raise RuntimeError(f"engine returned {len(results)} results for "
+                                   f"{len(remaining)} requests")
+        except RequestError as error:
+            if not 0 <= error.request_index < len(remaining):
+                outcomes.update((i, error) for i in remaining)
+                break
+            outcomes[remaining.pop(error.request_index)] = error
+            continue
+        except Exception as error:
+            outcomes.update((i, error) for i in remaining)
+        else:
+            outcomes.update(zip(remaining, results))
+        break
+    return [outcomes[i] for i in range(len(items))]
+
+
+def resolve(item: Item, outcome: object) -> None:
+    """End a whole item: `on_done` (never raises out), then the future's result or exception."""
+    if item.on_done is not None:
+        try:
+            item.on_done()
+        except Exception:
+            _log.exception("scheduler: on_done callback failed")
+    try:
+        if isinstance(outcome, BaseException):
+            item.future.set_exception(outcome)
+        else:
+            item.future.set_result(outcome)
+    except InvalidStateError:                  # the waiter cancelled it
+        pass
