@@ -20,8 +20,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from host.server.builtin import BUILTIN_NAME, load_builtin
-from host.server.openai_schema import (RequestError, completion_response, parse_request,
-                                       stream_chunk)
+from host.server.openai_format import completion_response, stream_chunk
+from host.server.openai_schema import ApiLimits, RequestError, decode_body, parse_request
 from host.server.service import InstanceHandle, PieService, ServiceError
 from host.server.tenants import Tenant, TenantRegistry
 
@@ -30,9 +30,26 @@ __all__ = ["OpenAIFrontend"]
 _EVENT_BUFFER = math.inf   # the service bounds what piles up
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None,
-                                   "code": None}}, status_code=status)
+def _error(status: int, message: str, kind: str = "invalid_request_error",
+           param: str | None = None, code: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param,
+                                   "code": code}}, status_code=status)
+
+
+def api_limits(info: dict[str, Any]) -> ApiLimits:
+    """The model's ids and limits. The listed id is the model file's name up to its first dot
+    ("SmolLM2-135M-Instruct" for the embedded SmolLM2-135M-Instruct.Q4_1.gguf); the GGUF's own
+    name, the file name and the path are accepted as aliases."""
+    path = info.get("path") or ""
+    if not path:
+        from engine.loaders import default_gguf_path
+        path = str(default_gguf_path())
+    file_name = Path(path).name
+    listed = file_name.split(".")[0] or info["name"]
+    aliases = {listed, info["name"], file_name, path, str(Path(path).resolve())}
+    max_context = min(info["page_size"] * info["num_pages"],
+                      info.get("max_position") or info["page_size"] * info["num_pages"])
+    return ApiLimits(frozenset(aliases), listed, max_context, info["vocab_size"])
 
 
 class OpenAIFrontend:
@@ -44,9 +61,8 @@ class OpenAIFrontend:
         self.tenants = tenants
         self.program = program
         self.program_hash = program_hash
-        info = service.model_info()
-        self.model = info["name"]
-        self.max_context = info["page_size"] * info["num_pages"]
+        self.limits = api_limits(service.model_info())
+        self.model = self.limits.listed_id
 
     @classmethod
     async def create(cls, service: PieService, tenants: TenantRegistry,
@@ -57,8 +73,11 @@ class OpenAIFrontend:
 
     def routes(self) -> list[Route]:
         return [Route("/v1/models", self.models, methods=["GET"]),
+                Route("/v1/models/{model:path}", self.model_by_id, methods=["GET"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
-                Route("/v1/chat/completions", self.chat_completions, methods=["POST"])]
+                Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                Route("/v1/{rest:path}", self.not_found,
+                      methods=["GET", "POST", "PUT", "PATCH", "DELETE"])]
 
     def _tenant(self, request: Request) -> Tenant | None:
         header = request.headers.get("authorization", "")
@@ -69,8 +88,23 @@ class OpenAIFrontend:
     async def models(self, request: Request) -> Response:
         if self._tenant(request) is None:
             return _error(401, "invalid or missing bearer token", "authentication_error")
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.model, "object": "model", "created": 0, "owned_by": "pie"}]})
+        return JSONResponse({"object": "list", "data": [self._model_object()]})
+
+    def _model_object(self) -> dict[str, Any]:
+        return {"id": self.model, "object": "model", "created": 0, "owned_by": "pie"}
+
+    async def model_by_id(self, request: Request) -> Response:
+        if self._tenant(request) is None:
+            return _error(401, "invalid or missing bearer token", "authentication_error")
+        model = request.path_params["model"]
+        if model not in self.limits.model_ids:
+            return _error(404, f"The model '{model}' does not exist", param="model",
+                          code="model_not_found")
+        return JSONResponse(self._model_object())
+
+    async def not_found(self, request: Request) -> Response:
+        return _error(404, f"no such endpoint: {request.method} {request.url.path}",
+                      code="not_found")
 
     async def completions(self, request: Request) -> Response:
         return await self._serve(request, "completion")
@@ -83,9 +117,10 @@ class OpenAIFrontend:
         if tenant is None:
             return _error(401, "invalid or missing bearer token", "authentication_error")
         try:
-            parsed = parse_request(json.loads(await request.body()), mode, self.max_context)
-        except (ValueError, RequestError) as exc:
-            return _error(400, str(exc))
+            parsed = parse_request(decode_body(await request.body()), mode, self.limits)
+        except RequestError as exc:
+            kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
+            return _error(exc.status, str(exc), kind, exc.param, exc.code)
         send, receive = trio.open_memory_channel(_EVENT_BUFFER)
         try:
             handle = await self.service.launch(tenant, self.program, BUILTIN_NAME,
@@ -126,7 +161,7 @@ class OpenAIFrontend:
                 result = json.loads(event.data)
                 for choice in result["choices"]:
                     yield _sse(stream_chunk(*meta, choice["index"], None, choice["finish_reason"],
-                                            first=choice["index"] not in started))
+                                            first=choice["index"] not in started, choice=choice))
                 if parsed["include_usage"]:
                     yield _sse(stream_chunk(*meta, None, usage=result["usage"]))
                 yield "data: [DONE]\n\n"

@@ -187,18 +187,20 @@ def _create_host_generation(sampler: Sampler, schema, regex, grammar) -> int | N
 
 
 def generate_parallel(contexts: list, max_tokens: int, sampler: Sampler | list[Sampler] | None = None,
-                      *, stop: tuple[str, ...] | str = (), on_text=None) -> list[Generation]:
+                      *, stop: tuple[str, ...] | str = (), on_text=None,
+                      **options) -> list[Generation]:
     """Generate on several contexts (typically forks) at once: every step submits one pass per
     unfinished context, each on its own queue, all in flight together, then collects them.
 
-    `sampler` is one for all or one per context; `on_text(index, delta)` streams text.
+    `sampler` is one for all or one per context; `on_text(index, delta)` streams text;
+    `options` (schema=, regex=, grammar=) constrain every generation (no drafter here).
     Returns the finished Generations, in the order of `contexts`.
     """
     samplers = sampler if isinstance(sampler, list) else [sampler] * len(contexts)
     if len(samplers) != len(contexts):
         raise ValueError(f"{len(samplers)} samplers for {len(contexts)} contexts")
-    generations = [Generation(ctx, max_tokens, s, stop=stop, stream_text=on_text is not None)
-                   for ctx, s in zip(contexts, samplers)]
+    generations = [Generation(ctx, max_tokens, s, stop=stop, stream_text=on_text is not None,
+                              **options) for ctx, s in zip(contexts, samplers)]
     active = list(enumerate(generations))
     while active:
         in_flight = [(index, gen, gen.submit()) for index, gen in active]
