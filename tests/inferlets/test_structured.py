@@ -37,6 +37,14 @@ def test_a_bad_grammar_is_an_err_naming_the_problem(run_inferlet) -> None:
     assert err and "nowhere" in err
 
 
+@pytest.mark.parametrize("which, cause", [
+    ("bias", "logit-bias"), ("generation", "unknown generation 12345"),
+    ("penalty", "presence_penalty must be in"), ("verify", "num-drafted 0")])
+def test_hostile_sampler_options_trap_naming_the_cause(run_inferlet, which, cause) -> None:
+    result = run_inferlet("structured_probe", ["hostile", which])
+    assert result.status != "ok" and cause in result.value, result.value
+
+
 def test_sdk_logprobs_equal_log_softmax_of_float32_logits(run_inferlet, engine) -> None:
     prompt = "My favourite colour is"
     result = run_inferlet("structured_probe", ["logprobs", prompt]).json()

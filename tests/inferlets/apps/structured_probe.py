@@ -57,7 +57,26 @@ def bad_grammar() -> dict:
     return {"err": None}
 
 
-MODES = {"regex": regex, "lark": lark, "logprobs": logprobs, "penalty": penalty,
+def hostile(which: str) -> dict:
+    """Misuse the contract: the instance must trap naming the cause."""
+    ctx = inferlet.Context()
+    ctx.fill("Hello")
+    sampler = inferlet.sampling.greedy()
+    options = sampler.options_wit()
+    if which == "bias":
+        options.logit_bias = [(10**6, 1.0)]
+    elif which == "generation":
+        options.generation = 12345
+    elif which == "penalty":
+        options.presence_penalty = 9.0
+    if which == "verify":
+        inferlet.speculative.submit_verify(ctx, ctx.take_pending(), 0, sampler, options)
+    else:
+        ctx.submit(ctx.take_pending(), sampler, options)
+    return {"trapped": False}
+
+
+MODES = {"hostile": hostile, "regex": regex, "lark": lark, "logprobs": logprobs, "penalty": penalty,
          "entropy": entropy, "bad_grammar": bad_grammar}
 
 
