@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 
 from engine.attention import make_attention_backend
-from engine.batch import ForwardBatch, ForwardResult, TokenCopy
+from engine.batch import ForwardBatch, ForwardResult, TokenCopy, Verified
 from engine.config import EngineConfig, ModelConfig
 from engine.constrain import GrammarCompiler
 from engine.device import choose_device
@@ -100,7 +100,8 @@ class Engine:
             return []
         logits = self.logits(batch)                                        # [num_outputs, vocab]
         results = sample_batch(self.sampler, logits, batch)
-        self._count(batch, sum(len(r.output_indices) for r in batch.requests))
+        self._count(batch, sum(len(o.token_ids) if isinstance(o, Verified) else 1
+                               for result in results for o in result.outputs))
         return results
 
     def logits(self, batch: ForwardBatch) -> torch.Tensor:
