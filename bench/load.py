@@ -30,6 +30,7 @@ import trio
 REPO_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_DIR))
 
+MODEL = "SmolLM2-135M-Instruct"   # the id /v1/models lists for the embedded model
 TOPICS = ("the sea", "mountains", "a city at night", "bread", "rivers", "the moon", "trains",
           "gardens", "winter", "libraries", "bees", "clocks", "deserts", "music", "rain", "bridges")
 
@@ -81,7 +82,7 @@ async def one_request(client: openai.AsyncOpenAI, index: int, max_tokens: int) -
     first = None
     num_tokens = 0
     stream = await client.chat.completions.create(
-        model="pie", max_tokens=max_tokens, temperature=0.7, seed=index, stream=True,
+        model=MODEL, max_tokens=max_tokens, temperature=0.7, seed=index, stream=True,
         stream_options={"include_usage": True},
         messages=[{"role": "user", "content": f"Write a short poem about {TOPICS[index % 16]}."}])
     async for chunk in stream:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
-SAMPLER_KINDS = ("greedy", "sample", "distribution")
+SAMPLER_KINDS = ("greedy", "sample", "distribution", "entropy")
+MAX_LOGPROBS = 20          # top log-probabilities one output may return
 MAX_SEED = (1 << 64) - 1
 
 
@@ -64,6 +66,16 @@ class SamplerSpec:
     kind="sample":        a token drawn after temperature, then top_k (0 = off), top_p (1.0 = off),
                           min_p (0.0 = off); `seed` makes the draw reproducible (None: fresh entropy).
     kind="distribution":  the `num_top` most likely tokens and their probabilities after temperature.
+    kind="entropy":       a probe: the entropy (nats) of softmax(logits / temperature), a float.
+
+    Logit processing, before any kind (in this order): repetition_penalty (1.0 = off; a produced
+    token's positive logit is divided by it, a negative one multiplied), frequency_penalty times
+    the token's count and presence_penalty once per produced token are subtracted, `logit_bias`
+    pairs (token id, bias) are added, tokens outside `allowed_token_ids` (None = all) and tokens
+    the grammar of `state` forbids get -inf. Penalties count the tokens produced by `state`.
+    `state` (a GenerationState): the token this output returns advances it.
+    num_logprobs (None = off): a token output becomes a TokenLogprobs with the token's log-
+    probability and the `num_logprobs` best, from log_softmax of the raw float32 logits.
     """
 
     kind: str = "greedy"
@@ -73,11 +85,45 @@ class SamplerSpec:
     min_p: float = 0.0
     seed: int | None = None
     num_top: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    num_logprobs: int | None = None
+    state: Any = None          # engine.constrain.GenerationState
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0)
+
+    @property
+    def processed(self) -> bool:
+        """True when the logits are changed before sampling."""
+        return bool(self.penalized or self.logit_bias or self.allowed_token_ids is not None
+                    or (self.state is not None and self.state.constrained))
 
     def __post_init__(self) -> None:
         problem = sampler_problem(self)
         if problem is not None:
             raise ValueError(problem)
+        self._check_processing()
+
+    def _check_processing(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= 10.0 or math.isnan(self.repetition_penalty):
+            raise ValueError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        if self.penalized and self.state is None:
+            raise ValueError("penalties need a generation state (the tokens produced so far)")
+        if any(not math.isfinite(bias) or abs(bias) > 100 for _, bias in self.logit_bias):
+            raise ValueError("logit_bias values must be finite, in [-100, 100]")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise ValueError("allowed_token_ids must not be empty (None allows every token)")
+        if self.num_logprobs is not None and not 0 <= self.num_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"num_logprobs must be in [0, {MAX_LOGPROBS}], got {self.num_logprobs}")
 
 
 GREEDY = SamplerSpec()
@@ -94,6 +140,9 @@ class ForwardRequest:
                     (len(page_ids) - 1) * page_size + last_page_len, and the new tokens occupy its
                     last num_tokens slots.
     last_page_len:  tokens in the last page after the pass, 1..page_size.
+    num_drafted:    > 0 makes this a verify pass: the last num_drafted input tokens are drafts,
+                    output_indices are the last num_drafted + 1 positions (one sampler each, all
+                    equal) and the result is one Verified output (see Sampler.verify).
     mask:           optional custom attention mask, one row per input token, each a run-length
                     encoding over the kv length: run lengths alternate attend / skip, starting
                     with attend (a first run of 0 means "starts with skip"); each row sums to the
@@ -109,6 +158,7 @@ class ForwardRequest:
     output_indices: tuple[int, ...] = ()
     samplers: tuple[SamplerSpec, ...] = ()
     mask: tuple[tuple[int, ...], ...] | None = None
+    num_drafted: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,10 +181,36 @@ class Distribution:
 
 
 @dataclass(frozen=True)
-class ForwardResult:
-    """Per request: one entry per output index, an int token or a Distribution."""
+class TokenLogprobs:
+    """A sampled token with its log-probability and the most likely tokens' (descending)."""
 
-    outputs: tuple[int | Distribution, ...] = field(default=())
+    token_id: int
+    logprob: float
+    top_token_ids: tuple[int, ...]
+    top_logprobs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A verify pass's outcome: the accepted drafts, then one token sampled after them (the
+    correction of the first rejected draft, or the next token when all were accepted)."""
+
+    token_ids: tuple[int, ...]
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.token_ids) - 1
+
+
+Output = int | float | Distribution | TokenLogprobs | Verified
+
+
+@dataclass(frozen=True)
+class ForwardResult:
+    """Per request: one entry per output index: an int token, a TokenLogprobs, a Distribution,
+    a float entropy; a verify pass has exactly one, a Verified."""
+
+    outputs: tuple[Output, ...] = field(default=())
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ from typing import Any, Sequence
 import torch
 
 from engine.attention import make_attention_backend
-from engine.batch import ForwardBatch, ForwardResult, TokenCopy
+from engine.batch import ForwardBatch, ForwardResult, TokenCopy, Verified
 from engine.engine_config import EngineConfig, ModelConfig
+from engine.constrain import GrammarCompiler
 from engine.device import choose_device
 from engine.reference_loop import generate_greedy_batch, prompt_logits
 from engine.kv_cache import KVCache, num_pages_for
@@ -21,7 +22,7 @@ from engine.model.llama import LlamaModel
 from engine.model.memory import release_freed_memory
 from engine.page_table import build_page_table
 from engine.protocol import EngineStats, TokenizerLike
-from engine.sampling import Sampler
+from engine.sampling import Sampler, sample_batch
 from engine.validate import validate_batch
 
 __all__ = ["Engine", "load_engine", "load_default_engine", "resolve_dtype", "cpu_has_native_bf16"]
@@ -81,6 +82,7 @@ class Engine:
             num_kv_heads=model_config.num_kv_heads, head_dim=model_config.head_dim,
             page_size=self.page_size, device=self.device)
         self.sampler = Sampler(seed)
+        self.grammar = GrammarCompiler(tokenizer, model_config.vocab_size) if tokenizer else None
         self._stats = EngineStats()
         release_freed_memory()
 
@@ -97,14 +99,9 @@ class Engine:
                            max_position=self.model_config.max_position)
             return []
         logits = self.logits(batch)                                        # [num_outputs, vocab]
-        specs = [spec for request in batch.requests for spec in request.samplers]
-        outputs = self.sampler.sample(logits, specs) if specs else []
-        results, start = [], 0
-        for request in batch.requests:
-            end = start + len(request.output_indices)
-            results.append(ForwardResult(tuple(outputs[start:end])))
-            start = end
-        self._count(batch, len(outputs))
+        results = sample_batch(self.sampler, logits, batch)
+        self._count(batch, sum(len(o.token_ids) if isinstance(o, Verified) else 1
+                               for result in results for o in result.outputs))
         return results
 
     def logits(self, batch: ForwardBatch) -> torch.Tensor:

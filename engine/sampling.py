@@ -1,4 +1,9 @@
-"""Batched sampling of output rows: greedy, temperature + top-k / top-p / min-p, distributions.
+"""Batched sampling of output rows: greedy, temperature + top-k / top-p / min-p, distributions,
+entropy probes, log-probabilities, and the verification of drafted tokens.
+
+Logits are first processed per row (penalties, bias, allowed set, grammar mask:
+engine/constrain/processing.py); log-probabilities are log_softmax of the raw float32 logits.
+A row with a generation state advances it with the token it returns.
 
 Rows are grouped by kind and each group is done with whole-tensor ops (greedy for any number of
 rows is one argmax). Randomness is one uniform draw per sampled row, from a generator seeded with
@@ -16,9 +21,11 @@ from typing import Sequence
 
 import torch
 
-from engine.batch import Distribution, SamplerSpec
+from engine.batch import (Distribution, ForwardBatch, ForwardResult, SamplerSpec, TokenLogprobs,
+                          Verified)
+from engine.constrain.processing import RowError, process_logits
 
-__all__ = ["Sampler"]
+__all__ = ["Sampler", "sample_batch"]
 
 
 def _uniforms(seeds: list[int | None], entropy: torch.Generator) -> torch.Tensor:
@@ -56,22 +63,40 @@ class Sampler:
         entropy_seed = seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
         self._entropy = torch.Generator().manual_seed(entropy_seed)
 
-    def sample(self, logits: torch.Tensor, specs: Sequence[SamplerSpec]) -> list[int | Distribution]:
-        """logits: [R, vocab] float32, one SamplerSpec per row -> one output per row."""
+    def sample(self, logits: torch.Tensor, specs: Sequence[SamplerSpec]) -> list:
+        """logits: [R, vocab] float32, one SamplerSpec per row -> one output per row (an int,
+        a TokenLogprobs, a Distribution or a float entropy). Raises RowError (nothing advanced)
+        when a row's processing leaves no token."""
         if logits.shape[0] != len(specs):
             raise ValueError(f"{logits.shape[0]} logit rows but {len(specs)} samplers")
-        outputs: list[int | Distribution | None] = [None] * len(specs)
+        plain = all(s.kind == "greedy" and not s.processed and s.num_logprobs is None
+                    and s.state is None for s in specs)
+        if plain:                                  # the common case: no row gather at all
+            return logits.argmax(dim=-1).tolist()
+        raw = logits.cpu()                         # seeded draws and filters run on the CPU
+        outputs = self._choose(process_logits(raw, specs), specs)
+        for row, spec in enumerate(specs):
+            if spec.kind not in ("greedy", "sample"):
+                continue
+            if spec.state is not None:
+                spec.state.accept(outputs[row])
+            if spec.num_logprobs is not None:
+                outputs[row] = _token_logprobs(raw[row], outputs[row], spec.num_logprobs)
+        return outputs
+
+    def _choose(self, logits: torch.Tensor, specs: Sequence[SamplerSpec]) -> list:
+        """One output per row of processed logits [R, V], by kind."""
+        outputs: list = [None] * len(specs)
         greedy_rows, sample_rows, dist_rows = [], [], []
         for row, spec in enumerate(specs):
             if spec.kind == "distribution":
                 dist_rows.append(row)
+            elif spec.kind == "entropy":
+                outputs[row] = _entropy(logits[row], spec.temperature)
             elif spec.kind == "greedy" or spec.temperature == 0:
                 greedy_rows.append(row)
             else:
                 sample_rows.append(row)
-        if len(greedy_rows) == len(specs):         # the common case: no row gather at all
-            return logits.argmax(dim=-1).tolist()
-        logits = logits.cpu()                      # seeded draws and filters run on the CPU
         if greedy_rows:
             tokens = logits[greedy_rows].argmax(dim=-1).tolist()
             for row, token in zip(greedy_rows, tokens):
@@ -84,7 +109,40 @@ class Sampler:
             dists = self._distributions(logits[dist_rows], [specs[r] for r in dist_rows])
             for row, dist in zip(dist_rows, dists):
                 outputs[row] = dist
-        return outputs  # type: ignore[return-value]
+        return outputs
+
+    def verify(self, logits: torch.Tensor, spec: SamplerSpec, draft_ids: Sequence[int]) -> Verified:
+        """Verify drafts: logits [k + 1, V] at the position before each of the k drafts and
+        after the last. Row i accepts draft i when greedy picks it, or (sampling) with
+        probability p(draft) under the processed, filtered distribution; the first rejection
+        draws from p with the draft removed (standard speculative sampling for a deterministic
+        drafter, so the output has the distribution of plain sampling). Stops at the first
+        rejection; all accepted gives one more token from the last row. Rows are processed one
+        by one, so penalties and the grammar see the drafts accepted before them."""
+        logits = logits.cpu()
+        generator = self._entropy if spec.seed is None else torch.Generator().manual_seed(spec.seed)
+        chosen: list[int] = []
+        for row in range(len(draft_ids) + 1):
+            processed = process_logits(logits[row:row + 1], [spec])[0]           # [V]
+            draft = draft_ids[row] if row < len(draft_ids) else None
+            if spec.kind == "greedy" or spec.temperature == 0:
+                token = int(processed.argmax())
+            else:
+                token = _speculative_draw(self._filtered_probs(processed, spec), draft, generator)
+            if spec.state is not None:
+                spec.state.accept(token)
+            chosen.append(token)
+            if token != draft:
+                break
+        return Verified(tuple(chosen))
+
+    @staticmethod
+    def _filtered_probs(logits: torch.Tensor, spec: SamplerSpec) -> torch.Tensor:
+        """[V] logits -> [V] float64 probabilities after temperature and the filters."""
+        probs = torch.softmax(logits.double() / spec.temperature, dim=-1).unsqueeze(0)
+        kept, sorted_ids = _filtered_sorted_probs(probs, [spec])
+        return torch.zeros_like(probs[0]).scatter_(0, sorted_ids[0], kept[0])
+
 
     def _sample_rows(self, logits: torch.Tensor, specs: list[SamplerSpec]) -> list[int]:
         temperatures = torch.tensor([s.temperature for s in specs]).unsqueeze(1)
@@ -111,3 +169,79 @@ class Sampler:
         top_probs, top_ids = top_probs.tolist(), top_ids.tolist()
         return [Distribution(tuple(ids[:spec.num_top]), tuple(p[:spec.num_top]))
                 for ids, p, spec in zip(top_ids, top_probs, specs)]
+
+
+def _speculative_draw(probs: torch.Tensor, draft: int | None, generator: torch.Generator) -> int:
+    """probs [V] (unnormalized): the draft when a uniform falls under its probability, else a
+    draw from probs without the draft."""
+    total = probs.sum()
+    if draft is not None:
+        if float(torch.rand(1, generator=generator, dtype=torch.float64)) * total < probs[draft]:
+            return draft
+        probs = probs.clone()
+        probs[draft] = 0.0
+        total = probs.sum()
+    cumulative = probs.cumsum(dim=0)                                           # [V]
+    target = torch.rand(1, generator=generator, dtype=torch.float64) * total
+    pick = int(torch.searchsorted(cumulative, target, right=True).clamp(max=len(probs) - 1))
+    while probs[pick] == 0 and pick > 0:          # float ties at the boundary: a kept token
+        pick -= 1
+    return pick
+
+
+def _entropy(logits: torch.Tensor, temperature: float) -> float:
+    """Entropy in nats of softmax(logits [V] / temperature) (temperature 0 counts as 1)."""
+    log_probs = torch.log_softmax(logits.double() / (temperature or 1.0), dim=-1)
+    probs = log_probs.exp()
+    return float(-(probs * log_probs.nan_to_num(neginf=0.0)).sum())
+
+
+def _token_logprobs(raw: torch.Tensor, token_id: int, num_top: int) -> TokenLogprobs:
+    """raw [V] float32 logits -> the token's log_softmax and the num_top best."""
+    log_probs = torch.log_softmax(raw.float(), dim=-1)                         # [V]
+    top_values, top_ids = log_probs.topk(num_top) if num_top else (log_probs[:0], raw[:0].long())
+    return TokenLogprobs(int(token_id), float(log_probs[token_id]), tuple(top_ids.tolist()),
+                         tuple(top_values.tolist()))
+
+
+def sample_batch(sampler: Sampler, logits: torch.Tensor, batch: ForwardBatch) -> list[ForwardResult]:
+    """logits [num_outputs, V] of a batch, in request order -> one ForwardResult per request.
+    Verify passes are verified one by one; a row whose processing leaves no token raises
+    ValueError("request i: ...") before any generation state advanced."""
+    plain_rows, plain_specs, verify_starts, start = [], [], [], 0
+    for request in batch.requests:
+        num_outputs = len(request.output_indices)
+        if request.num_drafted:
+            verify_starts.append(start)
+        else:
+            plain_rows.extend(range(start, start + num_outputs))
+            plain_specs.extend(request.samplers)
+        start += num_outputs
+    try:
+        plain = sampler.sample(logits[plain_rows], plain_specs) if plain_specs else []
+    except RowError as error:
+        raise ValueError(f"request {_request_of(batch, plain_rows[error.row])}: field samplers: "
+                         f"{error.reason}") from None
+    outputs = dict(zip(plain_rows, plain))
+    for request, first in zip([r for r in batch.requests if r.num_drafted], verify_starts):
+        rows = logits[first:first + request.num_drafted + 1]
+        outputs[first] = sampler.verify(rows, request.samplers[0],
+                                        request.token_ids[-request.num_drafted:])
+    results, start = [], 0
+    for request in batch.requests:
+        if request.num_drafted:
+            results.append(ForwardResult((outputs[start],)))
+        else:
+            results.append(ForwardResult(tuple(outputs[start + i]
+                                               for i in range(len(request.output_indices)))))
+        start += len(request.output_indices)
+    return results
+
+
+def _request_of(batch: ForwardBatch, row: int) -> int:
+    """The index of the request that output row `row` of the batch belongs to."""
+    for index, request in enumerate(batch.requests):
+        row -= len(request.output_indices)
+        if row < 0:
+            return index
+    raise IndexError(row)

@@ -28,11 +28,17 @@ __all__ = ["CudaSampler", "make_sampler", "uses_fused_sampling"]
 def uses_fused_sampling(spec: SamplerSpec) -> bool:
     """True when FlashInfer's fused top-k/top-p sampler handles this row (see module docstring)."""
     return (spec.kind == "sample" and spec.temperature > 0 and spec.seed is None
-            and spec.min_p == 0.0)
+            and spec.min_p == 0.0 and _unprocessed(spec))
+
+
+def _unprocessed(spec: SamplerSpec) -> bool:
+    """No logit processing, log-probabilities or generation state (the CPU sampler does those)."""
+    return not spec.processed and spec.num_logprobs is None and spec.state is None
 
 
 def _is_greedy(spec: SamplerSpec) -> bool:
-    return spec.kind == "greedy" or (spec.kind == "sample" and spec.temperature == 0)
+    return _unprocessed(spec) and (spec.kind == "greedy"
+                                    or (spec.kind == "sample" and spec.temperature == 0))
 
 
 class CudaSampler:
@@ -88,6 +94,10 @@ class CudaSampler:
         tokens = self._flashinfer.sampling.top_k_top_p_sampling_from_probs(
             probs, top_k, top_p, filter_apply_order="top_k_first", generator=self._generator)
         return tokens.tolist()
+
+    def verify(self, logits: torch.Tensor, spec: SamplerSpec, draft_ids: Sequence[int]):
+        """Sampler.verify on the CPU (drafts are verified row by row)."""
+        return self._reference.verify(logits.float().cpu(), spec, draft_ids)
 
     @staticmethod
     def _place(outputs: list, rows: list[int], values: Sequence) -> None:

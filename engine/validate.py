@@ -65,6 +65,42 @@ def validate_request(index: int, request: ForwardRequest, *, page_size: int, num
             raise _fail(index, "samplers", f"sampler {number}: {problem}")
     if request.mask is not None and len(request.mask) != num_tokens:
         raise _fail(index, "mask", f"{len(request.mask)} mask rows for {num_tokens} tokens")
+    for spec in request.samplers:
+        _check_ints(index, "samplers.logit_bias", tuple(t for t, _ in spec.logit_bias), 0,
+                    vocab_size, "token id")
+        _check_ints(index, "samplers.allowed_token_ids", spec.allowed_token_ids or (), 0,
+                    vocab_size, "token id")
+    if request.num_drafted:
+        _check_verify(index, request)
+
+
+def _check_verify(index: int, request: ForwardRequest) -> None:
+    num_drafted, num_tokens = request.num_drafted, len(request.token_ids)
+    if not 0 < num_drafted < num_tokens:
+        raise _fail(index, "num_drafted", f"{num_drafted} drafts need 1..{num_tokens - 1} "
+                    f"(the pass also carries the token before them)")
+    expected = tuple(range(num_tokens - num_drafted - 1, num_tokens))
+    if request.output_indices != expected:
+        raise _fail(index, "output_indices", f"a verify pass outputs the last {num_drafted + 1} "
+                    f"positions {expected[0]}..{expected[-1]}")
+    if len(set(request.samplers)) != 1 or request.samplers[0].kind not in ("greedy", "sample") \
+            or request.samplers[0].num_logprobs is not None:
+        raise _fail(index, "samplers", "a verify pass takes one greedy or sample sampler "
+                    "(repeated per output), without log-probabilities")
+
+
+def _check_states(batch: ForwardBatch) -> None:
+    """A generation state advances once per pass: at most one output of the batch names it."""
+    seen: set[int] = set()
+    for index, request in enumerate(batch.requests):
+        states = {id(s.state) for s in request.samplers if s.state is not None}
+        if request.num_drafted == 0 and len(states) < sum(s.state is not None
+                                                         for s in request.samplers):
+            raise _fail(index, "samplers", "a generation state is attached to several outputs")
+        if states & seen:
+            raise _fail(index, "samplers", "a generation state is attached to outputs of "
+                        "several passes of one batch")
+        seen |= states
 
 
 def validate_batch(batch: ForwardBatch, *, page_size: int, num_pages: int, vocab_size: int,
@@ -75,3 +111,4 @@ def validate_batch(batch: ForwardBatch, *, page_size: int, num_pages: int, vocab
     for index, request in enumerate(batch.requests):
         validate_request(index, request, page_size=page_size, num_pages=num_pages,
                          vocab_size=vocab_size, max_position=max_position)
+    _check_states(batch)

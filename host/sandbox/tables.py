@@ -3,6 +3,7 @@
 - queues:  local queue id -> priority (in-order command streams; `pie:inferlet/queue`)
 - futures: forward-future resource rep -> the scheduler future and its lowered result
 - pages:   local page / sequence ids -> physical pages (host.kv.InstancePages)
+- generations: generation ids -> host-kept sampling state (grammar matcher, tokens for penalties)
 
 Only the instance's own thread touches `queues` and `futures` (its host calls run there); the
 runtime clears them with `clear()` once the instance has ended. `pages` is thread-safe by itself.
@@ -10,17 +11,20 @@ Every table is bounded: going past a bound traps the instance, naming the call a
 """
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future
 from typing import Any
 
+from engine.constrain import GenerationState
 from host.errors import TrapError
 from host.kv import InstancePages
 
-__all__ = ["InstanceTables", "QueueTable", "FutureTable", "ForwardFutureEntry", "MAX_QUEUES",
-           "MAX_LIVE_FUTURES"]
+__all__ = ["InstanceTables", "QueueTable", "FutureTable", "ForwardFutureEntry", "GenerationTable",
+           "MAX_QUEUES", "MAX_LIVE_FUTURES", "MAX_GENERATIONS"]
 
 MAX_QUEUES = 4096          # per instance, at once
 MAX_LIVE_FUTURES = 65536   # per instance
+MAX_GENERATIONS = 4096     # per instance, at once
 
 
 class QueueTable:
@@ -97,13 +101,44 @@ class FutureTable:
         self._entries.clear()
 
 
+class GenerationTable:
+    """Generation id -> GenerationState of one instance. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._states: dict[int, GenerationState] = {}
+        self._next_id = 1
+
+    def add(self, call: str, state: GenerationState) -> int:
+        with self._lock:
+            if len(self._states) >= MAX_GENERATIONS:
+                raise TrapError(f"{call}: {MAX_GENERATIONS} generations alive; destroy some first")
+            generation_id = self._next_id
+            self._next_id += 1
+            self._states[generation_id] = state
+            return generation_id
+
+    def get(self, call: str, generation_id: int) -> GenerationState:
+        with self._lock:
+            state = self._states.get(generation_id)
+        if state is None:
+            raise TrapError(f"{call}: unknown generation {generation_id}")
+        return state
+
+    def remove(self, call: str, generation_id: int) -> None:
+        with self._lock:
+            if self._states.pop(generation_id, None) is None:
+                raise TrapError(f"{call}: unknown generation {generation_id}")
+
+
 class InstanceTables:
-    """The three tables of one instance."""
+    """The tables of one instance."""
 
     def __init__(self, pages: InstancePages) -> None:
         self.queues = QueueTable()
         self.futures = FutureTable()
         self.pages = pages
+        self.generations = GenerationTable()
 
     def clear(self) -> None:
         """At the instance's end: every page reference back, queues and futures forgotten."""

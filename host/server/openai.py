@@ -19,8 +19,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from host.server.builtin import BUILTIN_NAME, load_builtin
-from host.server.openai_schema import (RequestError, completion_response, parse_request,
-                                       stream_chunk)
+from host.server.openai_format import completion_response, stream_chunk
+from host.server.openai_schema import ApiLimits, RequestError, parse_request
 from host.server.protocol import loads_bounded
 from host.server.service import InstanceHandle, PieService, ServiceError
 from host.server.sinks import EventSink
@@ -31,9 +31,26 @@ __all__ = ["OpenAIFrontend"]
 MAX_BODY_NESTING = 64     # deepest JSON nesting of a request body
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None,
-                                   "code": None}}, status_code=status)
+def _error(status: int, message: str, kind: str = "invalid_request_error",
+           param: str | None = None, code: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param,
+                                   "code": code}}, status_code=status)
+
+
+def api_limits(info: dict[str, Any]) -> ApiLimits:
+    """The model's ids and limits. The listed id is the model file's name up to its first dot
+    ("SmolLM2-135M-Instruct" for the embedded SmolLM2-135M-Instruct.Q4_1.gguf); the GGUF's own
+    name, the file name and the path are accepted as aliases."""
+    path = info.get("path") or ""
+    if not path:
+        from engine.loaders import default_gguf_path
+        path = str(default_gguf_path())
+    file_name = Path(path).name
+    listed = file_name.split(".")[0] or info["name"]
+    aliases = {listed, info["name"], file_name, path, str(Path(path).resolve())}
+    max_context = min(info["page_size"] * info["num_pages"],
+                      info.get("max_position") or info["page_size"] * info["num_pages"])
+    return ApiLimits(frozenset(aliases), listed, max_context, info["vocab_size"])
 
 
 class OpenAIFrontend:
@@ -45,9 +62,8 @@ class OpenAIFrontend:
         self.tenants = tenants
         self.program = program
         self.program_hash = program_hash
-        info = service.model_info()
-        self.model = info["name"]
-        self.max_context = info["page_size"] * info["num_pages"]
+        self.limits = api_limits(service.model_info())
+        self.model = self.limits.listed_id
 
     @classmethod
     async def create(cls, service: PieService, tenants: TenantRegistry,
@@ -58,8 +74,11 @@ class OpenAIFrontend:
 
     def routes(self) -> list[Route]:
         return [Route("/v1/models", self.models, methods=["GET"]),
+                Route("/v1/models/{model:path}", self.model_by_id, methods=["GET"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
-                Route("/v1/chat/completions", self.chat_completions, methods=["POST"])]
+                Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                Route("/v1/{rest:path}", self.not_found,
+                      methods=["GET", "POST", "PUT", "PATCH", "DELETE"])]
 
     def _tenant(self, request: Request) -> Tenant | None:
         header = request.headers.get("authorization", "")
@@ -70,8 +89,23 @@ class OpenAIFrontend:
     async def models(self, request: Request) -> Response:
         if self._tenant(request) is None:
             return _error(401, "invalid or missing bearer token", "authentication_error")
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.model, "object": "model", "created": 0, "owned_by": "pie"}]})
+        return JSONResponse({"object": "list", "data": [self._model_object()]})
+
+    def _model_object(self) -> dict[str, Any]:
+        return {"id": self.model, "object": "model", "created": 0, "owned_by": "pie"}
+
+    async def model_by_id(self, request: Request) -> Response:
+        if self._tenant(request) is None:
+            return _error(401, "invalid or missing bearer token", "authentication_error")
+        model = request.path_params["model"]
+        if model not in self.limits.model_ids:
+            return _error(404, f"The model '{model}' does not exist", param="model",
+                          code="model_not_found")
+        return JSONResponse(self._model_object())
+
+    async def not_found(self, request: Request) -> Response:
+        return _error(404, f"no such endpoint: {request.method} {request.url.path}",
+                      code="not_found")
 
     async def completions(self, request: Request) -> Response:
         return await self._serve(request, "completion")
@@ -85,12 +119,17 @@ class OpenAIFrontend:
             return _error(401, "invalid or missing bearer token", "authentication_error")
         try:
             body = loads_bounded(await request.body(), MAX_BODY_NESTING)
-            parsed = parse_request(body, mode, self.max_context)
-        except (ValueError, RequestError) as exc:     # JsonNestingError is a ValueError
-            return _error(400, str(exc))
+        except ValueError as exc:     # not JSON, or nested past MAX_BODY_NESTING (JsonNestingError)
+            return _error(400, f"the request body is not valid JSON: {exc}")
+        try:
+            parsed = parse_request(body, mode, self.limits)
+        except RequestError as exc:
+            kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
+            return _error(exc.status, str(exc), kind, exc.param, exc.code)
         too_long = await trio.to_thread.run_sync(self._context_problem, tenant, parsed)
         if too_long:
-            return _error(400, too_long)
+            return _error(400, too_long, param="messages" if mode == "chat" else "prompt",
+                          code="context_length_exceeded")
         receive = EventSink()
         try:
             handle = await self.service.launch(tenant, self.program, BUILTIN_NAME,
@@ -120,17 +159,18 @@ class OpenAIFrontend:
         engine = self.service.runtime.engine
         tokenizer = engine.tokenizer
         if parsed["mode"] == "chat":
+            counted = [{"role": "user" if m["role"] == "tool" else m["role"],
+                        "content": m.get("content") or ""} for m in parsed["messages"]]
             try:
-                text = tokenizer.render_chat([{"role": role, "content": content}
-                                              for role, content in parsed["messages"]], True)
-            except ValueError as exc:
-                return str(exc)
+                texts = [tokenizer.render_chat(counted, True)]
+            except ValueError:    # the inferlet renders (and reports) it; no up-front count
+                return None
         else:
-            text = parsed["prompt"]
-        num_prompt = len(tokenizer.encode(text))
+            texts = parsed["prompts"]
+        num_prompt = max(len(tokenizer.encode(text)) for text in texts)
         max_position = getattr(getattr(engine, "model_config", None), "max_position", None)
-        context = min(self.max_context, tenant.default_kv_pages * engine.page_size,
-                      max_position or self.max_context)
+        context = min(self.limits.max_context, tenant.default_kv_pages * engine.page_size,
+                      max_position or self.limits.max_context)
         if num_prompt + parsed["max_tokens"] <= context:
             return None
         return (f"the context length is {context} tokens, but {num_prompt + parsed['max_tokens']} "
@@ -154,7 +194,7 @@ class OpenAIFrontend:
                 result = json.loads(event.data)
                 for choice in result["choices"]:
                     yield _sse(stream_chunk(*meta, choice["index"], None, choice["finish_reason"],
-                                            first=choice["index"] not in started))
+                                            first=choice["index"] not in started, choice=choice))
                 if parsed["include_usage"]:
                     yield _sse(stream_chunk(*meta, None, usage=result["usage"]))
                 yield "data: [DONE]\n\n"

@@ -1,23 +1,48 @@
-"""OpenAI request validation and response shapes, for /v1/completions and /v1/chat/completions.
+"""OpenAI request validation, for /v1/completions and /v1/chat/completions.
 
 `parse_request` turns a JSON body into the normalised request the built-in inferlet reads (see
-inferlets/builtin/openai_completions.py), or raises `RequestError` naming the field. Fields not
-listed here (user, logprobs=false, ...) are accepted and ignored, as OpenAI clients send many.
+inferlets/builtin/openai_completions.py), or raises `RequestError` naming the field (`param`)
+and the HTTP status (400; 404 for an unknown model). The ranges are OpenAI's. Fields not listed
+here (user, ...) are accepted and ignored, as OpenAI clients send many. Tools and message
+histories are checked in host/server/openai_tools.py.
 """
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RequestError", "parse_request", "completion_response", "stream_chunk",
-           "usage_object", "MAX_N", "MAX_STOP"]
+from host.server.openai_tools import parse_messages, parse_tools
+
+__all__ = ["RequestError", "ApiLimits", "parse_request", "MAX_N", "MAX_STOP", "MAX_PROMPTS"]
 
 MAX_N = 8
 MAX_STOP = 4
-_ROLES = ("system", "user", "assistant")
+MAX_PROMPTS = 16
+MAX_TOP_LOGPROBS = 20            # chat
+MAX_COMPLETION_LOGPROBS = 5      # completions
+MAX_LOGIT_BIAS = 300
 
 
 class RequestError(ValueError):
-    """A request the API refuses (HTTP 400); the message names the field."""
+    """A request the API refuses; the message names the field, `param` is its path."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+        self.code = code
+
+
+@dataclass(frozen=True)
+class ApiLimits:
+    """What requests are checked against: the served model's names, context and vocabulary."""
+
+    model_ids: frozenset[str]        # the clean id first in `listed_id`, then aliases
+    listed_id: str
+    max_context: int
+    vocab_size: int
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
@@ -25,7 +50,7 @@ def _number(body: dict, name: str, default: float, low: float, high: float) -> f
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise RequestError(f"'{name}' must be a number in [{low}, {high}], got {value!r}")
+        raise RequestError(f"'{name}' must be a number in [{low}, {high}], got {value!r}", name)
     return float(value)
 
 
@@ -34,29 +59,17 @@ def _integer(body: dict, name: str, default: int | None, low: int, high: int) ->
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise RequestError(f"'{name}' must be an integer in [{low}, {high}], got {value!r}")
+        raise RequestError(f"'{name}' must be an integer in [{low}, {high}], got {value!r}", name)
     return value
 
 
-def _content(message: Any, index: int) -> tuple[str, str]:
-    if not isinstance(message, dict):
-        raise RequestError(f"'messages[{index}]' must be an object, got {type(message).__name__}")
-    role, content = message.get("role"), message.get("content")
-    if role == "developer":
-        role = "system"
-    if role not in _ROLES:
-        raise RequestError(f"'messages[{index}].role' must be one of {_ROLES}, got {role!r}")
-    if isinstance(content, list):   # content parts: only text is supported
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" \
-                    or not isinstance(part.get("text"), str):
-                raise RequestError(f"'messages[{index}].content': only text parts are supported")
-            texts.append(part["text"])
-        content = "".join(texts)
-    if not isinstance(content, str):
-        raise RequestError(f"'messages[{index}].content' must be a string, got {content!r}")
-    return role, content
+def _boolean(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise RequestError(f"'{name}' must be true or false, got {value!r}", name)
+    return value
 
 
 def _stop(body: dict) -> list[str]:
@@ -67,84 +80,124 @@ def _stop(body: dict) -> list[str]:
     if not isinstance(stops, list) or len(stops) > MAX_STOP or \
             not all(isinstance(s, str) and s for s in stops):
         raise RequestError(f"'stop' must be a non-empty string or a list of at most {MAX_STOP}, "
-                           f"got {stop!r}")
+                           f"got {stop!r}", "stop")
     return stops
 
 
-def parse_request(body: Any, mode: str, max_context: int) -> dict[str, Any]:
+def _prompts(body: dict) -> list[str]:
+    prompt = body.get("prompt")
+    prompts = [prompt] if isinstance(prompt, str) else prompt
+    if not isinstance(prompts, list) or not 0 < len(prompts) <= MAX_PROMPTS or \
+            not all(isinstance(p, str) and p for p in prompts):
+        raise RequestError(f"'prompt' must be a non-empty string or a list of 1..{MAX_PROMPTS} "
+                           f"non-empty strings", "prompt")
+    return prompts
+
+
+def _logit_bias(body: dict, vocab_size: int) -> list[list]:
+    bias = body.get("logit_bias")
+    if bias is None:
+        return []
+    if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS:
+        raise RequestError(f"'logit_bias' must be an object of at most {MAX_LOGIT_BIAS} "
+                           f"token ids", "logit_bias")
+    pairs = []
+    for key, value in bias.items():
+        if not key.isdigit() or int(key) >= vocab_size:
+            raise RequestError(f"'logit_bias' key {key!r} is not a token id in [0, {vocab_size})",
+                               "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not -100 <= value <= 100:
+            raise RequestError(f"'logit_bias' value for {key} must be in [-100, 100], got "
+                               f"{value!r}", "logit_bias")
+        pairs.append([int(key), float(value)])
+    return pairs
+
+
+def _logprobs(body: dict, mode: str) -> int | None:
+    """The number of top log-probabilities per token, or None when not asked for."""
+    if mode == "completion":
+        return _integer(body, "logprobs", None, 0, MAX_COMPLETION_LOGPROBS)
+    wanted = _boolean(body, "logprobs")
+    top = _integer(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise RequestError("'top_logprobs' needs 'logprobs' set to true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _response_format(body: dict) -> dict[str, Any] | None:
+    """None (text) or {"schema": <JSON schema>} for json_object / json_schema."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"schema": {"type": "object"}}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise RequestError("'response_format.json_schema.schema' must be a JSON schema "
+                               "object", "response_format.json_schema.schema")
+        return {"schema": schema}
+    raise RequestError("'response_format.type' must be text, json_object or json_schema, got "
+                       f"{kind!r}", "response_format.type")
+
+
+def _check_model(body: dict, limits: ApiLimits) -> None:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestError("'model' must be a non-empty string", "model")
+    if model not in limits.model_ids:
+        raise RequestError(f"The model '{model}' does not exist; this server serves "
+                           f"'{limits.listed_id}'", "model", 404, "model_not_found")
+
+
+def _max_tokens(body: dict, default: int, limits: ApiLimits) -> int:
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    if isinstance(value, int) and not isinstance(value, bool) and value > limits.max_context:
+        raise RequestError(f"'{name}' is {value}, but this model's maximum context length is "
+                           f"{limits.max_context} tokens", name, code="context_length_exceeded")
+    return _integer({name: value}, name, default, 1, limits.max_context)
+
+
+def parse_request(body: Any, mode: str, limits: ApiLimits) -> dict[str, Any]:
     """Validate an OpenAI request body ("chat" or "completion" mode); the normalised request."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
+    _check_model(body, limits)
     request: dict[str, Any] = {"mode": mode}
     if mode == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise RequestError("'messages' must be a non-empty list")
-        request["messages"] = [_content(m, i) for i, m in enumerate(messages)]
+        request["messages"] = parse_messages(body.get("messages"))
+        request.update(parse_tools(body))
         default_max = 256
     else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str) or not prompt:
-            raise RequestError("'prompt' must be a non-empty string")
-        request["prompt"] = prompt
+        request["prompts"] = _prompts(body)
+        request["echo"] = _boolean(body, "echo")
         default_max = 16
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    request["max_tokens"] = _integer({"max_tokens": max_tokens}, "max_tokens", default_max,
-                                     1, max_context)
+    request["max_tokens"] = _max_tokens(body, default_max, limits)
     request["temperature"] = _number(body, "temperature", 1.0, 0.0, 2.0)
     request["top_p"] = _number(body, "top_p", 1.0, 1e-6, 1.0)
+    request["presence_penalty"] = _number(body, "presence_penalty", 0.0, -2.0, 2.0)
+    request["frequency_penalty"] = _number(body, "frequency_penalty", 0.0, -2.0, 2.0)
+    request["logit_bias"] = _logit_bias(body, limits.vocab_size)
+    request["logprobs"] = _logprobs(body, mode)
+    request["response_format"] = _response_format(body) if mode == "chat" else None
     request["seed"] = _integer(body, "seed", None, 0, 2**63 - 1)
     request["n"] = _integer(body, "n", 1, 1, MAX_N)
     request["stop"] = _stop(body)
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise RequestError(f"'stream' must be true or false, got {stream!r}")
-    request["stream"] = stream
+    request["stream"] = _boolean(body, "stream")
     options = body.get("stream_options") or {}
     request["include_usage"] = bool(isinstance(options, dict) and options.get("include_usage"))
     return request
 
 
-def usage_object(usage: dict[str, int]) -> dict[str, int]:
-    prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
-
-
-def completion_response(mode: str, response_id: str, model: str, created: int,
-                        result: dict[str, Any]) -> dict[str, Any]:
-    """The non-streamed answer, from the built-in inferlet's result."""
-    if mode == "chat":
-        choices = [{"index": c["index"], "finish_reason": c["finish_reason"], "logprobs": None,
-                    "message": {"role": "assistant", "content": c["text"]}}
-                   for c in result["choices"]]
-        kind = "chat.completion"
-    else:
-        choices = [{"index": c["index"], "text": c["text"], "finish_reason": c["finish_reason"],
-                    "logprobs": None} for c in result["choices"]]
-        kind = "text_completion"
-    return {"id": response_id, "object": kind, "created": created, "model": model,
-            "choices": choices, "usage": usage_object(result["usage"])}
-
-
-def stream_chunk(mode: str, response_id: str, model: str, created: int, index: int | None,
-                 text: str | None = None, finish_reason: str | None = None, *,
-                 first: bool = False, usage: dict[str, int] | None = None) -> dict[str, Any]:
-    """One SSE chunk: a text delta or a finish of choice `index`, or (index None) the usage."""
-    choices: list[dict[str, Any]] = []
-    if index is not None and mode == "chat":
-        delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if text is not None:
-            delta["content"] = text
-        choices = [{"index": index, "delta": delta, "finish_reason": finish_reason,
-                    "logprobs": None}]
-    elif index is not None:
-        choices = [{"index": index, "text": text or "", "finish_reason": finish_reason,
-                    "logprobs": None}]
-    chunk = {"id": response_id, "object": "chat.completion.chunk" if mode == "chat"
-             else "text_completion", "created": created, "model": model, "choices": choices}
-    if usage is not None:
-        chunk["usage"] = usage_object(usage)
-    return chunk
+def decode_body(raw: bytes) -> Any:
+    """The JSON body, or RequestError for text that is not JSON."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from None

@@ -73,9 +73,11 @@ def runtime_figures(runtime: Any) -> RuntimeFigures:
 
 
 def model_info(config: ServerConfig, engine: Any) -> dict[str, Any]:
+    """The served model; "path" is the model file ("" = the embedded default)."""
     return {"name": engine.model_name, "page_size": engine.page_size,
             "num_pages": engine.num_pages, "vocab_size": engine.tokenizer.vocab_size,
-            "max_batch_tokens": config.engine.max_batch_tokens}
+            "max_batch_tokens": config.engine.max_batch_tokens, "path": config.model.path,
+            "max_position": engine.model_config.max_position}
 
 
 async def build_context(config: ServerConfig, engine: Any = None) -> ServerContext:

@@ -12,6 +12,7 @@ import pytest
 from tests.server.conftest import TOKENS, scrape, wait_until_idle
 
 pytestmark = pytest.mark.slow
+MODEL = "SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -22,12 +23,12 @@ def client(model_server) -> openai.OpenAI:
 
 def test_models_and_health(model_server, client) -> None:
     models = client.models.list().data
-    assert len(models) == 1 and models[0].owned_by == "pie"
+    assert len(models) == 1 and models[0].owned_by == "pie" and models[0].id == MODEL
     assert httpx.get(f"{model_server.url}/health").json()["status"] == "ok"
 
 
 def test_chat_completion_not_streamed(model_server, client) -> None:
-    answer = client.chat.completions.create(model="pie", messages=QUESTION, max_tokens=12,
+    answer = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12,
                                             temperature=0)
     choice = answer.choices[0]
     assert answer.object == "chat.completion" and choice.message.role == "assistant"
@@ -35,16 +36,16 @@ def test_chat_completion_not_streamed(model_server, client) -> None:
     assert choice.finish_reason in ("stop", "length")
     assert answer.usage.prompt_tokens > 10 and 0 < answer.usage.completion_tokens <= 12
     assert answer.usage.total_tokens == answer.usage.prompt_tokens + answer.usage.completion_tokens
-    again = client.chat.completions.create(model="pie", messages=QUESTION, max_tokens=12,
+    again = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12,
                                            temperature=0)
     assert again.choices[0].message.content == choice.message.content   # greedy is repeatable
 
 
 def test_chat_completion_streamed_matches_not_streamed(model_server, client) -> None:
-    whole = client.chat.completions.create(model="pie", messages=QUESTION, max_tokens=10,
+    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=10,
                                            temperature=0)
     chunks = list(client.chat.completions.create(
-        model="pie", messages=QUESTION, max_tokens=10, temperature=0, stream=True,
+        model=MODEL, messages=QUESTION, max_tokens=10, temperature=0, stream=True,
         stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
@@ -56,7 +57,7 @@ def test_chat_completion_streamed_matches_not_streamed(model_server, client) -> 
 
 
 def test_completions_with_n_seed_and_stop(model_server, client) -> None:
-    kwargs = dict(model="pie", prompt="The capital of France is", max_tokens=8, n=3,
+    kwargs = dict(model=MODEL, prompt="The capital of France is", max_tokens=8, n=3,
                   temperature=0.9, seed=11, stop=["."])
     first = client.completions.create(**kwargs)
     second = client.completions.create(**kwargs)
@@ -64,7 +65,7 @@ def test_completions_with_n_seed_and_stop(model_server, client) -> None:
     assert [c.text for c in first.choices] == [c.text for c in second.choices]   # seeded
     assert all("." not in c.text for c in first.choices)
     assert first.usage.completion_tokens <= 3 * 8
-    streamed = client.completions.create(model="pie", prompt="Hello", max_tokens=5,
+    streamed = client.completions.create(model=MODEL, prompt="Hello", max_tokens=5,
                                          temperature=0, stream=True)
     assert "".join(c.choices[0].text for c in streamed if c.choices)
 
@@ -72,13 +73,13 @@ def test_completions_with_n_seed_and_stop(model_server, client) -> None:
 def test_errors(model_server, client) -> None:
     bad_client = openai.OpenAI(base_url=f"{model_server.url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
-        bad_client.chat.completions.create(model="pie", messages=QUESTION)
+        bad_client.chat.completions.create(model=MODEL, messages=QUESTION)
     with pytest.raises(openai.BadRequestError, match="'temperature' must be a number in"):
-        client.chat.completions.create(model="pie", messages=QUESTION, temperature=5)
+        client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=5)
     with pytest.raises(openai.BadRequestError, match="'messages' must be a non-empty list"):
-        client.chat.completions.create(model="pie", messages=[])
+        client.chat.completions.create(model=MODEL, messages=[])
     with pytest.raises(openai.BadRequestError, match="messages\\[0\\].role"):
-        client.chat.completions.create(model="pie", messages=[{"role": "robot", "content": "x"}])
+        client.chat.completions.create(model=MODEL, messages=[{"role": "robot", "content": "x"}])
 
 
 def test_concurrent_requests_are_batched_and_pages_return(model_server, client) -> None:
@@ -86,7 +87,7 @@ def test_concurrent_requests_are_batched_and_pages_return(model_server, client) 
 
     def ask(index: int) -> None:
         answers.append(client.chat.completions.create(
-            model="pie", messages=[{"role": "user", "content": f"Count to {index + 3}."}],
+            model=MODEL, messages=[{"role": "user", "content": f"Count to {index + 3}."}],
             max_tokens=8, temperature=0))
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
@@ -100,7 +101,7 @@ def test_concurrent_requests_are_batched_and_pages_return(model_server, client) 
 
 
 def test_client_gone_mid_stream_frees_pages(model_server) -> None:
-    body = {"model": "pie", "max_tokens": 2000, "stream": True, "temperature": 0,
+    body = {"model": MODEL, "max_tokens": 2000, "stream": True, "temperature": 0,
             "messages": [{"role": "user", "content": "Count from 1 to 1000, comma separated."}]}
     headers = {"Authorization": f"Bearer {TOKENS['alice']}"}
     terminated = 'pie_instance_events_total{kind="terminated"}'

@@ -10,12 +10,13 @@
 
 See docs/writing-inferlets.md for the whole API.
 """
-from inferlet import sampling
+from inferlet import drafting, sampling, speculative
 from inferlet.beam import Beam, beam_search
 from inferlet.context import Context, list_exports, release_export
 from inferlet.entry import ArgumentParser, main
 from inferlet.errors import InferletError
-from inferlet.generation import Generation, generate_parallel
+from inferlet.drafting import PromptLookupDrafter
+from inferlet.generation import Generation, TokenLogprob, generate_parallel, wait_outputs
 from inferlet.messaging import (Subscription, broadcast, receive, receive_json, send, send_json,
                                 store_delete, store_get, store_set, subscribe, try_receive)
 from inferlet.model import (ModelInfo, arguments, decode, encode, host_version, instance_id, log,
@@ -23,7 +24,8 @@ from inferlet.model import (ModelInfo, arguments, decode, encode, host_version, 
 from inferlet.sampling import Sampler
 
 __all__ = [
-    "ArgumentParser", "Beam", "Context", "Generation", "InferletError", "ModelInfo", "Sampler",
+    "ArgumentParser", "Beam", "Context", "Generation", "InferletError", "ModelInfo",
+    "PromptLookupDrafter", "Sampler", "TokenLogprob", "drafting", "speculative", "wait_outputs",
     "Subscription", "arguments", "beam_search", "broadcast", "decode", "encode",
     "generate_parallel", "host_version", "instance_id", "list_exports", "log", "main",
     "model_info", "receive", "receive_json", "release_export", "render_chat", "sampling", "send",

@@ -109,32 +109,32 @@ class Context:
     # -- generating ----------------------------------------------------------------------------
     def generation(self, max_tokens: int = 256, sampler: Sampler | None = None, *,
                    stop: tuple[str, ...] | str = (), stop_token_ids=None,
-                   stream_text: bool = False) -> Generation:
-        """A Generation to drive step by step (see inferlet.generation); `stream_text` makes
-        its steps return text deltas."""
+                   stream_text: bool = False, **options) -> Generation:
+        """A Generation to drive step by step (see inferlet.generation); `stream_text` makes its
+        steps return text deltas; `options`: schema=, regex=, grammar=, drafter= (Generation)."""
         return Generation(self, max_tokens, sampler, stop=stop, stop_token_ids=stop_token_ids,
-                          stream_text=stream_text)
+                          stream_text=stream_text, **options)
 
     def generate(self, max_tokens: int = 256, sampler: Sampler | None = None, *,
-                 stop: tuple[str, ...] | str = (), stop_token_ids=None) -> str:
-        """Generate up to `max_tokens` (greedy unless `sampler`); returns the text.
-
-        Stops at the model's stop tokens (or `stop_token_ids`) and at any `stop` string.
-        In chat mode (after fill_user/...) the assistant header is added first and the answer
-        is recorded as the assistant's turn.
-        """
-        return self.generation(max_tokens, sampler, stop=stop, stop_token_ids=stop_token_ids).run().text
+                 stop: tuple[str, ...] | str = (), stop_token_ids=None, **options) -> str:
+        """Generate up to `max_tokens` (greedy unless `sampler`); returns the text. Stops at the
+        model's stop tokens (or `stop_token_ids`) and at any `stop` string. In chat mode the
+        assistant header is added first and the answer recorded as the assistant's turn.
+        `options`: schema= / regex= / grammar= constrain the output, drafter= drafts (Generation)."""
+        return self.generation(max_tokens, sampler, stop=stop, stop_token_ids=stop_token_ids,
+                               **options).run().text
 
     def generate_tokens(self, max_tokens: int = 256, sampler: Sampler | None = None, *,
-                        stop_token_ids=None) -> list[int]:
+                        stop_token_ids=None, **options) -> list[int]:
         """Like `generate`, returning the generated token ids (stop token excluded)."""
-        return self.generation(max_tokens, sampler, stop_token_ids=stop_token_ids).run().token_ids
+        return self.generation(max_tokens, sampler, stop_token_ids=stop_token_ids,
+                               **options).run().token_ids
 
     def stream(self, max_tokens: int = 256, sampler: Sampler | None = None, *,
-               stop: tuple[str, ...] | str = (), stop_token_ids=None):
+               stop: tuple[str, ...] | str = (), stop_token_ids=None, **options):
         """Like `generate`, yielding text deltas as they become final."""
         yield from self.generation(max_tokens, sampler, stop=stop, stop_token_ids=stop_token_ids,
-                                   stream_text=True).steps()
+                                   stream_text=True, **options).steps()
 
     # -- KV bookkeeping ------------------------------------------------------------------------
     @property
@@ -153,11 +153,13 @@ class Context:
             self._page_masks.extend(bytearray(self.page_size) for _ in new_ids)
         self.last_page_len = new_len - (len(self.page_ids) - 1) * self.page_size
 
-    def submit(self, token_ids: list[int], sampler=None) -> forward.ForwardFuture | None:
+    def submit(self, token_ids: list[int], sampler=None, options=None) -> forward.ForwardFuture | None:
         """Compute the KV of `token_ids` (appended at the tail); sample after the last one.
 
         Splits into passes of at most max_batch_tokens. Returns the future of the last pass when
         `sampler` is given, else None (those passes run in order on this context's queue).
+        `options` (a forward.SamplerOptions) sends the last pass with forward.submit-with: read
+        its outputs with wait_outputs(future, sampled=True).
         """
         self._check_open()
         last = None
@@ -167,9 +169,14 @@ class Context:
             with_output = sampler is not None and is_last
             positions = list(range(self.next_position, self.next_position + len(chunk)))
             self._reserve(len(chunk))
-            future = forward.submit(self.queue_id, self.sequence_id, chunk, positions,
-                                    self.last_page_len, [len(chunk) - 1] if with_output else [],
-                                    [sampler.to_wit()] if with_output else [], None)
+            if with_output and options is not None:
+                future = forward.submit_with(self.queue_id, self.sequence_id, chunk, positions,
+                                             self.last_page_len, [len(chunk) - 1],
+                                             [sampler.to_wit()], [options], None)
+            else:
+                future = forward.submit(self.queue_id, self.sequence_id, chunk, positions,
+                                        self.last_page_len, [len(chunk) - 1] if with_output else [],
+                                        [sampler.to_wit()] if with_output else [], None)
             self.next_position += len(chunk)
             self._unsynchronized = True
             if with_output:

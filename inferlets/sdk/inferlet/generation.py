@@ -4,9 +4,16 @@ A step is one pass: submit the pending tokens (the prompt on the first step, the
 token afterwards) with one sampled output, then `get` it. A generation ends at `max_tokens`, at
 one of the stop tokens (the model's, unless given), or at a stop string (cut from the text).
 The stop token, when there is one, stays in the context (pending) but not in the text.
+
+Constraints (host side, in the same pass as the sampling): `schema` (a JSON schema, dict or
+text), `regex` or `grammar` (Lark) make every token match the grammar; the sampler's penalties
+count the tokens of this generation; with `sampler.logprobs` every token's log-probability is
+kept in `logprobs`. `drafter` (inferlet.drafting) verifies drafted tokens in one pass each.
 """
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Iterator
 
 from inferlet._wit import Err, forward
@@ -15,17 +22,27 @@ from inferlet.model import decode
 from inferlet.sampling import Sampler
 from inferlet.text import TextStream
 
-__all__ = ["Generation", "generate_parallel", "wait_outputs"]
+__all__ = ["Generation", "TokenLogprob", "generate_parallel", "wait_outputs", "host_grammar"]
 
 _GREEDY = Sampler()
 
 
-def wait_outputs(future: forward.ForwardFuture) -> list:
-    """Block until a submitted pass has run; its outputs (the future is dropped).
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability, and the most likely tokens' [(id, logprob), ...]."""
+
+    token_id: int
+    logprob: float
+    top: list
+
+
+def wait_outputs(future: forward.ForwardFuture, sampled: bool = False) -> list:
+    """Block until a submitted pass has run; its outputs (the future is dropped). `sampled`:
+    read every kind (forward.Sampled: token, distribution, token-logprobs, entropy, verified).
 
     An engine failure becomes InferletError("forward pass failed: ...")."""
     try:
-        return future.get()
+        return future.get_sampled() if sampled else future.get()
     except Err as err:
         raise InferletError(f"forward pass failed: {err.value}") from None
     finally:
@@ -37,7 +54,8 @@ class Generation:
 
     def __init__(self, ctx, max_tokens: int, sampler: Sampler | None = None, *,
                  stop: tuple[str, ...] | list[str] | str = (), stop_token_ids=None,
-                 stream_text: bool = False) -> None:
+                 stream_text: bool = False, schema=None, regex: str | None = None,
+                 grammar: str | None = None, drafter=None) -> None:
         if max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {max_tokens}")
         self.ctx = ctx
@@ -51,6 +69,11 @@ class Generation:
         self.finish_reason: str | None = None   # "length" | "stop_token" | "stop_string"
         self._stop_token: list[int] = []
         self._text = TextStream(stop_strings) if stop_strings or stream_text else None
+        self.logprobs: list[TokenLogprob] = []   # with sampler.logprobs: one per token
+        self.drafter = drafter
+        self.num_drafted = self.num_accepted = self.num_verify_passes = 0
+        self.generation_id = _create_host_generation(self.sampler, schema, regex, grammar)
+        self._sampled = self.sampler.extended or self.generation_id is not None
         ctx.fill_generation_prompt()
         if not ctx.pending_token_ids:
             if not ctx.token_ids:
@@ -66,19 +89,39 @@ class Generation:
         """The generated text (without a stop token or stop string)."""
         return self._text.text if self._text is not None else decode(self.token_ids)
 
+    @property
+    def options(self) -> forward.SamplerOptions | None:
+        """The sampler-options of this generation's passes (None: a plain submit)."""
+        return self.sampler.options_wit(self.generation_id) if self._sampled else None
+
     def submit(self) -> forward.ForwardFuture:
         """Submit this step's pass."""
-        return self.ctx.submit(self.ctx.take_pending(), self.sampler)
+        return self.ctx.submit(self.ctx.take_pending(), self.sampler, self.options)
 
     def receive(self, future: forward.ForwardFuture) -> str:
         """Wait for the step's pass, take its token; returns the new final text ("" if none)."""
-        outputs = wait_outputs(future)
+        output = wait_outputs(future, self._sampled)[0].value
         self.ctx.passes_done()
-        return self.accept(outputs[0].value)
+        if isinstance(output, int):
+            return self.accept(output)
+        self.logprobs.append(TokenLogprob(output.token_id, output.logprob,
+                                          list(zip(output.top_token_ids, output.top_logprobs))))
+        return self.accept(output.token_id)
 
-    def accept(self, token_id: int) -> str:
-        """Apply the stop rules to a sampled token; returns the new final text."""
-        self.ctx.accept(token_id)
+    def step(self) -> str:
+        """One step (a verify pass when the drafter has a guess); the new final text."""
+        if self.drafter is not None:
+            from inferlet.speculative import draft_step
+            return draft_step(self)
+        return self.receive(self.submit())
+
+    def accept(self, token_id: int, computed: bool = False) -> str:
+        """Apply the stop rules to a sampled token; returns the new final text. `computed`: its
+        KV is already in the context (an accepted draft), so it is not made pending."""
+        if computed:
+            self.ctx.token_ids.append(token_id)
+        else:
+            self.ctx.accept(token_id)
         if token_id in self.stop_token_ids:
             self._stop_token.append(token_id)
             return self._finish("stop_token")
@@ -92,6 +135,9 @@ class Generation:
 
     def _finish(self, reason: str) -> str:
         self.finish_reason = reason
+        if self.generation_id is not None:
+            forward.destroy_generation(self.generation_id)
+            self.generation_id = None
         if self.ctx.in_chat:
             self.ctx.record_assistant_turn(self.text, self.token_ids + self._stop_token)
         return self._text.finish() if self._text is not None else ""
@@ -99,30 +145,62 @@ class Generation:
     def steps(self) -> Iterator[str]:
         """Run to the end, yielding each non-empty text delta."""
         while not self.done:
-            delta = self.receive(self.submit())
+            delta = self.step()
             if delta:
                 yield delta
 
     def run(self) -> "Generation":
         """Run to the end."""
         while not self.done:
-            self.receive(self.submit())
+            self.step()
         return self
+
+    @property
+    def mean_logprob(self) -> float:
+        """Mean log-probability of the generated tokens (needs sampler.logprobs)."""
+        if not self.logprobs:
+            raise InferletError("mean_logprob needs a sampler with logprobs=0 or more")
+        return sum(t.logprob for t in self.logprobs) / len(self.logprobs)
+
+
+def host_grammar(schema=None, regex: str | None = None, grammar: str | None = None):
+    """The forward.Grammar of at most one of schema (dict or JSON text) / regex / Lark grammar."""
+    given = [g for g in (schema, regex, grammar) if g is not None]
+    if len(given) > 1:
+        raise ValueError("give at most one of schema, regex and grammar")
+    if schema is not None:
+        return forward.Grammar_JsonSchema(schema if isinstance(schema, str) else json.dumps(schema))
+    if regex is not None:
+        return forward.Grammar_Regex(regex)
+    return None if grammar is None else forward.Grammar_Lark(grammar)
+
+
+def _create_host_generation(sampler: Sampler, schema, regex, grammar) -> int | None:
+    """A host generation when a grammar or a penalty needs one."""
+    wit_grammar = host_grammar(schema, regex, grammar)
+    if wit_grammar is None and not sampler.penalized:
+        return None
+    try:
+        return forward.create_generation(wit_grammar)
+    except Err as err:
+        raise InferletError(f"grammar: {err.value}") from None
 
 
 def generate_parallel(contexts: list, max_tokens: int, sampler: Sampler | list[Sampler] | None = None,
-                      *, stop: tuple[str, ...] | str = (), on_text=None) -> list[Generation]:
+                      *, stop: tuple[str, ...] | str = (), on_text=None,
+                      **options) -> list[Generation]:
     """Generate on several contexts (typically forks) at once: every step submits one pass per
     unfinished context, each on its own queue, all in flight together, then collects them.
 
-    `sampler` is one for all or one per context; `on_text(index, delta)` streams text.
+    `sampler` is one for all or one per context; `on_text(index, delta)` streams text;
+    `options` (schema=, regex=, grammar=) constrain every generation (no drafter here).
     Returns the finished Generations, in the order of `contexts`.
     """
     samplers = sampler if isinstance(sampler, list) else [sampler] * len(contexts)
     if len(samplers) != len(contexts):
         raise ValueError(f"{len(samplers)} samplers for {len(contexts)} contexts")
-    generations = [Generation(ctx, max_tokens, s, stop=stop, stream_text=on_text is not None)
-                   for ctx, s in zip(contexts, samplers)]
+    generations = [Generation(ctx, max_tokens, s, stop=stop, stream_text=on_text is not None,
+                              **options) for ctx, s in zip(contexts, samplers)]
     active = list(enumerate(generations))
     while active:
         in_flight = [(index, gen, gen.submit()) for index, gen in active]
