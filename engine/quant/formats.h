@@ -18,14 +18,17 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } b
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16];
                  uint16_t d; } block_q6_k;                                 /* 210 bytes */
 
-/* One matrix of activation rows quantized to 8 bits per block of 32:
+/* One matrix of activation rows quantized to 16 bits per block of 32 (d = max |x| / 32767, a
+ * relative rounding of ~1e-5: the products match float32 to its own rounding, unlike 8 bits):
  * x[r, b*32 + i] ~= d[r, b] * qs[r, b*32 + i]; s[r, b] = d[r, b] * sum_i qs[r, b*32 + i]. */
 typedef struct {
-    int8_t *qs;      /* [m, k] */
+    int16_t *qs;     /* [m, k] */
     float *d;        /* [m, k / 32] */
     float *s;        /* [m, k / 32] */
     int64_t k;
-} act_q8;
+} act_q16;
+
+#define ACT_MAX 32767.0f
 
 static inline float fp16_to_fp32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
@@ -71,15 +74,15 @@ static inline int64_t qtype_row_bytes(int qtype, int64_t k) {
 
 /* A kernel: y[r * ldy + j] = dot(row j of w, activation row r) for j in [0, num_rows), r < m */
 typedef void (*dot_rows_fn)(const uint8_t *w, int64_t row_bytes, int64_t num_rows,
-                            const act_q8 *x, int64_t m, float *y, int64_t ldy);
+                            const act_q16 *x, int64_t m, float *y, int64_t ldy);
 
 /* scalar kernels (every CPU) */
-void quantize_act_scalar(const float *x, int64_t m, act_q8 *out);
+void quantize_act_scalar(const float *x, int64_t m, act_q16 *out);
 dot_rows_fn dot_rows_scalar(int qtype);
 void dequantize_rows(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, float *out);
 
 /* AVX2 + FMA + F16C kernels (x86-64 only; call only when the CPU has them) */
-void quantize_act_avx2(const float *x, int64_t m, act_q8 *out);
+void quantize_act_avx2(const float *x, int64_t m, act_q16 *out);
 dot_rows_fn dot_rows_avx2(int qtype);
 
 #endif

@@ -1,7 +1,8 @@
 /* AVX2 + FMA + F16C kernels, compiled for those features only (function target attributes), called
- * only after the CPU was seen to have them. llama.cpp's approach: 8-bit activation blocks,
- * unsigned x signed byte products (vpmaddubsw), pairs summed to int32 (vpmaddwd), one float
- * scale per block. Each weight block is unpacked once and used for up to 4 activation rows. */
+ * only after the CPU was seen to have them. Integer dot products per block of 32 (vpmaddwd on
+ * 16-bit activation quants and weight quants widened to 16 bits), one float scale per block
+ * (llama.cpp's scheme, with 16-bit instead of 8-bit activations: float32-close results). Each
+ * weight block is unpacked once and used for up to 4 activation rows. */
 #include "formats.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -24,19 +25,23 @@ INLINE float half_at(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
-/* int32 sums of pairs of u8 x s8 products: [8] */
-INLINE __m256i dot_u8_s8(__m256i u, __m256i s) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+/* int32 sums of pairs of int16 products: [8] */
+INLINE __m256i dot_i16(__m256i a, __m256i b) { return _mm256_madd_epi16(a, b); }
+
+/* activation values 16 * half .. 16 * half + 15 of block `block` of row `row`, int16 [16] */
+INLINE __m256i load_x(const act_q16 *x, int64_t row, int64_t block, int half) {
+    return _mm256_loadu_si256((const __m256i *)(x->qs + row * x->k + block * QK + half * 16));
 }
 
-INLINE __m256i load_x(const act_q8 *x, int64_t row, int64_t block) {
-    return _mm256_loadu_si256((const __m256i *)(x->qs + row * x->k + block * QK));
+/* int32 [8] partial sums of one block of 32: weights as two int16 [16] halves */
+INLINE __m256i dot_block(__m256i w_lo, __m256i w_hi, const act_q16 *x, int64_t row, int64_t block) {
+    return _mm256_add_epi32(dot_i16(w_lo, load_x(x, row, block, 0)),
+                            dot_i16(w_hi, load_x(x, row, block, 1)));
 }
 
-TARGET void quantize_act_avx2(const float *x, int64_t m, act_q8 *out) {
+TARGET void quantize_act_avx2(const float *x, int64_t m, act_q16 *out) {
     int64_t k = out->k, num_blocks = k / QK;
     const __m256 sign_mask = _mm256_set1_ps(-0.0f);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t r = 0; r < m; r++) {
         for (int64_t b = 0; b < num_blocks; b++) {
             const float *v = x + r * k + b * QK;
@@ -49,7 +54,7 @@ TARGET void quantize_act_avx2(const float *x, int64_t m, act_q8 *out) {
             __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
             m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
             m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-            float d = _mm_cvtss_f32(m4) / 127.0f, inverse = d > 0.0f ? 1.0f / d : 0.0f;
+            float d = _mm_cvtss_f32(m4) / ACT_MAX, inverse = d > 0.0f ? 1.0f / d : 0.0f;
             __m256 scale = _mm256_set1_ps(inverse);
             const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
             __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, scale), mode));
@@ -60,9 +65,11 @@ TARGET void quantize_act_avx2(const float *x, int64_t m, act_q8 *out) {
             __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-            __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-            _mm256_storeu_si256((__m256i *)(out->qs + r * k + b * QK),
-                                _mm256_permutevar8x32_epi32(packed, order));
+            /* packs works per 128-bit lane: [0-3, 8-11 | 4-7, 12-15] -> reorder the 64-bit quarters */
+            __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xD8);
+            __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(i2, i3), 0xD8);
+            _mm256_storeu_si256((__m256i *)(out->qs + r * k + b * QK), lo);
+            _mm256_storeu_si256((__m256i *)(out->qs + r * k + b * QK + 16), hi);
             out->d[r * num_blocks + b] = d;
             out->s[r * num_blocks + b] = d * (float)_mm_cvtsi128_si32(s4);
         }
@@ -70,22 +77,22 @@ TARGET void quantize_act_avx2(const float *x, int64_t m, act_q8 *out) {
 }
 
 /* Q4_0 (is_q4_1 = 0: w = d * (q - 8)) and Q4_1 (w = d * q + m) rows against R activation rows */
-INLINE void q4_row(const uint8_t *row, int is_q4_1, const act_q8 *x, int64_t r0, int R,
+INLINE void q4_row(const uint8_t *row, int is_q4_1, const act_q16 *x, int64_t r0, int R,
                    float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK, block_bytes = is_q4_1 ? 20 : 18;
     __m256 acc[MAX_ROWS];
     float low_sum[MAX_ROWS];
     for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); low_sum[r] = 0.0f; }
-    const __m256i low_mask = _mm256_set1_epi8(0xF);
+    const __m128i low_mask = _mm_set1_epi8(0xF);
     for (int64_t b = 0; b < num_blocks; b++) {
         const uint8_t *block = row + b * block_bytes;
         float d = half_at(block), low = is_q4_1 ? half_at(block + 2) : -8.0f * d;
         __m128i raw = _mm_loadu_si128((const __m128i *)(block + block_bytes - QK / 2));
-        __m256i q = _mm256_and_si256(
-            _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1), low_mask);
+        __m256i w_lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low_mask));
+        __m256i w_hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low_mask));
         for (int r = 0; r < R; r++) {
             int64_t i = (r0 + r) * num_blocks + b;
-            __m256 p = _mm256_cvtepi32_ps(dot_u8_s8(q, load_x(x, r0 + r, b)));
+            __m256 p = _mm256_cvtepi32_ps(dot_block(w_lo, w_hi, x, r0 + r, b));
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d[i]), p, acc[r]);
             low_sum[r] += low * x->s[i];
         }
@@ -93,25 +100,25 @@ INLINE void q4_row(const uint8_t *row, int is_q4_1, const act_q8 *x, int64_t r0,
     for (int r = 0; r < R; r++) y[(r0 + r) * ldy] = hsum(acc[r]) + low_sum[r];
 }
 
-INLINE void q8_0_row(const uint8_t *row, const act_q8 *x, int64_t r0, int R, float *y, int64_t ldy) {
+INLINE void q8_0_row(const uint8_t *row, const act_q16 *x, int64_t r0, int R, float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK;
     __m256 acc[MAX_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < num_blocks; b++) {
         const uint8_t *block = row + b * 34;
         float d = half_at(block);
-        __m256i q = _mm256_loadu_si256((const __m256i *)(block + 2));
-        __m256i q_abs = _mm256_sign_epi8(q, q);
+        __m256i w_lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(block + 2)));
+        __m256i w_hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(block + 18)));
         for (int r = 0; r < R; r++) {
             int64_t i = (r0 + r) * num_blocks + b;
-            __m256i p = dot_u8_s8(q_abs, _mm256_sign_epi8(load_x(x, r0 + r, b), q));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d[i]), _mm256_cvtepi32_ps(p), acc[r]);
+            __m256 p = _mm256_cvtepi32_ps(dot_block(w_lo, w_hi, x, r0 + r, b));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d[i]), p, acc[r]);
         }
     }
     for (int r = 0; r < R; r++) y[(r0 + r) * ldy] = hsum(acc[r]);
 }
 
-INLINE void q4_k_row(const uint8_t *row, const act_q8 *x, int64_t r0, int R, float *y, int64_t ldy) {
+INLINE void q4_k_row(const uint8_t *row, const act_q16 *x, int64_t r0, int R, float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK, num_super = x->k / QK_K;
     __m256 acc[MAX_ROWS];
     float low_sum[MAX_ROWS];
@@ -122,27 +129,25 @@ INLINE void q4_k_row(const uint8_t *row, const act_q8 *x, int64_t r0, int R, flo
         float d = half_at((const uint8_t *)&block->d), dmin = half_at((const uint8_t *)&block->dmin);
         uint8_t scales[8], mins[8];
         for (int sub = 0; sub < 8; sub++) q4k_scale_min(sub, block->scales, scales + sub, mins + sub);
-        for (int pair = 0; pair < 4; pair++) {
-            __m256i raw = _mm256_loadu_si256((const __m256i *)(block->qs + pair * 32));
-            __m256i q_lo = _mm256_and_si256(raw, low_mask);
-            __m256i q_hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_mask);
-            int64_t b = sb * 8 + pair * 2;
-            float scale_lo = d * scales[pair * 2], scale_hi = d * scales[pair * 2 + 1];
-            float min_lo = dmin * mins[pair * 2], min_hi = dmin * mins[pair * 2 + 1];
+        for (int sub = 0; sub < 8; sub++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(block->qs + (sub / 2) * 32));
+            __m256i q = _mm256_and_si256(sub % 2 ? _mm256_srli_epi16(raw, 4) : raw, low_mask);
+            __m256i w_lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));
+            __m256i w_hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1));
+            int64_t b = sb * 8 + sub;
+            float scale = d * scales[sub], minimum = dmin * mins[sub];
             for (int r = 0; r < R; r++) {
                 int64_t i = (r0 + r) * num_blocks + b;
-                __m256 p_lo = _mm256_cvtepi32_ps(dot_u8_s8(q_lo, load_x(x, r0 + r, b)));
-                __m256 p_hi = _mm256_cvtepi32_ps(dot_u8_s8(q_hi, load_x(x, r0 + r, b + 1)));
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scale_lo * x->d[i]), p_lo, acc[r]);
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scale_hi * x->d[i + 1]), p_hi, acc[r]);
-                low_sum[r] -= min_lo * x->s[i] + min_hi * x->s[i + 1];
+                __m256 p = _mm256_cvtepi32_ps(dot_block(w_lo, w_hi, x, r0 + r, b));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scale * x->d[i]), p, acc[r]);
+                low_sum[r] -= minimum * x->s[i];
             }
         }
     }
     for (int r = 0; r < R; r++) y[(r0 + r) * ldy] = hsum(acc[r]) + low_sum[r];
 }
 
-INLINE void q6_k_row(const uint8_t *row, const act_q8 *x, int64_t r0, int R, float *y, int64_t ldy) {
+INLINE void q6_k_row(const uint8_t *row, const act_q16 *x, int64_t r0, int R, float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK, num_super = x->k / QK_K;
     __m256 acc[MAX_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
@@ -167,16 +172,17 @@ INLINE void q6_k_row(const uint8_t *row, const act_q8 *x, int64_t r0, int R, flo
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low_mask),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), two_bits), 4));
             for (int quarter = 0; quarter < 4; quarter++) {
-                __m256i scale16 = _mm256_inserti128_si256(
-                    _mm256_castsi128_si256(_mm_set1_epi16(sc[quarter * 2])),
-                    _mm_set1_epi16(sc[quarter * 2 + 1]), 1);
+                __m256i centered = _mm256_sub_epi8(q[quarter], offset);          /* -32..31 */
+                __m256i w_lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(centered));
+                __m256i w_hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(centered, 1));
+                float scale_lo = d * sc[quarter * 2], scale_hi = d * sc[quarter * 2 + 1];
                 int64_t b = sb * 8 + half * 4 + quarter;
                 for (int r = 0; r < R; r++) {
-                    __m256i xq = load_x(x, r0 + r, b);
-                    __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[quarter], xq),
-                                                   _mm256_maddubs_epi16(offset, xq));
-                    __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, scale16));
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d[(r0 + r) * num_blocks + b]), p, acc[r]);
+                    float dx = x->d[(r0 + r) * num_blocks + b];
+                    __m256 p_lo = _mm256_cvtepi32_ps(dot_i16(w_lo, load_x(x, r0 + r, b, 0)));
+                    __m256 p_hi = _mm256_cvtepi32_ps(dot_i16(w_hi, load_x(x, r0 + r, b, 1)));
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scale_lo * dx), p_lo, acc[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scale_hi * dx), p_hi, acc[r]);
                 }
             }
         }
@@ -188,7 +194,7 @@ INLINE void q6_k_row(const uint8_t *row, const act_q8 *x, int64_t r0, int R, flo
  * so each q*_row is specialized). */
 #define ROWS_KERNEL(name, row_call)                                                          \
     TARGET static void name(const uint8_t *w, int64_t row_bytes, int64_t num_rows,           \
-                            const act_q8 *x, int64_t m, float *y, int64_t ldy) {             \
+                            const act_q16 *x, int64_t m, float *y, int64_t ldy) {             \
         for (int64_t j = 0; j < num_rows; j++) {                                             \
             const uint8_t *row = w + j * row_bytes;                                          \
             float *out = y + j;                                                              \
@@ -226,6 +232,6 @@ dot_rows_fn dot_rows_avx2(int qtype) {
 }
 
 #else  /* not x86: never called (the module reports no avx2 level) */
-void quantize_act_avx2(const float *x, int64_t m, act_q8 *out) { quantize_act_scalar(x, m, out); }
+void quantize_act_avx2(const float *x, int64_t m, act_q16 *out) { quantize_act_scalar(x, m, out); }
 dot_rows_fn dot_rows_avx2(int qtype) { return dot_rows_scalar(qtype); }
 #endif

@@ -1,22 +1,23 @@
 /* Portable kernels: correct on every CPU, and the reference the SIMD kernels are tested against.
- * Every dot product is an integer sum per block of 32 (or 16) times float scales, the same
- * arithmetic as the SIMD kernels up to the order of float additions. */
+ * Every dot product is an integer sum per block of 32 (or 16) of weight quants times 16-bit
+ * activation quants, times float scales: the same arithmetic as the SIMD kernels up to the order
+ * of float additions. */
 #include <math.h>
 
 #include "formats.h"
 
-void quantize_act_scalar(const float *x, int64_t m, act_q8 *out) {
+void quantize_act_scalar(const float *x, int64_t m, act_q16 *out) {
     int64_t k = out->k, num_blocks = k / QK;
     for (int64_t r = 0; r < m; r++) {
         for (int64_t b = 0; b < num_blocks; b++) {
             const float *v = x + r * k + b * QK;
             float amax = 0.0f;
             for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(v[i]));
-            float d = amax / 127.0f, inverse = d > 0.0f ? 1.0f / d : 0.0f;
-            int8_t *q = out->qs + r * k + b * QK;
+            float d = amax / ACT_MAX, inverse = d > 0.0f ? 1.0f / d : 0.0f;
+            int16_t *q = out->qs + r * k + b * QK;
             int sum = 0;
             for (int i = 0; i < QK; i++) {
-                q[i] = (int8_t)nearbyintf(v[i] * inverse);
+                q[i] = (int16_t)nearbyintf(v[i] * inverse);
                 sum += q[i];
             }
             out->d[r * num_blocks + b] = d;
@@ -26,14 +27,14 @@ void quantize_act_scalar(const float *x, int64_t m, act_q8 *out) {
 }
 
 /* sum over one block of 32 of unsigned 4-bit weights (low nibbles then high) times x */
-static inline int dot_nibbles(const uint8_t *qs, const int8_t *x) {
+static inline int dot_nibbles(const uint8_t *qs, const int16_t *x) {
     int sum = 0;
     for (int i = 0; i < QK / 2; i++)
         sum += (qs[i] & 0xF) * x[i] + (qs[i] >> 4) * x[i + QK / 2];
     return sum;
 }
 
-static void dot_q4_0(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q8 *x,
+static void dot_q4_0(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q16 *x,
                      int64_t m, float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK;
     for (int64_t j = 0; j < num_rows; j++) {
@@ -50,7 +51,7 @@ static void dot_q4_0(const uint8_t *w, int64_t row_bytes, int64_t num_rows, cons
     }
 }
 
-static void dot_q4_1(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q8 *x,
+static void dot_q4_1(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q16 *x,
                      int64_t m, float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK;
     for (int64_t j = 0; j < num_rows; j++) {
@@ -67,7 +68,7 @@ static void dot_q4_1(const uint8_t *w, int64_t row_bytes, int64_t num_rows, cons
     }
 }
 
-static void dot_q8_0(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q8 *x,
+static void dot_q8_0(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q16 *x,
                      int64_t m, float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK;
     for (int64_t j = 0; j < num_rows; j++) {
@@ -75,7 +76,7 @@ static void dot_q8_0(const uint8_t *w, int64_t row_bytes, int64_t num_rows, cons
         for (int64_t r = 0; r < m; r++) {
             float acc = 0.0f;
             for (int64_t b = 0; b < num_blocks; b++) {
-                const int8_t *xq = x->qs + r * x->k + b * QK;
+                const int16_t *xq = x->qs + r * x->k + b * QK;
                 int dot = 0;
                 for (int i = 0; i < QK; i++) dot += blocks[b].qs[i] * xq[i];
                 acc += fp16_to_fp32(blocks[b].d) * x->d[r * num_blocks + b] * (float)dot;
@@ -85,7 +86,7 @@ static void dot_q8_0(const uint8_t *w, int64_t row_bytes, int64_t num_rows, cons
     }
 }
 
-static void dot_q4_k(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q8 *x,
+static void dot_q4_k(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q16 *x,
                      int64_t m, float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK, num_super = x->k / QK_K;
     for (int64_t j = 0; j < num_rows; j++) {
@@ -101,7 +102,7 @@ static void dot_q4_k(const uint8_t *w, int64_t row_bytes, int64_t num_rows, cons
                     const uint8_t *qs = block->qs + (sub / 2) * 32;
                     int shift = (sub % 2) * 4;
                     int64_t b = sb * 8 + sub;
-                    const int8_t *xq = x->qs + r * x->k + b * QK;
+                    const int16_t *xq = x->qs + r * x->k + b * QK;
                     int dot = 0;
                     for (int i = 0; i < QK; i++) dot += ((qs[i] >> shift) & 0xF) * xq[i];
                     acc += d * scale * x->d[r * num_blocks + b] * (float)dot
@@ -123,7 +124,7 @@ static inline int q6k_value(const block_q6_k *block, int i) {
     return (low | (high << 4)) - 32;
 }
 
-static void dot_q6_k(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q8 *x,
+static void dot_q6_k(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q16 *x,
                      int64_t m, float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK, num_super = x->k / QK_K;
     for (int64_t j = 0; j < num_rows; j++) {
@@ -135,15 +136,13 @@ static void dot_q6_k(const uint8_t *w, int64_t row_bytes, int64_t num_rows, cons
                 float d = fp16_to_fp32(block->d);
                 for (int sub = 0; sub < 8; sub++) {        /* activation blocks of 32 */
                     int64_t b = sb * 8 + sub;
-                    const int8_t *xq = x->qs + r * x->k + b * QK;
-                    int dot = 0;
+                    const int16_t *xq = x->qs + r * x->k + b * QK;
                     for (int half = 0; half < 2; half++) { /* weight scales per 16 */
                         int partial = 0;
                         for (int i = 0; i < 16; i++)
                             partial += q6k_value(block, sub * 32 + half * 16 + i) * xq[half * 16 + i];
-                        dot += partial * block->scales[sub * 2 + half];
+                        acc += d * block->scales[sub * 2 + half] * x->d[r * num_blocks + b] * (float)partial;
                     }
-                    acc += d * x->d[r * num_blocks + b] * (float)dot;
                 }
             }
             y[r * ldy + j] = acc;

@@ -32,14 +32,13 @@ typedef struct {
     dot_rows_fn fn;
     const uint8_t *w;
     int64_t row_bytes, num_rows, m;
-    const act_q8 *x;
+    const act_q16 *x;
     float *y;
     int64_t chunk_rows;
     atomic_llong next_row;
 } matmul_job;
 
-static void matmul_task(void *ctx, int ith, int nth) {
-    (void)ith; (void)nth;
+static void matmul_task(void *ctx) {
     matmul_job *job = ctx;
     for (;;) {
         int64_t start = atomic_fetch_add(&job->next_row, job->chunk_rows);
@@ -69,9 +68,9 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
                             qtype, n, k, m);
     if (level < 0 || level > LEVEL_AVX2 || !level_supported(level))
         return PyErr_Format(PyExc_ValueError, "matmul: kernel level %d is not supported here", level);
-    act_q8 act = {.k = k};
+    act_q16 act = {.k = k};
     size_t num_blocks = (size_t)(m * (k / QK));
-    act.qs = malloc((size_t)(m * k));
+    act.qs = malloc((size_t)(m * k) * sizeof(int16_t));
     act.d = malloc(num_blocks * sizeof(float));
     act.s = malloc(num_blocks * sizeof(float));
     if (!act.qs || !act.d || !act.s) {
@@ -99,16 +98,19 @@ typedef struct {
     const uint8_t *w;
     int64_t row_bytes, num_rows, k;
     float *out;
+    int64_t chunk_rows;
+    atomic_llong next_row;
 } dequantize_job;
 
-static void dequantize_task(void *ctx, int ith, int nth) {
+static void dequantize_task(void *ctx) {
     dequantize_job *job = ctx;
-    int64_t per_thread = (job->num_rows + nth - 1) / nth;
-    int64_t start = ith * per_thread, end = start + per_thread;
-    if (end > job->num_rows) end = job->num_rows;
-    if (start < end)
-        dequantize_rows(job->qtype, job->w + start * job->row_bytes, end - start, job->k,
+    for (;;) {
+        int64_t start = atomic_fetch_add(&job->next_row, job->chunk_rows);
+        if (start >= job->num_rows) break;
+        int64_t count = job->num_rows - start < job->chunk_rows ? job->num_rows - start : job->chunk_rows;
+        dequantize_rows(job->qtype, job->w + start * job->row_bytes, count, job->k,
                         job->out + start * job->k);
+    }
 }
 
 /* dequantize(qtype, w, n, k, out, num_threads): out[n, k] float32 = the blocks' values */
@@ -124,7 +126,9 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
                             qtype, n, k);
     dequantize_job job = {.qtype = qtype, .w = (const uint8_t *)(uintptr_t)w_addr,
                           .row_bytes = row_bytes, .num_rows = n, .k = k,
-                          .out = (float *)(uintptr_t)out_addr};
+                          .out = (float *)(uintptr_t)out_addr,
+                          .chunk_rows = chunk_rows_for(n, num_threads)};
+    atomic_init(&job.next_row, 0);
     Py_BEGIN_ALLOW_THREADS
     pool_run(dequantize_task, &job, n < 64 ? 1 : num_threads);
     Py_END_ALLOW_THREADS

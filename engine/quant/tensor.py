@@ -7,9 +7,10 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.constants import GGML_QUANT_SIZES
 
-__all__ = ["KERNEL_QTYPES", "QuantizedTensor"]
+__all__ = ["KERNEL_QTYPES", "QTYPE_NAMES", "QuantizedTensor"]
 
 KERNEL_QTYPES = frozenset((Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K))   # types the C kernels read
+QTYPE_NAMES = {int(q): q.name for q in KERNEL_QTYPES}
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,6 +49,10 @@ class QuantizedTensor:
     def rows(self, row_ids: torch.Tensor) -> QuantizedTensor:
         """The rows at row_ids [n] (int64) as a new QuantizedTensor (an embedding lookup)."""
         return QuantizedTensor(self.blocks.index_select(0, row_ids), self.qtype, self.num_cols)
+
+    def row_slice(self, start: int, end: int) -> QuantizedTensor:
+        """Rows [start, end) as a view of the same blocks."""
+        return QuantizedTensor(self.blocks[start:end], self.qtype, self.num_cols)
 
     @staticmethod
     def concat(parts: list[QuantizedTensor]) -> QuantizedTensor:
