@@ -19,7 +19,7 @@ from engine.quant.tensor import QuantizedTensor
 __all__ = ["BatchPlanner", "QuantizedLinear"]
 
 SCRATCH_ELEMENTS = 1 << 22              # 16 MB of float32: one slab of dequantized rows
-CALIBRATION_LADDER = (2, 4, 8, 16, 32, 64, 128)
+CALIBRATION_LADDER = (4, 8, 16, 32, 64, 128)
 CALIBRATION_MAX_ROWS = 2048             # time on a slice of a big weight: both paths scale with N
 CALIBRATION_REPEATS = 3
 
@@ -93,9 +93,10 @@ class QuantizedLinear:
         self.weight = weight                               # [N, K] blocks
         self.planner = planner
         self.block_rows_limit = planner.block_rows_limit(weight)
+        self.block_matmul = kernels.PreparedMatmul(weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] float32 -> [M, N] float32."""
-        if x.shape[0] <= self.block_rows_limit:
-            return kernels.matmul(x, self.weight)
+        if 0 < x.shape[0] <= self.block_rows_limit:
+            return self.block_matmul(x)
         return self.planner.dequantized_matmul(x, self.weight)
