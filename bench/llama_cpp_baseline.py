@@ -27,6 +27,8 @@ class LlamaCppRunner:
         import llama_cpp
 
         self.lib = llama_cpp
+        self._silence = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+        llama_cpp.llama_log_set(self._silence, ctypes.c_void_p(0))     # no model dump on stderr
         llama_cpp.llama_backend_init()
         model_params = llama_cpp.llama_model_default_params()
         self.model = _call(llama_cpp, "llama_model_load_from_file", "llama_load_model_from_file")(
