@@ -200,9 +200,10 @@ def main() -> None:
         "machine": cpu_description(), "kernels": kernel_summary,
     }
     for row in report["rows"]:
-        row["ours_over_hf"] = row["ours_tok_s"] / row["hf_tok_s"] if row["hf_tok_s"] else None
-        row["ours_over_llama_cpp"] = (row["ours_tok_s"] / row["llama_cpp_tok_s"]
-                                      if row["llama_cpp_tok_s"] else None)
+        ours_tok_s = row["ours_tok_s"]
+        row["ours_over_hf"] = ours_tok_s / row["hf_tok_s"] if ours_tok_s and row["hf_tok_s"] else None
+        row["ours_over_llama_cpp"] = (ours_tok_s / row["llama_cpp_tok_s"]
+                                      if ours_tok_s and row["llama_cpp_tok_s"] else None)
     if args.json:
         print(json.dumps(report))
     else:
