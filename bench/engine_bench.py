@@ -1,5 +1,9 @@
 """Engine throughput vs transformers (float32, use_cache) and llama.cpp, same prompts, same run.
 
+The header names the CPU, its SIMD flags, torch's capability and our kernels. llama.cpp runs
+through llama-cpp-python's low-level batch API (bench/llama_cpp_baseline.py: B sequences decoded
+in one batch per step) with 2 threads; `pip install 'pie-serve[bench]'` installs it.
+
 Rows: prefill_512 (one 512-token prompt, tok/s), decode_b1 / decode_b8 / decode_b32 (greedy decode of
 `--new-tokens` tokens after 32-token prompts, aggregate tok/s over the batch); plus our load time and
 peak RSS (measured before any baseline is loaded). Each figure is the median of `--repeats` runs.
@@ -11,11 +15,17 @@ peak RSS (measured before any baseline is loaded). Each figure is the median of 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 import json
 import resource
 import statistics
 import time
 from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))      # bench/llama_cpp_baseline.py
+from llama_cpp_baseline import bench_llama_cpp  # noqa: E402
+from engine.loaders import default_gguf_path  # noqa: E402
 
 ROWS = ("prefill_512", "decode_b1", "decode_b8", "decode_b32")
 PROMPT_LEN, PREFILL_LEN = 32, 512
@@ -42,8 +52,15 @@ def batch_size(row: str) -> int:
 
 
 # ---- ours -------------------------------------------------------------------------------------
+def prompts_for(row: str, vocab: int) -> list[list[int]]:
+    """The prompts of a row (the same for every engine)."""
+    if row == "prefill_512":
+        return make_prompts(vocab, 1, PREFILL_LEN)
+    return make_prompts(vocab, batch_size(row), PROMPT_LEN)
+
+
 def bench_ours(rows: list[str], new_tokens: int, repeats: int,
-               dtype: str) -> tuple[dict, float, float, int]:
+               dtype: str) -> tuple[dict, float, float, int, str]:
     from engine import load_default_engine
 
     start = time.perf_counter()
@@ -53,17 +70,18 @@ def bench_ours(rows: list[str], new_tokens: int, repeats: int,
     results = {}
     for row in rows:
         if row == "prefill_512":
-            prompt = make_prompts(vocab, 1, PREFILL_LEN)[0]
+            prompt = prompts_for(row, vocab)[0]
             seconds = median_seconds(lambda: engine.prompt_logits(prompt), repeats)
             results[row] = PREFILL_LEN / seconds
         else:
-            prompts = make_prompts(vocab, batch_size(row), PROMPT_LEN)
+            prompts = prompts_for(row, vocab)
             prefill = median_seconds(lambda: engine.generate_greedy_batch(prompts, 1), repeats)
             full = median_seconds(lambda: engine.generate_greedy_batch(prompts, new_tokens + 1),
                                   repeats)
-            results[row] = len(prompts) * new_tokens / max(full - prefill, 1e-9)
+            # on a noisy machine the longer run can time shorter: no figure rather than a wrong one
+            results[row] = len(prompts) * new_tokens / (full - prefill) if full > prefill else None
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return results, load_s, peak_rss_mb, vocab
+    return results, load_s, peak_rss_mb, vocab, engine.kernel_summary
 
 
 # ---- transformers -----------------------------------------------------------------------------
@@ -100,38 +118,26 @@ def bench_hf(rows: list[str], new_tokens: int, repeats: int, vocab: int) -> dict
     return results
 
 
-# ---- llama.cpp --------------------------------------------------------------------------------
-def bench_llama_cpp(rows: list[str], new_tokens: int, repeats: int, vocab: int) -> dict:
+# ---- machine -----------------------------------------------------------------------------------
+def cpu_description() -> dict:
+    """What the numbers depend on: CPU model, SIMD flags, torch's capability, our kernel level."""
+    import torch
+    from engine.quant import kernels
+
+    flags, model = set(), "unknown"
     try:
-        from llama_cpp import Llama
-    except ImportError:
-        return {}
-    from engine.loaders import default_gguf_path
-
-    llm = Llama(model_path=str(default_gguf_path()), n_threads=2, n_threads_batch=2, n_ctx=1024,
-                n_batch=512, verbose=False)
-    results = {}
-    if "prefill_512" in rows:
-        prompt = make_prompts(vocab, 1, PREFILL_LEN)[0]
-
-        def prefill() -> None:
-            llm.reset()
-            llm.eval(prompt)
-
-        results["prefill_512"] = PREFILL_LEN / median_seconds(prefill, repeats)
-    if "decode_b1" in rows:     # the high-level API runs one sequence; b8/b32 stay null
-        prompt = make_prompts(vocab, 1, PROMPT_LEN)[0]
-
-        def decode(n: int) -> None:
-            llm.reset()
-            llm.eval(prompt)
-            for _ in range(n):
-                llm.eval([llm.sample(top_k=1, temp=0.0)])
-
-        prefill = median_seconds(lambda: decode(0), repeats)
-        full = median_seconds(lambda: decode(new_tokens), repeats)
-        results["decode_b1"] = new_tokens / max(full - prefill, 1e-9)
-    return results
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name") and model == "unknown":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    simd = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+                        "amx_bf16", "amx_int8") if f in flags]
+    return {"cpu": model, "simd": simd, "torch_capability": torch.backends.cpu.get_cpu_capability(),
+            "kernel_levels": list(kernels.levels())}
 
 
 # ---- report -----------------------------------------------------------------------------------
@@ -145,6 +151,10 @@ def torch_threads() -> int:
 
 
 def print_table(report: dict) -> None:
+    machine = report["machine"]
+    print(f"CPU {machine['cpu']}; SIMD {' '.join(machine['simd']) or 'none'}; torch capability "
+          f"{machine['torch_capability']}; our kernel levels {', '.join(machine['kernel_levels']) or 'none'}")
+    print(f"ours: {report['kernels']}")
     print(f"load {report['load_s']:.2f} s, peak RSS {report['peak_rss_mb']:.0f} MB "
           f"(ours, dtype {report['dtype']}, before baselines); torch threads {report['threads']}")
     print(f"{'row':<13}{'ours tok/s':>11}{'hf tok/s':>10}{'ours/hf':>9}{'llama.cpp':>11}"
@@ -161,7 +171,7 @@ def main() -> None:
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma list of {ROWS}")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "quantized"))
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     parser.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp baseline")
     parser.add_argument("--threads", type=int, default=None,
@@ -176,19 +186,24 @@ def main() -> None:
     unknown = set(rows) - set(ROWS)
     if unknown:
         parser.error(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
-    ours, load_s, peak_rss_mb, vocab = bench_ours(rows, args.new_tokens, args.repeats, args.dtype)
+    ours, load_s, peak_rss_mb, vocab, kernel_summary = bench_ours(rows, args.new_tokens,
+                                                                  args.repeats, args.dtype)
     hf = {} if args.no_hf else bench_hf(rows, args.new_tokens, args.repeats, vocab)
-    cpp = {} if args.no_llama_cpp else bench_llama_cpp(rows, args.new_tokens, args.repeats, vocab)
+    cpp = {} if args.no_llama_cpp else bench_llama_cpp(
+        str(default_gguf_path()), rows, lambda row: prompts_for(row, vocab), args.new_tokens,
+        args.repeats, median_seconds)
     report = {
         "rows": [{"name": r, "ours_tok_s": ours.get(r), "hf_tok_s": hf.get(r),
                   "llama_cpp_tok_s": cpp.get(r)} for r in rows],
         "load_s": load_s, "peak_rss_mb": peak_rss_mb, "dtype": args.dtype,
         "new_tokens": args.new_tokens, "repeats": args.repeats, "threads": torch_threads(),
+        "machine": cpu_description(), "kernels": kernel_summary,
     }
     for row in report["rows"]:
-        row["ours_over_hf"] = row["ours_tok_s"] / row["hf_tok_s"] if row["hf_tok_s"] else None
-        row["ours_over_llama_cpp"] = (row["ours_tok_s"] / row["llama_cpp_tok_s"]
-                                      if row["llama_cpp_tok_s"] else None)
+        ours_tok_s = row["ours_tok_s"]
+        row["ours_over_hf"] = ours_tok_s / row["hf_tok_s"] if ours_tok_s and row["hf_tok_s"] else None
+        row["ours_over_llama_cpp"] = (ours_tok_s / row["llama_cpp_tok_s"]
+                                      if ours_tok_s and row["llama_cpp_tok_s"] else None)
     if args.json:
         print(json.dumps(report))
     else:

@@ -6,6 +6,7 @@ Calls come from one thread at a time (the host's engine thread); nothing here lo
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -16,43 +17,30 @@ from engine.batch import ForwardBatch, ForwardResult, TokenCopy, Verified
 from engine.engine_config import EngineConfig, ModelConfig
 from engine.constrain import GrammarCompiler
 from engine.device import choose_device
+from engine.dtype_choice import DtypeChoice, choose_dtype, cpu_has_native_bf16
 from engine.reference_loop import generate_greedy_batch, prompt_logits
 from engine.kv_cache import KVCache, num_pages_for
 from engine.model.llama import LlamaModel
 from engine.model.memory import release_freed_memory
+from engine.quant import kernels as quant_kernels
+from engine.quant.linear import BatchPlanner
+from engine.quant.tensor import QTYPE_NAMES
 from engine.page_table import build_page_table
 from engine.protocol import EngineStats, TokenizerLike
 from engine.sampling import Sampler, sample_batch
 from engine.validate import validate_batch
 
-__all__ = ["Engine", "load_engine", "load_default_engine", "resolve_dtype", "cpu_has_native_bf16"]
+__all__ = ["Engine", "load_engine", "load_default_engine", "resolve_dtype", "cpu_has_native_bf16",
+           "kernel_summary"]
+
+_log = logging.getLogger("pie.engine")
 
 LARGE_BATCH_TOKENS = 256     # after a batch this large, return freed activation memory to the OS
 
 
-def cpu_has_native_bf16() -> bool:
-    """True when the CPU computes bfloat16 natively (AVX512-BF16 or AMX)."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            flags = cpuinfo.read()
-    except OSError:
-        flags = ""
-    if "avx512_bf16" in flags or "amx_bf16" in flags:
-        return True
-    return "AMX" in torch.backends.cpu.get_cpu_capability()
-
-
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """"auto" -> bfloat16 on CUDA or a CPU with native bf16, else float32; names map directly."""
-    if name == "float32":
-        return torch.float32
-    if name == "bfloat16":
-        return torch.bfloat16
-    if name != "auto":
-        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {name!r}")
-    if device.type == "cuda" or cpu_has_native_bf16():
-        return torch.bfloat16
-    return torch.float32
+    """The activation / KV dtype of `name` on `device` (see engine.dtype_choice)."""
+    return choose_dtype(name, device).dtype
 
 
 class Engine:
@@ -60,22 +48,27 @@ class Engine:
 
     def __init__(self, model_config: ModelConfig, weights: dict[str, torch.Tensor],
                  tokenizer: TokenizerLike | None, config: EngineConfig = EngineConfig(),
-                 *, seed: int | None = None, int4_decode: bool = True) -> None:
+                 *, seed: int | None = None, int4_decode: bool = True,
+                 planner: BatchPlanner | None = None) -> None:
         """Build from HF-named weights (the dict is consumed). `seed` seeds unseeded sampling.
 
         int4_decode: in bf16 on the CPU, weights that sit on a 4-bit grid (a Q4 GGUF's) are also
         kept packed for the int4 kernel used by small batches (engine/model/linear.py).
+        planner: for weights given as GGUF blocks, which batches use the block kernels (default:
+        measured at load, see engine/quant/linear.py).
         """
         choice = choose_device(config)
         self.config = config
         self.device = choice.device
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.dtype_choice = choose_dtype(config.dtype, self.device)
+        self.dtype = self.dtype_choice.dtype
         self.model_config = model_config
         self.model_name = model_config.name
         self.tokenizer = tokenizer
         self.page_size = config.page_size
         self.num_pages = num_pages_for(model_config, config, self.dtype)
-        self.model = LlamaModel(model_config, weights, self.dtype, self.device, int4_decode)
+        self.model = LlamaModel(model_config, weights, self.dtype, self.device, int4_decode,
+                                planner)
         self.kv_cache = KVCache(model_config, self.num_pages, self.page_size, self.dtype, self.device)
         self.attention = make_attention_backend(
             choice.attention_backend, num_qo_heads=model_config.num_heads,
@@ -85,6 +78,8 @@ class Engine:
         self.grammar = GrammarCompiler(tokenizer, model_config.vocab_size) if tokenizer else None
         self._stats = EngineStats()
         release_freed_memory()
+        self.kernel_summary = kernel_summary(self.dtype_choice, self.model)
+        _log.info("engine: %s", self.kernel_summary)
 
     # ---- EngineLike ----------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch) -> list[ForwardResult]:
@@ -154,6 +149,20 @@ class Engine:
         )
 
 
+def kernel_summary(choice: DtypeChoice, model: LlamaModel) -> str:
+    """One line: the dtype, which kernels run and why (logged once at load)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    planner = model.planner
+    if planner is None:
+        return f"{choice.dtype} dense weights on torch ({choice.reason}; CPU capability {capability})"
+    qtypes = sorted({QTYPE_NAMES.get(key[0], str(key[0])) for key in planner.limits})
+    limits = sorted(set(planner.limits.values()))
+    return (f"GGUF blocks ({', '.join(qtypes)}) multiplied in place by the {quant_kernels.best_level()} "
+            f"C kernels, float32 activations ({choice.reason}; CPU capability {capability}); "
+            f"batches of up to {'/'.join(map(str, limits))} rows use them, larger ones dequantize "
+            f"+ GEMM (crossover measured at load)")
+
+
 def load_engine(path: str | Path, *, progress: bool = True, seed: int | None = None,
                 int4_decode: bool = True, **overrides: Any) -> Engine:
     """Load a model file (GGUF) or HF checkpoint directory into an Engine.
@@ -164,8 +173,9 @@ def load_engine(path: str | Path, *, progress: bool = True, seed: int | None = N
     from engine.device import resolve_device
 
     config = EngineConfig(**overrides)
-    dtype = resolve_dtype(config.dtype, resolve_device(config.device))
-    loaded = loaders.load_model(path, dtype=dtype, progress=progress)
+    choice = choose_dtype(config.dtype, resolve_device(config.device))
+    loaded = loaders.load_model(path, dtype=choice.dtype, progress=progress,
+                                keep_quantized=choice.keep_quantized)
     return Engine(loaded.config, loaded.weights, loaded.tokenizer, config, seed=seed,
                   int4_decode=int4_decode)
 

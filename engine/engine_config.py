@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-DTYPES = ("auto", "float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16", "quantized")
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class EngineConfig:
     kv_memory_mb: int = 512          # budget for the page pool when num_pages is None
     num_pages: int | None = None     # explicit page count (overrides kv_memory_mb)
     max_batch_tokens: int = 4096     # most input tokens in one forward pass
-    dtype: str = "auto"              # auto | float32 | bfloat16
+    dtype: str = "auto"              # auto | float32 | bfloat16 | quantized (GGUF blocks, CPU)
     device: str = "auto"             # cpu | cuda | auto (cuda when available)
     attention_backend: str = "auto"  # auto | torch | flashinfer
 

@@ -107,6 +107,7 @@ def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
     engine = _load_engine(namespace)
     if engine is None:
         return EXIT_ERROR
+    print(f"pie run: engine: {engine.kernel_summary}", file=sys.stderr)
     from host.runtime import Runtime
     # one instance: naming its memory limit exactly is worth its slower start
     with Runtime(engine, RuntimeConfig(cache_dir=cache_dir, count_linear_memory=True)) as runtime:

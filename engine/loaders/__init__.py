@@ -40,11 +40,15 @@ def default_gguf_path() -> Path:
 
 
 def load_model(path: str | Path, dtype: torch.dtype | str = torch.float32,
-               progress: bool = True) -> LoadedModel:
-    """Load a `.gguf` file with load_gguf, or an HF checkpoint directory with load_safetensors."""
+               progress: bool = True, keep_quantized: bool = False) -> LoadedModel:
+    """Load a `.gguf` file with load_gguf, or an HF checkpoint directory with load_safetensors.
+
+    keep_quantized: a GGUF's quantized matrices stay as their blocks (see load_gguf); a
+    checkpoint directory has none, so it loads as `dtype` either way.
+    """
     path = Path(path)
     if path.is_dir():
         return load_safetensors(path, dtype=dtype, progress=progress)
     if path.suffix.lower() == ".gguf" or path.is_file():
-        return load_gguf(path, dtype=dtype, progress=progress)
+        return load_gguf(path, dtype=dtype, progress=progress, keep_quantized=keep_quantized)
     raise ModelLoadError(path, "no such file or directory")

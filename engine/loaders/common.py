@@ -9,6 +9,7 @@ import torch
 from engine.engine_config import ModelConfig
 
 if TYPE_CHECKING:
+    from engine.quant import QuantizedTensor
     from engine.tokenizer import Tokenizer
 
 __all__ = ["LoadedModel", "ModelLoadError", "check_weight_shapes", "expected_weight_shapes",
@@ -30,12 +31,13 @@ class LoadedModel:
 
     weights: Hugging Face Llama parameter names -> tensors shaped as in HF ([out, in] for
              linear layers), Q/K rows in HF order; `lm_head.weight` only when the embeddings
-             are not tied. All tensors have the dtype asked of the loader.
+             are not tied. All tensors have the dtype asked of the loader, except matrices
+             kept as GGUF blocks (engine.quant.QuantizedTensor) when the loader was asked to.
     tokenizer: None when the checkpoint carries no tokenizer.
     """
 
     config: ModelConfig
-    weights: dict[str, torch.Tensor]
+    weights: dict[str, "torch.Tensor | QuantizedTensor"]
     tokenizer: "Tokenizer | None"
     source: str
 

@@ -1,4 +1,5 @@
-"""Load a llama.cpp GGUF file (architecture `llama`) into HF-named float32 / bfloat16 weights.
+"""Load a llama.cpp GGUF file (architecture `llama`) into HF-named float32 / bfloat16 weights,
+or (keep_quantized) with its quantized matrices left as their GGUF blocks (QuantizedTensor).
 
 Every hyperparameter comes from the file's metadata. llama.cpp stores Q and K with the rows of
 each head interleaved for its RoPE ([re0, im0, re1, im1, ...]); HF keeps halves ([re..., im...]).
@@ -20,6 +21,7 @@ from engine.engine_config import ModelConfig
 from engine.loaders.common import LoadedModel, ModelLoadError, check_weight_shapes, torch_dtype
 from engine.loaders.dequant import SUPPORTED_QTYPES, dequantize
 from engine.loaders.gguf_reader import GGUFFile, GGUFTensorInfo, read_gguf
+from engine.quant import KERNEL_QTYPES, QuantizedTensor
 from engine.tokenizer import Tokenizer
 
 __all__ = ["load_gguf", "gguf_model_config", "gguf_to_hf_name"]
@@ -102,8 +104,11 @@ def _rope_scaling(fields: dict[str, Any]) -> dict | None:
 
 
 def load_gguf(path: str | Path, dtype: torch.dtype | str = torch.float32,
-              progress: bool = True) -> LoadedModel:
+              progress: bool = True, keep_quantized: bool = False) -> LoadedModel:
     """Load the GGUF at `path`: config, HF-named weights of `dtype`, and its tokenizer.
+
+    keep_quantized: matrices of a type the C kernels read (engine.quant.KERNEL_QTYPES) stay as
+    QuantizedTensor (a copy of their blocks, Q/K rows in HF order); the rest become `dtype`.
 
     Raises ModelLoadError (naming the file and the reason) for a missing, truncated or corrupt
     file, an architecture other than llama, or a quantization type we cannot dequantize.
@@ -120,7 +125,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype | str = torch.float32,
     with _ProgressBar(progress, len(named), path.name) as advance, _single_threaded():
         weights = {}
         for hf_name, tensor in named.items():
-            weights[hf_name] = _dequantize_tensor(tensor, config, dtype)
+            weights[hf_name] = _convert_tensor(tensor, config, dtype, keep_quantized)
             gguf.release_pages(tensor)
             advance()
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=str(path))
@@ -153,15 +158,18 @@ def _named_tensors(gguf: GGUFFile) -> dict[str, GGUFTensorInfo]:
     return named
 
 
-def _dequantize_tensor(tensor: GGUFTensorInfo, config: ModelConfig,
-                       dtype: torch.dtype) -> torch.Tensor:
-    """[out, in] (HF order) for a matrix, [n] for a vector."""
+def _convert_tensor(tensor: GGUFTensorInfo, config: ModelConfig, dtype: torch.dtype,
+                    keep_quantized: bool) -> torch.Tensor | QuantizedTensor:
+    """[out, in] (HF order) for a matrix, [n] for a vector; a matrix's blocks when asked."""
     num_rows = int(np.prod(tensor.shape[1:], dtype=np.int64))   # GGUF shape is [in, out]
     data = tensor.data
     if tensor.name.endswith((".attn_q.weight", ".attn_k.weight")):
         is_q = tensor.name.endswith(".attn_q.weight")
         num_heads = config.num_heads if is_q else config.num_kv_heads
         data = _unpermute_rows(data.reshape(num_rows, -1), num_heads).reshape(-1)
+    if keep_quantized and tensor.qtype in KERNEL_QTYPES and len(tensor.shape) == 2:
+        blocks = torch.from_numpy(np.array(data.reshape(num_rows, -1), copy=True))
+        return QuantizedTensor(blocks, tensor.qtype, int(tensor.shape[0]))   # [out, in] values
     values = dequantize(data, tensor.qtype, num_rows, dtype)   # [num_rows, row_len]
     return values.reshape(tuple(reversed(tensor.shape)))
 

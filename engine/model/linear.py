@@ -12,13 +12,19 @@ matmul, which is faster there. bf16 weights are pre-packed once for oneDNN
 (`mkldnn._reorder_linear_weight`, what torch.compile's CPU freezing does): same results as
 F.linear, 1.2-2.5x faster for small and medium batches. Float32 ("exact") models use plain
 F.linear and never int4.
+
+Weights kept as GGUF blocks (engine.quant.QuantizedTensor, dtype "quantized") are multiplied in
+place by the C kernels (engine.quant.linear.QuantizedLinear); `make_linear` picks the class.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Linear", "pack_int4", "GROUP_SIZE", "INT4_MAX_TOKENS"]
+from engine.quant import QuantizedTensor
+from engine.quant.linear import BatchPlanner, QuantizedLinear
+
+__all__ = ["Linear", "PartsLinear", "make_linear", "pack_int4", "GROUP_SIZE", "INT4_MAX_TOKENS"]
 
 GROUP_SIZE = 32
 INT4_MAX_TOKENS = 8
@@ -109,3 +115,29 @@ class Linear:
         if self.onednn_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.onednn_weight, None, "none", [], "")
         return F.linear(x, self.weight)
+
+
+class PartsLinear:
+    """Several linears side by side (fused rows whose GGUF types differ): outputs concatenated."""
+
+    def __init__(self, parts: list) -> None:
+        self.parts = parts
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] -> [M, sum of the parts' N]."""
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+
+
+def make_linear(weights: list[torch.Tensor | QuantizedTensor], allow_int4: bool,
+                planner: BatchPlanner | None) -> Linear | QuantizedLinear | PartsLinear:
+    """One layer computing x @ cat(weights).T: blocks of one type fuse into one QuantizedLinear,
+    dense tensors into one Linear, a mix into PartsLinear. planner: needed for blocks."""
+    quantized = [isinstance(w, QuantizedTensor) for w in weights]
+    if all(quantized) and len({(w.qtype, w.num_cols) for w in weights}) == 1:
+        if planner is None:
+            raise ValueError("quantized weights need a BatchPlanner")
+        fused = weights[0] if len(weights) == 1 else QuantizedTensor.concat(weights)
+        return QuantizedLinear(fused, planner)
+    if not any(quantized):
+        return Linear(weights[0] if len(weights) == 1 else torch.cat(weights), allow_int4)
+    return PartsLinear([make_linear([w], allow_int4, planner) for w in weights])

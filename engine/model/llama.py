@@ -3,20 +3,25 @@
 Weights come in Hugging Face naming (model.layers.{i}.self_attn.q_proj.weight, ...). At build time
 Q/K/V are fused into one [ (Hq + 2 Hkv) * D, hidden ] matrix and gate/up into one
 [2 * intermediate, hidden] matrix, so a layer is 4 matmuls (each an engine.model.linear.Linear:
-oneDNN-packed bf16, plus an int4 copy for small batches when the weights are a Q4 GGUF's).
+oneDNN-packed bf16, plus an int4 copy for small batches when the weights are a Q4 GGUF's; or, in
+"quantized" mode, GGUF blocks multiplied in place by engine.quant's C kernels, float32 activations).
 The residual stream and the RMSNorms are float32 whatever the weight dtype. Logits are computed
 only at the output rows of the batch.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from engine.engine_config import ModelConfig
 from engine.kv_cache import KVCache
-from engine.model.linear import Linear
+from engine.model.linear import make_linear
+from engine.quant import QuantizedTensor
+from engine.quant import kernels as quant_kernels
+from engine.quant.linear import BatchPlanner
 from engine.model.memory import release_freed_memory
 from engine.model.rope import apply_rope, rope_tables
 from engine.page_table import PageTable
@@ -29,14 +34,17 @@ class LayerWeights:
     """One decoder layer's weights, fused for fewer matmuls."""
 
     input_norm: torch.Tensor     # [hidden] float32 (norms run on the float32 residual stream)
-    qkv_proj: Linear             # [(Hq + 2 Hkv) * D, hidden]
-    o_proj: Linear               # [hidden, Hq * D]
+    qkv_proj: Callable           # [(Hq + 2 Hkv) * D, hidden]  (see engine.model.linear)
+    o_proj: Callable             # [hidden, Hq * D]
     post_norm: torch.Tensor      # [hidden] float32
-    gate_up_proj: Linear         # [2 * intermediate, hidden]
-    down_proj: Linear            # [hidden, intermediate]
+    gate_up_proj: Callable       # [2 * intermediate, hidden]
+    down_proj: Callable          # [hidden, intermediate]
 
 
-def _take(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
+Weight = torch.Tensor | QuantizedTensor
+
+
+def _take(weights: dict[str, Weight], name: str, shape: tuple[int, ...]) -> Weight:
     """Pop one weight, checking its shape (so a wrong file fails here with its name)."""
     if name not in weights:
         raise ValueError(f"weight {name} is missing")
@@ -46,28 +54,38 @@ def _take(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -
     return tensor
 
 
-def _layer_weights(config: ModelConfig, weights: dict[str, torch.Tensor], i: int,
-                   dtype: torch.dtype, device: torch.device, allow_int4: bool) -> LayerWeights:
+def _on(weight: Weight, device: torch.device, dtype: torch.dtype) -> Weight:
+    """A dense weight moved and cast; blocks stay as they are (CPU only)."""
+    if isinstance(weight, QuantizedTensor):
+        if device.type != "cpu":
+            raise ValueError(f"quantized weights run on the CPU only, not {device}")
+        return weight
+    return weight.to(device=device, dtype=dtype)
+
+
+def _layer_weights(config: ModelConfig, weights: dict[str, Weight], i: int, dtype: torch.dtype,
+                   device: torch.device, allow_int4: bool,
+                   planner: BatchPlanner | None) -> LayerWeights:
     hidden, d = config.hidden_size, config.head_dim
     q_dim, kv_dim = config.num_heads * d, config.num_kv_heads * d
     prefix = f"model.layers.{i}."
 
-    def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        return _take(weights, prefix + name, shape).to(device=device, dtype=dtype)
+    def take(name: str, shape: tuple[int, ...]) -> Weight:
+        return _on(_take(weights, prefix + name, shape), device, dtype)
 
-    qkv = torch.cat([take("self_attn.q_proj.weight", (q_dim, hidden)),
-                     take("self_attn.k_proj.weight", (kv_dim, hidden)),
-                     take("self_attn.v_proj.weight", (kv_dim, hidden))])
-    gate_up = torch.cat([take("mlp.gate_proj.weight", (config.intermediate_size, hidden)),
-                         take("mlp.up_proj.weight", (config.intermediate_size, hidden))])
+    def linear(*parts: Weight) -> Callable:
+        return make_linear(list(parts), allow_int4, planner)
+
     return LayerWeights(
         input_norm=take("input_layernorm.weight", (hidden,)).float(),
-        qkv_proj=Linear(qkv, allow_int4),
-        o_proj=Linear(take("self_attn.o_proj.weight", (hidden, q_dim)), allow_int4),
+        qkv_proj=linear(take("self_attn.q_proj.weight", (q_dim, hidden)),
+                        take("self_attn.k_proj.weight", (kv_dim, hidden)),
+                        take("self_attn.v_proj.weight", (kv_dim, hidden))),
+        o_proj=linear(take("self_attn.o_proj.weight", (hidden, q_dim))),
         post_norm=take("post_attention_layernorm.weight", (hidden,)).float(),
-        gate_up_proj=Linear(gate_up, allow_int4),
-        down_proj=Linear(take("mlp.down_proj.weight", (hidden, config.intermediate_size)),
-                         allow_int4),
+        gate_up_proj=linear(take("mlp.gate_proj.weight", (config.intermediate_size, hidden)),
+                            take("mlp.up_proj.weight", (config.intermediate_size, hidden))),
+        down_proj=linear(take("mlp.down_proj.weight", (hidden, config.intermediate_size))),
     )
 
 
@@ -75,29 +93,37 @@ class LlamaModel:
     """The model's weights and its batched forward pass. Consumes the `weights` dict it is given.
 
     allow_int4: keep 4-bit-grid weights also packed for the int4 kernel (bf16 on the CPU only; see
-    engine/model/linear.py); float32 never does.
+    engine/model/linear.py); float32 never does. Weights given as QuantizedTensor (GGUF blocks)
+    run on the C kernels with float32 activations (`dtype` must then be float32); `planner`
+    (made here when None) picks block kernel or dequantize + GEMM per batch size.
     """
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
+    def __init__(self, config: ModelConfig, weights: dict[str, Weight],
                  dtype: torch.dtype, device: str | torch.device = "cpu",
-                 allow_int4: bool = True) -> None:
+                 allow_int4: bool = True, planner: BatchPlanner | None = None) -> None:
         device = torch.device(device)
         self.config = config
         self.dtype = dtype
+        self.planner = planner
+        if any(isinstance(w, QuantizedTensor) for w in weights.values()):
+            if dtype != torch.float32:
+                raise ValueError(f"quantized weights take float32 activations, not {dtype}")
+            self.planner = planner or BatchPlanner()
         vocab_shape = (config.vocab_size, config.hidden_size)
-        self.embed = _take(weights, "model.embed_tokens.weight", vocab_shape).to(device, dtype)
+        self.embed = _on(_take(weights, "model.embed_tokens.weight", vocab_shape), device, dtype)
         self.layers = []
         for i in range(config.num_layers):
-            self.layers.append(_layer_weights(config, weights, i, dtype, device, allow_int4))
+            self.layers.append(_layer_weights(config, weights, i, dtype, device, allow_int4,
+                                              self.planner))
             release_freed_memory()        # the layer's unpacked weights are gone: keep RSS flat
         self.final_norm = _take(weights, "model.norm.weight", (config.hidden_size,)).to(device).float()
         if "lm_head.weight" in weights:
-            lm_head = _take(weights, "lm_head.weight", vocab_shape).to(device, dtype)
+            lm_head = _on(_take(weights, "lm_head.weight", vocab_shape), device, dtype)
         elif config.tie_word_embeddings:
             lm_head = self.embed
         else:
             raise ValueError("weight lm_head.weight is missing and the embeddings are not tied")
-        self.lm_head = Linear(lm_head, allow_int4)                       # [vocab, hidden]
+        self.lm_head = make_linear([lm_head], allow_int4, self.planner)   # [vocab, hidden]
         self.rope_cos, self.rope_signed_sin = rope_tables(config, dtype)  # [max_position, D]
         self.rope_cos = self.rope_cos.to(device)
         self.rope_signed_sin = self.rope_signed_sin.to(device)
@@ -115,14 +141,14 @@ class LlamaModel:
         num_qk_heads = config.num_heads + config.num_kv_heads
         eps = config.rms_norm_eps
         hidden_shape = (config.hidden_size,)
-        device = self.embed.device                 # the table is on the CPU; no-op there
+        device = self.rope_cos.device              # the table is on the CPU; no-op there
         positions = table.positions.to(device)
         cos = self.rope_cos[positions].unsqueeze(1)                       # [N, 1, D]
         signed_sin = self.rope_signed_sin[positions].unsqueeze(1)
         dtype = self.dtype
         # the residual stream stays float32 (cheaper norms in bf16 mode, closer to exact);
         # matmul inputs are cast to the weights' dtype (a no-op in float32 mode)
-        x = F.embedding(table.input_ids.to(device), self.embed).float()   # [N, hidden]
+        x = self._embed(table.input_ids.to(device))                       # [N, hidden] float32
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, hidden_shape, layer.input_norm, eps).to(dtype)
             qkv = layer.qkv_proj(h)                            # [N, (Hq + 2 Hkv) * D]
@@ -139,3 +165,9 @@ class LlamaModel:
             x = x + layer.down_proj(F.silu(gate) * up)
         x = F.rms_norm(x[table.output_rows.to(device)], hidden_shape, self.final_norm, eps).to(dtype)
         return self.lm_head(x).float()                         # [num_outputs, vocab]
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [N] -> float32 [N, hidden] (blocks: only the N rows are dequantized)."""
+        if isinstance(self.embed, QuantizedTensor):
+            return quant_kernels.dequantize(self.embed.rows(input_ids))
+        return F.embedding(input_ids, self.embed).float()

@@ -1,0 +1,114 @@
+"""llama.cpp (through llama-cpp-python's low-level API) on the same GGUF and prompts as
+bench/engine_bench.py: prefill of one prompt, and greedy decode of B sequences in one batch per
+step (one llama_batch holding one token of each sequence, as a server would batch them)."""
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Callable
+
+import numpy as np
+
+THREADS = 2
+
+
+def _call(module, *names: str) -> Callable:
+    """The first of `names` the installed llama-cpp-python has (its API renames over versions)."""
+    for name in names:
+        if hasattr(module, name):
+            return getattr(module, name)
+    raise AttributeError(f"llama_cpp has none of {names}")
+
+
+class LlamaCppRunner:
+    """One llama.cpp model and context sized for `max_sequences` sequences of `max_tokens`."""
+
+    def __init__(self, path: str, max_sequences: int, max_tokens: int) -> None:
+        import llama_cpp
+
+        self.lib = llama_cpp
+        self._silence = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+        llama_cpp.llama_log_set(self._silence, ctypes.c_void_p(0))     # no model dump on stderr
+        llama_cpp.llama_backend_init()
+        model_params = llama_cpp.llama_model_default_params()
+        self.model = _call(llama_cpp, "llama_model_load_from_file", "llama_load_model_from_file")(
+            path.encode(), model_params)
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = max_sequences * max_tokens
+        params.n_batch = params.n_ubatch = 512
+        params.n_seq_max = max_sequences
+        params.n_threads = params.n_threads_batch = THREADS
+        if hasattr(params, "kv_unified"):
+            params.kv_unified = True
+        self.ctx = _call(llama_cpp, "llama_init_from_model", "llama_new_context_with_model")(
+            self.model, params)
+        vocab = llama_cpp.llama_model_get_vocab(self.model) if hasattr(
+            llama_cpp, "llama_model_get_vocab") else self.model
+        self.vocab_size = _call(llama_cpp, "llama_vocab_n_tokens", "llama_n_vocab")(vocab)
+        self.batch = llama_cpp.llama_batch_init(512, 0, max_sequences)
+
+    def clear(self) -> None:
+        lib = self.lib
+        if hasattr(lib, "llama_memory_clear"):
+            lib.llama_memory_clear(lib.llama_get_memory(self.ctx), True)
+        else:
+            _call(lib, "llama_kv_self_clear", "llama_kv_cache_clear")(self.ctx)
+
+    def decode(self, tokens: list[tuple[int, int, int, bool]]) -> None:
+        """tokens: (token id, position, sequence id, wants logits), at most 512."""
+        batch = self.batch
+        for i, (token, position, sequence, logits) in enumerate(tokens):
+            batch.token[i] = token
+            batch.pos[i] = position
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = sequence
+            batch.logits[i] = logits
+        batch.n_tokens = len(tokens)
+        if self.lib.llama_decode(self.ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def argmax(self, i: int) -> int:
+        pointer = self.lib.llama_get_logits_ith(self.ctx, i)
+        return int(np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)),
+                                         shape=(self.vocab_size,)).argmax())
+
+    def prefill(self, prompt: list[int]) -> None:
+        self.clear()
+        for start in range(0, len(prompt), 512):
+            chunk = prompt[start:start + 512]
+            self.decode([(t, start + i, 0, start + i == len(prompt) - 1)
+                         for i, t in enumerate(chunk)])
+
+    def greedy(self, prompts: list[list[int]], num_new_tokens: int) -> None:
+        """Prefill every prompt (one decode each), then num_new_tokens - 1 batched decode steps."""
+        self.clear()
+        next_ids = []
+        for s, prompt in enumerate(prompts):
+            self.decode([(t, i, s, i == len(prompt) - 1) for i, t in enumerate(prompt)])
+            next_ids.append(self.argmax(len(prompt) - 1))
+        for step in range(num_new_tokens - 1):
+            self.decode([(t, len(p) + step, s, True) for s, (t, p) in enumerate(zip(next_ids, prompts))])
+            next_ids = [self.argmax(s) for s in range(len(prompts))]
+
+
+def bench_llama_cpp(path: str, rows: list[str], prompts_for: Callable[[str], list[list[int]]],
+                    new_tokens: int, repeats: int, median_seconds: Callable) -> dict:
+    """tok/s per row, as bench/engine_bench.py measures ours; {} without llama-cpp-python."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return {}
+    max_sequences = max([int(r.removeprefix("decode_b")) for r in rows if r.startswith("decode_b")]
+                        or [1])
+    runner = LlamaCppRunner(path, max_sequences, max_tokens=640)
+    results = {}
+    for row in rows:
+        prompts = prompts_for(row)
+        if row == "prefill_512":
+            results[row] = len(prompts[0]) / median_seconds(lambda: runner.prefill(prompts[0]), repeats)
+            continue
+        prefill = median_seconds(lambda: runner.greedy(prompts, 1), repeats)
+        full = median_seconds(lambda: runner.greedy(prompts, new_tokens + 1), repeats)
+        # on a noisy machine the longer run can time shorter: no figure rather than a wrong one
+        results[row] = len(prompts) * new_tokens / (full - prefill) if full > prefill else None
+    return results

@@ -1,0 +1,88 @@
+/* GGUF block formats (the same bytes as llama.cpp's ggml) and the 8-bit activation blocks. */
+#ifndef PIE_QUANT_FORMATS_H
+#define PIE_QUANT_FORMATS_H
+
+#include <stdint.h>
+#include <string.h>
+
+/* GGML type ids, as stored in a GGUF file */
+enum { QTYPE_Q4_0 = 2, QTYPE_Q4_1 = 3, QTYPE_Q8_0 = 8, QTYPE_Q4_K = 12, QTYPE_Q6_K = 14 };
+
+#define QK 32        /* values per Q4_0 / Q4_1 / Q8_0 block, and per activation block */
+#define QK_K 256     /* values per K-quant super-block */
+
+typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_q4_0;             /* 18 bytes */
+typedef struct { uint16_t d, m; uint8_t qs[QK / 2]; } block_q4_1;          /* 20 bytes */
+typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;                  /* 34 bytes */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_k; /* 144 */
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16];
+                 uint16_t d; } block_q6_k;                                 /* 210 bytes */
+
+/* One matrix of activation rows quantized to 16 bits per block of 32 (d = max |x| / 32767, a
+ * relative rounding of ~1e-5: the products match float32 to its own rounding, unlike 8 bits):
+ * x[r, b*32 + i] ~= d[r, b] * qs[r, b*32 + i]; s[r, b] = d[r, b] * sum_i qs[r, b*32 + i]. */
+typedef struct {
+    int16_t *qs;     /* [m, k] */
+    float *d;        /* [m, k / 32] */
+    float *s;        /* [m, k / 32] */
+    int64_t k;
+} act_q16;
+
+#define ACT_MAX 32767.0f
+
+static inline float fp16_to_fp32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+    uint32_t bits;
+    if (exponent == 0x1f) {
+        bits = sign | 0x7f800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+        bits = sign;
+    } else {                                   /* subnormal: normalize */
+        exponent = 113;
+        while (!(mantissa & 0x400)) { mantissa <<= 1; exponent--; }
+        bits = sign | (exponent << 23) | ((mantissa & 0x3ff) << 13);
+    }
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* Q4_K's 6-bit scale and minimum of sub-block j (0..7) */
+static inline void q4k_scale_min(int j, const uint8_t *q, uint8_t *scale, uint8_t *minimum) {
+    if (j < 4) {
+        *scale = q[j] & 63;
+        *minimum = q[j + 4] & 63;
+    } else {
+        *scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *minimum = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* bytes per row of k values, 0 for an unknown type or a k that is not whole blocks */
+static inline int64_t qtype_row_bytes(int qtype, int64_t k) {
+    switch (qtype) {
+    case QTYPE_Q4_0: return k % QK ? 0 : k / QK * (int64_t)sizeof(block_q4_0);
+    case QTYPE_Q4_1: return k % QK ? 0 : k / QK * (int64_t)sizeof(block_q4_1);
+    case QTYPE_Q8_0: return k % QK ? 0 : k / QK * (int64_t)sizeof(block_q8_0);
+    case QTYPE_Q4_K: return k % QK_K ? 0 : k / QK_K * (int64_t)sizeof(block_q4_k);
+    case QTYPE_Q6_K: return k % QK_K ? 0 : k / QK_K * (int64_t)sizeof(block_q6_k);
+    default: return 0;
+    }
+}
+
+/* A kernel: y[r * ldy + j] = dot(row j of w, activation row r) for j in [0, num_rows), r < m */
+typedef void (*dot_rows_fn)(const uint8_t *w, int64_t row_bytes, int64_t num_rows,
+                            const act_q16 *x, int64_t m, float *y, int64_t ldy);
+
+/* scalar kernels (every CPU) */
+void quantize_act_scalar(const float *x, int64_t m, act_q16 *out);
+dot_rows_fn dot_rows_scalar(int qtype);
+void dequantize_rows(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, float *out);
+
+/* AVX2 + FMA + F16C kernels (x86-64 only; call only when the CPU has them) */
+void quantize_act_avx2(const float *x, int64_t m, act_q16 *out);
+dot_rows_fn dot_rows_avx2(int qtype);
+
+#endif

@@ -1,0 +1,119 @@
+"""Python face of the C extension engine.quant._kernels: checked calls on torch tensors.
+
+Kernel levels ("scalar", "avx2", ...) are what the CPU supports, detected by the extension at run
+time; `best_level()` is the fastest. Every call checks dtypes, shapes and contiguity before
+handing raw addresses to C.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from engine.quant.tensor import QuantizedTensor
+
+__all__ = ["available", "unavailable_reason", "levels", "best_level", "matmul", "dequantize",
+           "PreparedMatmul"]
+
+
+def _load_extension():
+    try:
+        return importlib.import_module("engine.quant._kernels"), ""
+    except ImportError as error:
+        return None, f"the C extension engine.quant._kernels is not built ({error})"
+
+
+_EXTENSION, _MISSING_REASON = _load_extension()
+
+
+def available() -> bool:
+    """True when the C kernels can run here."""
+    return _EXTENSION is not None
+
+
+def unavailable_reason() -> str:
+    """Why available() is False ('' when it is True)."""
+    return _MISSING_REASON
+
+
+def levels() -> tuple[str, ...]:
+    """Kernel levels this CPU runs, slowest first (e.g. ('scalar', 'avx2')); () without the extension."""
+    return tuple(_EXTENSION.levels()) if _EXTENSION else ()
+
+
+def best_level() -> str:
+    """The fastest supported level; RuntimeError without the extension."""
+    return _require().levels()[-1]
+
+
+def matmul(x: torch.Tensor, weight: QuantizedTensor, level: str | None = None,
+           num_threads: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] float32 -> x @ W^T [M, N] float32, reading W's blocks in place.
+
+    The activation rows are quantized to 8 bits per block of 32 (llama.cpp's scheme), so the
+    result equals x @ dequantize(W)^T up to that rounding (~0.5% relative per row).
+    """
+    module = _require()
+    num_rows, num_cols = weight.shape
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != num_cols or x.device.type != "cpu":
+        raise ValueError(f"x must be a CPU float32 [M, {num_cols}] tensor, got {x.dtype} "
+                         f"{tuple(x.shape)} on {x.device}")
+    x = x.contiguous()
+    if out is None:
+        out = torch.empty(x.shape[0], num_rows, dtype=torch.float32)
+    elif out.shape != (x.shape[0], num_rows) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 [{x.shape[0]}, {num_rows}] tensor")
+    if x.shape[0] == 0:
+        return out
+    module.matmul(int(weight.qtype), _level_index(module, level), weight.blocks.data_ptr(),
+                  num_rows, num_cols, x.data_ptr(), x.shape[0], out.data_ptr(),
+                  num_threads or torch.get_num_threads())
+    return out
+
+
+class PreparedMatmul:
+    """matmul against one weight at the best level, its arguments checked once: the per-call
+    cost is one C call (decode runs ~120 of them per step)."""
+
+    def __init__(self, weight: QuantizedTensor) -> None:
+        module = _require()
+        self.weight = weight
+        self._call = module.matmul
+        self._args = (int(weight.qtype), _level_index(module, None), weight.blocks.data_ptr(),
+                      weight.num_rows, weight.num_cols)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] float32 contiguous (M >= 1) -> [M, N] float32."""
+        if x.dtype != torch.float32 or not x.is_contiguous() or x.shape[1] != self.weight.num_cols:
+            return matmul(x, self.weight)             # the checked path (raises when wrong)
+        out = torch.empty(x.shape[0], self.weight.num_rows, dtype=torch.float32)
+        self._call(*self._args, x.data_ptr(), x.shape[0], out.data_ptr(), torch.get_num_threads())
+        return out
+
+
+def dequantize(weight: QuantizedTensor, out: torch.Tensor | None = None,
+               num_threads: int | None = None) -> torch.Tensor:
+    """The float32 values [N, K] of the blocks (into `out` when given, e.g. a scratch buffer)."""
+    module = _require()
+    if out is None:
+        out = torch.empty(weight.shape, dtype=torch.float32)
+    elif tuple(out.shape) != weight.shape or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 {list(weight.shape)} tensor")
+    module.dequantize(int(weight.qtype), weight.blocks.data_ptr(), weight.num_rows, weight.num_cols,
+                      out.data_ptr(), num_threads or torch.get_num_threads())
+    return out
+
+
+def _require():
+    if _EXTENSION is None:
+        raise RuntimeError(_MISSING_REASON)
+    return _EXTENSION
+
+
+def _level_index(module, level: str | None) -> int:
+    supported = module.levels()
+    if level is None:
+        level = supported[-1]
+    if level not in supported:
+        raise ValueError(f"kernel level {level!r} is not supported on this CPU (have {supported})")
+    return ("scalar", "avx2").index(level)

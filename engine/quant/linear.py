@@ -1,0 +1,102 @@
+"""A linear layer over GGUF blocks: block kernels for small batches, dequantize + GEMM for large.
+
+Which one a batch of M rows uses is decided per weight shape by a one-time measurement
+(`BatchPlanner.block_rows_limit`): the largest M of a ladder up to which the block kernel beat
+dequantize-then-GEMM on this machine. Dequantizing goes through one scratch buffer shared by
+all layers (at most SCRATCH_ELEMENTS floats, a slab of rows at a time), so no layer ever holds
+a dequantized copy of its weight.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from engine.quant import kernels
+from engine.quant.tensor import QuantizedTensor
+
+__all__ = ["BatchPlanner", "QuantizedLinear"]
+
+SCRATCH_ELEMENTS = 1 << 22              # 16 MB of float32: one slab of dequantized rows
+CALIBRATION_LADDER = (4, 8, 16, 32, 64, 128)
+CALIBRATION_MAX_ROWS = 2048             # time on a slice of a big weight: both paths scale with N
+CALIBRATION_REPEATS = 3
+
+
+class BatchPlanner:
+    """Owns the dequantization scratch buffer and the per-shape choice of kernel."""
+
+    def __init__(self, fixed_block_rows: int | None = None) -> None:
+        """fixed_block_rows: use this limit for every shape instead of measuring (tests)."""
+        self.scratch = torch.empty(0, dtype=torch.float32)
+        self.fixed_block_rows = fixed_block_rows
+        self.limits: dict[tuple[int, int, int], int] = {}     # (qtype, N, K) -> max block rows
+
+    def block_rows_limit(self, weight: QuantizedTensor) -> int:
+        """Batches of at most this many rows use the block kernel for weights of this shape."""
+        key = (int(weight.qtype), weight.num_rows, weight.num_cols)
+        if key not in self.limits:
+            self.limits[key] = (self._measure(weight) if self.fixed_block_rows is None
+                                else self.fixed_block_rows)
+        return self.limits[key]
+
+    def scratch_for(self, num_elements: int) -> torch.Tensor:
+        if self.scratch.numel() < num_elements:
+            self.scratch = torch.empty(num_elements, dtype=torch.float32)
+        return self.scratch[:num_elements]
+
+    def dequantized_matmul(self, x: torch.Tensor, weight: QuantizedTensor) -> torch.Tensor:
+        """x [M, K] @ W^T -> [M, N], dequantizing slabs of W's rows into the scratch buffer."""
+        num_rows, num_cols = weight.shape
+        slab_rows = max(1, min(num_rows, SCRATCH_ELEMENTS // num_cols))
+        if slab_rows == num_rows:
+            dense = kernels.dequantize(weight, out=self.scratch_for(num_rows * num_cols)
+                                       .view(num_rows, num_cols))
+            return F.linear(x, dense)
+        out = torch.empty(x.shape[0], num_rows, dtype=torch.float32)
+        for start in range(0, num_rows, slab_rows):
+            part = weight.row_slice(start, min(num_rows, start + slab_rows))
+            dense = kernels.dequantize(part, out=self.scratch_for(part.num_rows * num_cols)
+                                       .view(part.num_rows, num_cols))
+            out[:, start:start + part.num_rows] = F.linear(x, dense)
+        return out
+
+    def _measure(self, weight: QuantizedTensor) -> int:
+        """The largest ladder M up to which the block kernel is at least as fast."""
+        sample = weight.row_slice(0, min(weight.num_rows, CALIBRATION_MAX_ROWS))
+        limit = 1
+        for num_x_rows in CALIBRATION_LADDER:
+            x = torch.randn(num_x_rows, weight.num_cols)
+            block_s = _best_time(lambda: kernels.matmul(x, sample))
+            gemm_s = _best_time(lambda: self.dequantized_matmul(x, sample))
+            if block_s > gemm_s:
+                break
+            limit = num_x_rows
+        return limit
+
+
+def _best_time(run) -> float:
+    run()
+    best = float("inf")
+    for _ in range(CALIBRATION_REPEATS):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+class QuantizedLinear:
+    """y = x @ W^T for W kept as GGUF blocks; x and y float32."""
+
+    def __init__(self, weight: QuantizedTensor, planner: BatchPlanner) -> None:
+        self.weight = weight                               # [N, K] blocks
+        self.planner = planner
+        self.block_rows_limit = planner.block_rows_limit(weight)
+        self.block_matmul = kernels.PreparedMatmul(weight)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] float32 -> [M, N] float32."""
+        if 0 < x.shape[0] <= self.block_rows_limit:
+            return self.block_matmul(x)
+        return self.planner.dequantized_matmul(x, self.weight)

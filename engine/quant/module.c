@@ -1,0 +1,172 @@
+/* engine.quant._kernels: y = x @ W^T straight from GGUF blocks, and block dequantization.
+ *
+ * Arguments are raw addresses (torch's data_ptr()) and sizes; the Python wrapper
+ * (engine/quant/kernels.py) checks dtypes, shapes and contiguity before calling. The GIL is
+ * released while kernels run; work is split over output rows on a small thread pool. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "formats.h"
+#include "pool.h"
+
+enum { LEVEL_SCALAR = 0, LEVEL_AVX2 = 1 };
+static const char *LEVEL_NAMES[] = {"scalar", "avx2"};
+
+static int cpu_has_avx2(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
+static int level_supported(int level) {
+    return level == LEVEL_SCALAR || (level == LEVEL_AVX2 && cpu_has_avx2());
+}
+
+typedef struct {
+    dot_rows_fn fn;
+    const uint8_t *w;
+    int64_t row_bytes, num_rows, m;
+    const act_q16 *x;
+    float *y;
+    int64_t chunk_rows;
+    atomic_llong next_row;
+} matmul_job;
+
+static void matmul_task(void *ctx) {
+    matmul_job *job = ctx;
+    for (;;) {
+        int64_t start = atomic_fetch_add(&job->next_row, job->chunk_rows);
+        if (start >= job->num_rows) break;
+        int64_t count = job->num_rows - start < job->chunk_rows ? job->num_rows - start : job->chunk_rows;
+        job->fn(job->w + start * job->row_bytes, job->row_bytes, count, job->x, job->m,
+                job->y + start, job->num_rows);
+    }
+}
+
+static int64_t chunk_rows_for(int64_t num_rows, int num_threads) {
+    int64_t chunk = num_rows / ((int64_t)num_threads * 4);   /* a few chunks per thread */
+    return chunk < 8 ? 8 : chunk;
+}
+
+/* matmul(qtype, level, w, n, k, x, m, y, num_threads): y[m, n] = x[m, k] @ W[n, k]^T */
+static PyObject *py_matmul(PyObject *self, PyObject *args) {
+    int qtype, level, num_threads;
+    unsigned long long w_addr, x_addr, y_addr;
+    long long n, k, m;
+    if (!PyArg_ParseTuple(args, "iiKLLKLKi", &qtype, &level, &w_addr, &n, &k, &x_addr, &m, &y_addr,
+                          &num_threads))
+        return NULL;
+    int64_t row_bytes = qtype_row_bytes(qtype, k);
+    if (row_bytes == 0 || n <= 0 || m <= 0)
+        return PyErr_Format(PyExc_ValueError, "matmul: bad qtype %d or shape n=%lld k=%lld m=%lld",
+                            qtype, n, k, m);
+    if (level < 0 || level > LEVEL_AVX2 || !level_supported(level))
+        return PyErr_Format(PyExc_ValueError, "matmul: kernel level %d is not supported here", level);
+    act_q16 act = {.k = k};
+    size_t num_blocks = (size_t)(m * (k / QK));
+    act.qs = malloc((size_t)(m * k) * sizeof(int16_t));
+    act.d = malloc(num_blocks * sizeof(float));
+    act.s = malloc(num_blocks * sizeof(float));
+    if (!act.qs || !act.d || !act.s) {
+        free(act.qs); free(act.d); free(act.s);
+        return PyErr_NoMemory();
+    }
+    matmul_job job = {.fn = level == LEVEL_AVX2 ? dot_rows_avx2(qtype) : dot_rows_scalar(qtype),
+                      .w = (const uint8_t *)(uintptr_t)w_addr, .row_bytes = row_bytes,
+                      .num_rows = n, .m = m, .x = &act, .y = (float *)(uintptr_t)y_addr,
+                      .chunk_rows = chunk_rows_for(n, num_threads)};
+    atomic_init(&job.next_row, 0);
+    Py_BEGIN_ALLOW_THREADS
+    if (level == LEVEL_AVX2)
+        quantize_act_avx2((const float *)(uintptr_t)x_addr, m, &act);
+    else
+        quantize_act_scalar((const float *)(uintptr_t)x_addr, m, &act);
+    pool_run(matmul_task, &job, num_threads);
+    Py_END_ALLOW_THREADS
+    free(act.qs); free(act.d); free(act.s);
+    Py_RETURN_NONE;
+}
+
+typedef struct {
+    int qtype;
+    const uint8_t *w;
+    int64_t row_bytes, num_rows, k;
+    float *out;
+    int64_t chunk_rows;
+    atomic_llong next_row;
+} dequantize_job;
+
+static void dequantize_task(void *ctx) {
+    dequantize_job *job = ctx;
+    for (;;) {
+        int64_t start = atomic_fetch_add(&job->next_row, job->chunk_rows);
+        if (start >= job->num_rows) break;
+        int64_t count = job->num_rows - start < job->chunk_rows ? job->num_rows - start : job->chunk_rows;
+        dequantize_rows(job->qtype, job->w + start * job->row_bytes, count, job->k,
+                        job->out + start * job->k);
+    }
+}
+
+/* dequantize(qtype, w, n, k, out, num_threads): out[n, k] float32 = the blocks' values */
+static PyObject *py_dequantize(PyObject *self, PyObject *args) {
+    int qtype, num_threads;
+    unsigned long long w_addr, out_addr;
+    long long n, k;
+    if (!PyArg_ParseTuple(args, "iKLLKi", &qtype, &w_addr, &n, &k, &out_addr, &num_threads))
+        return NULL;
+    int64_t row_bytes = qtype_row_bytes(qtype, k);
+    if (row_bytes == 0 || n < 0)
+        return PyErr_Format(PyExc_ValueError, "dequantize: bad qtype %d or shape n=%lld k=%lld",
+                            qtype, n, k);
+    dequantize_job job = {.qtype = qtype, .w = (const uint8_t *)(uintptr_t)w_addr,
+                          .row_bytes = row_bytes, .num_rows = n, .k = k,
+                          .out = (float *)(uintptr_t)out_addr,
+                          .chunk_rows = chunk_rows_for(n, num_threads)};
+    atomic_init(&job.next_row, 0);
+    Py_BEGIN_ALLOW_THREADS
+    pool_run(dequantize_task, &job, n < 64 ? 1 : num_threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* levels() -> the kernel levels this CPU runs, slowest first, e.g. ("scalar", "avx2") */
+static PyObject *py_levels(PyObject *self, PyObject *unused) {
+    PyObject *names = PyList_New(0);
+    for (int level = LEVEL_SCALAR; level <= LEVEL_AVX2 && names; level++) {
+        if (level_supported(level)) {
+            PyObject *name = PyUnicode_FromString(LEVEL_NAMES[level]);
+            if (!name || PyList_Append(names, name) < 0) Py_CLEAR(names);
+            Py_XDECREF(name);
+        }
+    }
+    if (!names) return NULL;
+    PyObject *result = PyList_AsTuple(names);
+    Py_DECREF(names);
+    return result;
+}
+
+/* row_bytes(qtype, k) -> bytes of one row of k values, 0 when unsupported */
+static PyObject *py_row_bytes(PyObject *self, PyObject *args) {
+    int qtype;
+    long long k;
+    if (!PyArg_ParseTuple(args, "iL", &qtype, &k)) return NULL;
+    return PyLong_FromLongLong(qtype_row_bytes(qtype, k));
+}
+
+static PyMethodDef methods[] = {
+    {"matmul", py_matmul, METH_VARARGS, "y[m, n] = x[m, k] @ W[n, k]^T from GGUF blocks"},
+    {"dequantize", py_dequantize, METH_VARARGS, "out[n, k] float32 from GGUF blocks"},
+    {"levels", py_levels, METH_NOARGS, "kernel levels this CPU supports, slowest first"},
+    {"row_bytes", py_row_bytes, METH_VARARGS, "bytes per row of k values of a qtype"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

@@ -1,0 +1,71 @@
+"""A weight matrix kept in its GGUF block format: raw bytes per row, never dequantized whole."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.constants import GGML_QUANT_SIZES
+
+__all__ = ["KERNEL_QTYPES", "QTYPE_NAMES", "QuantizedTensor"]
+
+KERNEL_QTYPES = frozenset((Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K))   # types the C kernels read
+QTYPE_NAMES = {int(q): q.name for q in KERNEL_QTYPES}
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedTensor:
+    """An [num_rows, num_cols] matrix of GGUF blocks.
+
+    blocks: [num_rows, row_bytes] uint8, contiguous; row i holds num_cols values of `qtype`.
+    """
+
+    blocks: torch.Tensor
+    qtype: Q
+    num_cols: int
+
+    def __post_init__(self) -> None:
+        if self.qtype not in KERNEL_QTYPES:
+            raise ValueError(f"no kernel for quantization type {self.qtype.name}; "
+                             f"supported: {sorted(q.name for q in KERNEL_QTYPES)}")
+        if self.blocks.dtype != torch.uint8 or self.blocks.dim() != 2:
+            raise ValueError(f"blocks must be a 2-D uint8 tensor, got {self.blocks.dtype} "
+                             f"{tuple(self.blocks.shape)}")
+        if not self.blocks.is_contiguous():
+            raise ValueError("blocks must be contiguous")
+        expected = row_bytes(self.qtype, self.num_cols)
+        if self.blocks.shape[1] != expected:
+            raise ValueError(f"{self.qtype.name} rows of {self.num_cols} values take {expected} "
+                             f"bytes, got {self.blocks.shape[1]}")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.blocks.shape[0], self.num_cols)
+
+    @property
+    def num_rows(self) -> int:
+        return self.blocks.shape[0]
+
+    def rows(self, row_ids: torch.Tensor) -> QuantizedTensor:
+        """The rows at row_ids [n] (int64) as a new QuantizedTensor (an embedding lookup)."""
+        return QuantizedTensor(self.blocks.index_select(0, row_ids), self.qtype, self.num_cols)
+
+    def row_slice(self, start: int, end: int) -> QuantizedTensor:
+        """Rows [start, end) as a view of the same blocks."""
+        return QuantizedTensor(self.blocks[start:end], self.qtype, self.num_cols)
+
+    @staticmethod
+    def concat(parts: list[QuantizedTensor]) -> QuantizedTensor:
+        """Rows of all parts, in order; they must share qtype and num_cols."""
+        first = parts[0]
+        if any(p.qtype != first.qtype or p.num_cols != first.num_cols for p in parts):
+            raise ValueError("only tensors of one quantization type and width concatenate")
+        return QuantizedTensor(torch.cat([p.blocks for p in parts]), first.qtype, first.num_cols)
+
+
+def row_bytes(qtype: Q, num_cols: int) -> int:
+    """Bytes of one row of num_cols values; ValueError when num_cols is not whole blocks."""
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    if num_cols % block_size:
+        raise ValueError(f"{qtype.name} rows need a multiple of {block_size} values, got {num_cols}")
+    return num_cols // block_size * type_size

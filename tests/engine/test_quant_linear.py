@@ -1,0 +1,71 @@
+"""QuantizedLinear's two paths, the fused/mixed layer factory, and the dtype policy."""
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from engine.engine_config import EngineConfig
+from engine.dtype_choice import choose_dtype
+from engine.model.linear import Linear, PartsLinear, make_linear
+from engine.quant import QuantizedTensor
+from engine.quant import kernels
+from engine.quant import linear as quant_linear
+from engine.quant.linear import BatchPlanner, QuantizedLinear
+from tests.engine.test_quant_kernels import random_blocks, reference_weight
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.unavailable_reason())
+
+
+def random_weight(qtype: Q, num_rows: int, num_cols: int, seed: int) -> tuple[QuantizedTensor, torch.Tensor]:
+    blocks = random_blocks(qtype, num_rows, num_cols, seed)
+    return (QuantizedTensor(torch.from_numpy(blocks), qtype, num_cols),
+            reference_weight(blocks, qtype, num_cols))
+
+
+def assert_rows_close(got: torch.Tensor, expected: torch.Tensor) -> None:
+    """Each output row within 1e-4 of its norm (16-bit activation rounding, summation order)."""
+    relative = (got - expected).norm(dim=1) / expected.norm(dim=1)
+    assert float(relative.max()) < 1e-4
+
+
+@pytest.mark.parametrize("num_x_rows", [1, 5, 40])
+def test_both_paths_compute_x_times_w_transposed(num_x_rows: int, monkeypatch) -> None:
+    monkeypatch.setattr(quant_linear, "SCRATCH_ELEMENTS", 64 * 256)   # force several slabs
+    weight, dense = random_weight(Q.Q4_1, 200, 256, seed=2)
+    x = torch.randn(num_x_rows, 256)
+    expected = x @ dense.T
+    for block_rows in (1 << 20, 0):                        # all block kernel / all GEMM
+        layer = QuantizedLinear(weight, BatchPlanner(fixed_block_rows=block_rows))
+        assert_rows_close(layer(x), expected)
+
+
+def test_calibration_picks_a_limit_from_the_ladder() -> None:
+    weight, _ = random_weight(Q.Q8_0, 64, 128, seed=4)
+    limit = BatchPlanner().block_rows_limit(weight)
+    assert limit == 1 or limit in quant_linear.CALIBRATION_LADDER
+
+
+def test_one_type_fuses_and_a_mix_concatenates() -> None:
+    q4, q4_dense = random_weight(Q.Q4_0, 32, 256, seed=5)
+    q8, q8_dense = random_weight(Q.Q8_0, 16, 256, seed=6)
+    planner = BatchPlanner(fixed_block_rows=8)
+    x = torch.randn(3, 256)
+    fused = make_linear([q4, q4], allow_int4=False, planner=planner)
+    assert isinstance(fused, QuantizedLinear) and fused.weight.num_rows == 64
+    mixed = make_linear([q4, q8, q8_dense], allow_int4=False, planner=planner)
+    assert isinstance(mixed, PartsLinear)
+    expected = x @ torch.cat([q4_dense, q8_dense, q8_dense]).T
+    assert_rows_close(mixed(x), expected)
+    assert isinstance(make_linear([q8_dense], allow_int4=False, planner=None), Linear)
+
+
+def test_auto_keeps_blocks_on_the_cpu_and_quantized_refuses_cuda() -> None:
+    choice = choose_dtype("auto", torch.device("cpu"))
+    assert choice.keep_quantized and choice.dtype == torch.float32
+    assert not choose_dtype("float32", torch.device("cpu")).keep_quantized
+    with pytest.raises(ValueError, match="CPU only"):
+        choose_dtype("quantized", torch.device("cuda"))
+    assert EngineConfig(dtype="quantized").dtype == "quantized"
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        EngineConfig(dtype="int4")
