@@ -187,7 +187,7 @@ def measure_run(server, run) -> dict:
 
 def warm_up(server, programs: dict[str, str], opts) -> None:
     """Export the system prompts (the inferlet path's shared prefix) and warm both paths."""
-    for workflow in ("react", "codeact"):
+    for workflow in set(programs) & {"react", "codeact"}:
         argv = inferlet_args(workflow, 0, 0, opts, "warm")
         trio.run(run_inferlets, server.url, server.token, programs[workflow], [argv])
     asyncio.run(run_api(server.url, server.token, "react", 1, 0, opts))
@@ -228,14 +228,20 @@ def header(opts) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="cells 1x2, 8x8 and 32x8 only")
+    parser.add_argument("--cells", nargs="+", default=None, help="AxC cells, e.g. 1x2 32x8")
     parser.add_argument("--workflows", nargs="+", default=["react", "codeact", "swarm"])
     parser.add_argument("--turn-tokens", type=int, default=8)
     parser.add_argument("--delay-ms", type=float, default=100.0)
     parser.add_argument("--no-techniques", action="store_true")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (two collapse when the other core is busy)")
     opts = parser.parse_args()
+    torch.set_num_threads(opts.threads)
     cells = [(1, 2), (8, 8), (32, 8)] if opts.quick else \
         [(a, c) for a in (1, 8, 32) for c in (2, 8, 32)]
+    if opts.cells:
+        cells = [tuple(int(n) for n in cell.split("x")) for cell in opts.cells]
     from host.build import build_cached
     with InProcessServer(num_pages=4096, max_instances=80) as server:
         from host.client import SyncClient
