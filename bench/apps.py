@@ -3,6 +3,7 @@
     .venv/bin/python bench/apps.py --quick            # 1x2, 8x8, 32x8 (agents x tool calls)
     .venv/bin/python bench/apps.py                    # 1, 8, 32 agents x 2, 8, 32 tool calls
     .venv/bin/python bench/apps.py --quick --json     # one JSON object on the last line
+    .venv/bin/python bench/apps.py --cells 1x2 4x2 --workflows react --no-techniques
 
 One in-process `pie serve` (the default model, SmolLM2-135M) runs both paths, side by side:
 (a) the example inferlet (react.py, codeact.py, swarm.py): the KV of the episode stays across
@@ -11,7 +12,10 @@ tools run inside the instance (a simulated --delay-ms) and the agents of a swarm
 broadcast; (b) a client with the official `openai` package: every turn resends the whole
 conversation to /v1/chat/completions (pie's endpoint has no automatic prefix cache, so the
 server recomputes it), runs the same tool with the same delay and appends the observation.
-Both: same prompts, greedy, the same turn limit (--turn-tokens), the same tool calls.
+Both: same prompts, greedy, the same turn limit (--turn-tokens), the same tool calls; the
+agents of a cell run concurrently in both paths (their tool waits overlap each other's
+generation); within one agent the calls are sequential, as each observation feeds the next
+thought. torch runs on --threads (1) threads: two collapse when the other core is busy.
 A swarm "agent" is a team of two roles (writer, critic); its tool calls are the messages each
 role answers. Reported per cell: workflows/s, generated tokens/s, p50/p99 workflow latency,
 tokens computed by the engine; the speed-up is the inferlet's throughput over the API path's.
