@@ -1,6 +1,6 @@
 """Agentic workflows as inferlets vs the same workflows driven over the OpenAI API, on one server.
 
-    .venv/bin/python bench/apps.py --quick            # 1x2, 8x8, 32x8 (agents x tool calls)
+    .venv/bin/python bench/apps.py --quick            # 32x8, 8x8, 1x2 (agents x tool calls)
     .venv/bin/python bench/apps.py                    # 1, 8, 32 agents x 2, 8, 32 tool calls
     .venv/bin/python bench/apps.py --quick --json     # one JSON object on the last line
     .venv/bin/python bench/apps.py --cells 1x2 4x2 --workflows react --no-techniques
@@ -219,19 +219,22 @@ def print_row(row: dict) -> None:
           flush=True)
 
 
-def header(opts) -> None:
+def machine_line(opts) -> None:
     print(f"apps: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
           f"threads; turn_tokens={opts.turn_tokens}, delay={opts.delay_ms:g} ms, greedy",
           flush=True)
+
+
+def header() -> None:
     print(f"{'workflow':<8} {'AxC':<7} {'wf/s':>7} {'api':>7} {'speedup':>7} {'tok/s':>7} "
           f"{'api':>7} {'p50':>6} {'api':>6} {'p99':>6} {'api':>6} {'gen':>6} {'api':>6} "
-          f"{'computed':>7} {'api':>7}")
+          f"{'computed':>7} {'api':>7}", flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="cells 1x2, 8x8 and 32x8 only")
+    parser.add_argument("--quick", action="store_true", help="cells 32x8, 8x8 and 1x2 only")
     parser.add_argument("--cells", nargs="+", default=None, help="AxC cells, e.g. 1x2 32x8")
     parser.add_argument("--workflows", nargs="+", default=["react", "codeact", "swarm"])
     parser.add_argument("--turn-tokens", type=int, default=8)
@@ -242,21 +245,26 @@ def main() -> int:
                         help="torch threads (two collapse when the other core is busy)")
     opts = parser.parse_args()
     torch.set_num_threads(opts.threads)
-    cells = [(1, 2), (8, 8), (32, 8)] if opts.quick else \
+    cells = [(32, 8), (8, 8), (1, 2)] if opts.quick else \
         [(a, c) for a in (1, 8, 32) for c in (2, 8, 32)]
     if opts.cells:
         cells = [tuple(int(n) for n in cell.split("x")) for cell in opts.cells]
+    machine_line(opts)
     from host.build import build_cached
     with InProcessServer(num_pages=4096, max_instances=80) as server:
         from host.client import SyncClient
         with SyncClient(server.url, server.token) as client:
             programs = {w: client.upload(build_cached(EXAMPLES / f"{w}.py")[0].read_bytes())
                         for w in opts.workflows}
-        header(opts)
+        techniques = []
+        if not opts.no_techniques:   # first: short, and a cut-short run still reports them
+            from apps_techniques import run_techniques
+            techniques = run_techniques(server, lambda run: measure_run(server, run))
         warm_up(server, programs, opts)
+        header()
         rows = []
-        for workflow in opts.workflows:
-            for agents, calls in cells:
+        for agents, calls in cells:
+            for workflow in opts.workflows:
                 team = uuid.uuid4().hex[:8]
                 argvs = [inferlet_args(workflow, a, calls, opts, team) for a in range(agents)]
                 pie = measure(server, lambda: trio.run(run_inferlets, server.url, server.token,
@@ -265,10 +273,6 @@ def main() -> int:
                                                                   workflow, agents, calls, opts)))
                 rows.append(cell_row(workflow, agents, calls, pie, api))
                 print_row(rows[-1])
-        techniques = []
-        if not opts.no_techniques:
-            from apps_techniques import run_techniques
-            techniques = run_techniques(server, lambda run: measure_run(server, run))
     if opts.json:
         summary = {f"{r['workflow']}_speedup_{r['agents']}x{r['calls']}": r["speedup"] for r in rows}
         print(json.dumps({**summary, "cells": rows, "techniques": techniques}))
