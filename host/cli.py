@@ -2,6 +2,7 @@
 
     pie build app.py [-o app.wasm]
     pie run app.wasm|app.py [--model PATH] [limits] [-- inferlet args]
+    pie submit app.wasm|app.py [--server URL] [--token T] [-- inferlet args]
 
 Exit status of `pie run`: 0 the inferlet returned a result; 1 it returned an error (or the
 program could not be built or loaded); 2 bad command line; 3 it trapped; 4 it was terminated;
@@ -229,8 +230,12 @@ class _status:
 
 
 def _split_inferlet_args(argv: list[str]) -> tuple[list[str], list[str]]:
-    """`pie run X [opts] -- a b` -> (pie's argv, the inferlet's argv)."""
-    if argv[:1] == ["run"] and "--" in argv:
+    """`pie run|submit X [opts] -- a b` -> (pie's argv, the inferlet's argv).
+
+    The split happens before argparse sees the line: argparse drops a `--` that directly follows
+    the program (no option between), which would turn the inferlet's `--role b` into pie's.
+    """
+    if argv[:1] in (["run"], ["submit"]) and "--" in argv:
         index = argv.index("--")
         return argv[:index], argv[index + 1:]
     return argv, []
@@ -243,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     namespace = build_parser().parse_args(own_argv)
     if namespace.command in ("build", "run"):
         return namespace.func(namespace, inferlet_args)
+    if namespace.command == "submit":   # its handler splits its remainder at "--" itself
+        namespace.args = [*namespace.args, "--", *inferlet_args]
     return namespace.func(namespace)
 
 

@@ -100,3 +100,45 @@ def test_run_rejects_bad_options_and_files(cli_env, tmp_path):
     (tmp_path / "junk.wasm").write_bytes(b"not a component")
     junk = pie(["run", str(tmp_path / "junk.wasm")], cli_env)
     assert junk.returncode == 1 and "junk.wasm" in junk.stderr
+
+
+# `pie submit`: the inferlet's arguments after `--`, whatever precedes them (a real server on the
+# fake engine: what is checked is the argv the instance receives).
+from host.cli import main as pie_main  # noqa: E402
+from tests.server.conftest import TOKENS, fake_server, probe_wasm  # noqa: E402,F401
+
+
+def submit(argv: list[str], capsys) -> tuple[int, str, str]:
+    status = pie_main(["submit", *argv])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_submit_passes_options_after_the_separator_with_env_vars_only(
+        fake_server, component_path, monkeypatch, capsys):
+    monkeypatch.setenv("PIE_SERVER", fake_server.url)
+    monkeypatch.setenv("PIE_TOKEN", TOKENS["alice"])
+    app = str(component_path("probe"))
+    assert submit([app, "--", "ok", "--role", "b"], capsys) == (0, "probe ok --role b\n", "")
+    assert submit([app, "--", "ok", "--", "--x"], capsys) == (0, "probe ok -- --x\n", "")
+
+
+def test_submit_passes_arguments_with_options_before_the_separator(
+        fake_server, component_path, monkeypatch, capsys):
+    monkeypatch.delenv("PIE_SERVER", raising=False)
+    monkeypatch.delenv("PIE_TOKEN", raising=False)
+    app = str(component_path("probe"))
+    after = [app, "--server", fake_server.url, "--token", TOKENS["alice"], "--", "ok", "--role", "b"]
+    assert submit(after, capsys) == (0, "probe ok --role b\n", "")
+    before = ["--token", TOKENS["alice"], "--server", fake_server.url, app, "--", "ok", "-r"]
+    assert submit(before, capsys) == (0, "probe ok -r\n", "")
+
+
+def test_submit_without_inferlet_arguments(fake_server, component_path, monkeypatch, capsys):
+    monkeypatch.setenv("PIE_SERVER", fake_server.url)
+    monkeypatch.setenv("PIE_TOKEN", TOKENS["alice"])
+    app = str(component_path("probe"))
+    assert submit([app], capsys) == (0, "probe ok \n", "")
+    monkeypatch.delenv("PIE_TOKEN")
+    status, _, err = submit([app, "--", "ok"], capsys)
+    assert status == 2 and "no token" in err

@@ -153,15 +153,17 @@ class Context:
             self._page_masks.extend(bytearray(self.page_size) for _ in new_ids)
         self.last_page_len = new_len - (len(self.page_ids) - 1) * self.page_size
 
-    def submit(self, token_ids: list[int], sampler=None, options=None) -> forward.ForwardFuture | None:
-        """Compute the KV of `token_ids` (appended at the tail); sample after the last one.
-
-        Splits into passes of at most max_batch_tokens. Returns the future of the last pass when
-        `sampler` is given, else None (those passes run in order on this context's queue).
-        `options` (a forward.SamplerOptions) sends the last pass with forward.submit-with: read
-        its outputs with wait_outputs(future, sampled=True).
-        """
+    def submit(self, token_ids: list[int], sampler=None, options=None, *,
+               mask: list[list[int]] | None = None) -> forward.ForwardFuture | None:
+        """Compute the KV of `token_ids` (appended at the tail) in passes of at most
+        max_batch_tokens; the last pass's future when `sampler` is given (it samples after the
+        last token), else None. `options` (a forward.SamplerOptions): the last pass goes through
+        forward.submit-with (read it with wait_outputs(future, sampled=True)). `mask` (one pass
+        only): per token, attend / skip run lengths over the KV after the pass (`forward.submit`)."""
         self._check_open()
+        if mask is not None and len(token_ids) > self.max_batch_tokens:
+            raise ValueError(f"a masked submit is one pass: {len(token_ids)} tokens over "
+                             f"max_batch_tokens {self.max_batch_tokens}")
         last = None
         for start in range(0, len(token_ids), self.max_batch_tokens):
             chunk = token_ids[start:start + self.max_batch_tokens]
@@ -172,11 +174,11 @@ class Context:
             if with_output and options is not None:
                 future = forward.submit_with(self.queue_id, self.sequence_id, chunk, positions,
                                              self.last_page_len, [len(chunk) - 1],
-                                             [sampler.to_wit()], [options], None)
+                                             [sampler.to_wit()], [options], mask)
             else:
                 future = forward.submit(self.queue_id, self.sequence_id, chunk, positions,
                                         self.last_page_len, [len(chunk) - 1] if with_output else [],
-                                        [sampler.to_wit()] if with_output else [], None)
+                                        [sampler.to_wit()] if with_output else [], mask)
             self.next_position += len(chunk)
             self._unsynchronized = True
             if with_output:

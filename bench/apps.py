@@ -1,0 +1,283 @@
+"""Agentic workflows as inferlets vs the same workflows driven over the OpenAI API, on one server.
+
+    .venv/bin/python bench/apps.py --quick            # 32x8, 8x8, 1x2 (agents x tool calls)
+    .venv/bin/python bench/apps.py                    # 1, 8, 32 agents x 2, 8, 32 tool calls
+    .venv/bin/python bench/apps.py --quick --json     # one JSON object on the last line
+    .venv/bin/python bench/apps.py --cells 1x2 4x2 --workflows react --no-techniques
+
+One in-process `pie serve` (the default model, SmolLM2-135M) runs both paths, side by side:
+(a) the example inferlet (react.py, codeact.py, swarm.py): the KV of the episode stays across
+tool calls, the system prompt's KV is an export made once (warm-up) and imported by every agent,
+tools run inside the instance (a simulated --delay-ms) and the agents of a swarm talk over
+broadcast; (b) a client with the official `openai` package: every turn resends the whole
+conversation to /v1/chat/completions (pie's endpoint has no automatic prefix cache, so the
+server recomputes it), runs the same tool with the same delay and appends the observation.
+Both: same prompts, greedy, the same turn limit (--turn-tokens), the same tool calls; the
+agents of a cell run concurrently in both paths (their tool waits overlap each other's
+generation); within one agent the calls are sequential, as each observation feeds the next
+thought. torch runs on --threads (1) threads: two collapse when the other core is busy.
+A swarm "agent" is a team of two roles (writer, critic); its tool calls are the messages each
+role answers. Reported per cell: workflows/s, generated tokens/s, p50/p99 workflow latency,
+tokens computed by the engine; the speed-up is the inferlet's throughput over the API path's.
+Then one row per technique (bench/apps_techniques.py): the inferlet vs the nearest thing a
+client can do over the OpenAI API.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import torch
+import trio
+
+REPO_DIR = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_DIR))
+sys.path.insert(0, str(REPO_DIR / "bench"))
+
+from apps_tools import codeact_tool, react_observation  # noqa: E402
+from load import InProcessServer, percentile, scrape  # noqa: E402
+
+EXAMPLES = REPO_DIR / "inferlets" / "examples"
+REACT_SYSTEM = ("You are an agent that solves tasks step by step. Each turn write one short "
+                "Thought and one Action: search(query). You then get an Observation.")
+CODEACT_SYSTEM = ("You solve math problems by writing one Python arithmetic expression per turn, "
+                  "like (3 + 4) * 2. You then get its Output.")
+REACT_TASKS = ("Find the tallest mountain in Europe.", "Plan a day trip to Rome.",
+               "Find a good book about birds.", "Compare two laptops for students.")
+CODEACT_TASKS = ("What is (17 + 25) * 3?", "What is 144 / 12 + 7?", "What is 2 ** 10 - 24?",
+                 "What is (9 - 4) * (6 + 2)?")
+SWARM_ROLES = ("writer", "critic")
+SWARM_TASKS = ("Write a slogan for a bakery.", "Name a new tea shop.", "Describe a quiet park.",
+               "Invent a board game.")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (workflow, path, agents, calls) measurement."""
+
+    elapsed_s: float
+    latencies_s: tuple[float, ...]
+    num_generated: int
+    num_computed: int
+
+    def workflows_per_s(self) -> float:
+        return len(self.latencies_s) / self.elapsed_s
+
+
+# -- (a) inferlets over the websocket --------------------------------------------------------
+def inferlet_args(workflow: str, agent: int, calls: int, opts, team: str) -> list[list[str]]:
+    """The argv of each instance of one agent (a swarm agent is one instance per role)."""
+    common = ["--turn-tokens", str(opts.turn_tokens)]
+    if workflow == "swarm":
+        return [common + ["--roles", ",".join(SWARM_ROLES), "--role", role, "--team",
+                          f"{team}-{agent}", "--rounds", str(calls), "--task",
+                          SWARM_TASKS[agent % len(SWARM_TASKS)]] for role in SWARM_ROLES]
+    system, tasks = (REACT_SYSTEM, REACT_TASKS) if workflow == "react" else (CODEACT_SYSTEM, CODEACT_TASKS)
+    return [common + ["--system", system, "--task", tasks[agent % len(tasks)], "--num-calls",
+                      str(calls), "--delay-ms", str(opts.delay_ms), "--system-export",
+                      f"bench/{workflow}/system"]]
+
+
+async def run_inferlets(url: str, token: str, program: str, argvs: list[list[list[str]]]) -> tuple:
+    """Launch every agent's instances at once; (elapsed, per-agent latency, generated tokens)."""
+    from host.client import connect
+    latencies, generated = [0.0] * len(argvs), [0]
+    async with connect(url, token) as client:
+        async def agent(index: int, argv_list: list[list[str]]) -> None:
+            start = time.perf_counter()
+            instances = [await client.launch(program, argv) for argv in argv_list]
+            for instance in instances:
+                final = await instance.wait()
+                if final.kind != "result":
+                    raise RuntimeError(f"agent {index}: {final.kind}: {final.data}")
+                generated[0] += json.loads(final.data)["num_generated"]
+            latencies[index] = time.perf_counter() - start
+        start = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for index, argv_list in enumerate(argvs):
+                nursery.start_soon(agent, index, argv_list)
+        return time.perf_counter() - start, latencies, generated[0]
+
+
+# -- (b) the same workflows over /v1/chat/completions ---------------------------------------
+async def chat_turn(client, messages: list[dict], opts) -> tuple[str, int]:
+    response = await client.chat.completions.create(
+        model="pie", messages=messages, max_tokens=opts.turn_tokens, temperature=0)
+    return response.choices[0].message.content or "", response.usage.completion_tokens
+
+
+async def api_agent(client, workflow: str, agent: int, calls: int, opts) -> int:
+    """One agent's workflow over the API; returns the tokens generated."""
+    if workflow == "swarm":
+        return await api_swarm(client, agent, calls, opts)
+    system, tasks = (REACT_SYSTEM, REACT_TASKS) if workflow == "react" else (CODEACT_SYSTEM, CODEACT_TASKS)
+    messages = [{"role": "system", "content": system},
+                {"role": "user", "content": tasks[agent % len(tasks)]}]
+    generated = 0
+    for call in range(calls + 1):
+        text, num_tokens = await chat_turn(client, messages, opts)
+        generated += num_tokens
+        messages.append({"role": "assistant", "content": text})
+        if call == calls:
+            break
+        observation = react_observation(call) if workflow == "react" else codeact_tool(text)[1]
+        await asyncio.sleep(opts.delay_ms / 1000)
+        messages.append({"role": "user", "content": observation})
+    return generated
+
+
+async def api_swarm(client, agent: int, calls: int, opts) -> int:
+    """A team of roles in a ring, each role's conversation resent every turn."""
+    conversations = {role: [{"role": "system", "content":
+                             f"You are the {role} of a team of {', '.join(SWARM_ROLES)}. "
+                             f"Answer in one short sentence."}] for role in SWARM_ROLES}
+    message, generated = f"task: {SWARM_TASKS[agent % len(SWARM_TASKS)]}", 0
+    for _ in range(calls):
+        for role in SWARM_ROLES:
+            conversations[role].append({"role": "user", "content": message})
+            text, num_tokens = await chat_turn(client, conversations[role], opts)
+            generated += num_tokens
+            conversations[role].append({"role": "assistant", "content": text})
+            message = f"{role}: {text.strip()}"
+    return generated
+
+
+async def run_api(url: str, token: str, workflow: str, agents: int, calls: int, opts) -> tuple:
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0, timeout=900,
+                                http_client=httpx.AsyncClient(
+                                    limits=httpx.Limits(max_connections=agents * 2 + 4)))
+    latencies = [0.0] * agents
+
+    async def agent(index: int) -> int:
+        start = time.perf_counter()
+        generated = await api_agent(client, workflow, index, calls, opts)
+        latencies[index] = time.perf_counter() - start
+        return generated
+
+    start = time.perf_counter()
+    generated = await asyncio.gather(*(agent(i) for i in range(agents)))
+    elapsed = time.perf_counter() - start
+    await client.close()
+    return elapsed, latencies, sum(generated)
+
+
+# -- the grid --------------------------------------------------------------------------------
+def measure(server, run) -> Cell:
+    before = scrape(server.url)["pie_input_tokens_total"]
+    elapsed, latencies, generated = run()
+    computed = scrape(server.url)["pie_input_tokens_total"] - before
+    return Cell(elapsed, tuple(latencies), generated, int(computed))
+
+
+def measure_run(server, run) -> dict:
+    """{computed: tokens the engine computed, wall_s} of `run()`."""
+    before = scrape(server.url)["pie_input_tokens_total"]
+    start = time.perf_counter()
+    run()
+    wall_s = time.perf_counter() - start
+    return {"computed": int(scrape(server.url)["pie_input_tokens_total"] - before),
+            "wall_s": round(wall_s, 3)}
+
+
+def warm_up(server, programs: dict[str, str], opts) -> None:
+    """Export the system prompts (the inferlet path's shared prefix) and warm both paths."""
+    for workflow in set(programs) & {"react", "codeact"}:
+        argv = inferlet_args(workflow, 0, 0, opts, "warm")
+        trio.run(run_inferlets, server.url, server.token, programs[workflow], [argv])
+    asyncio.run(run_api(server.url, server.token, "react", 1, 0, opts))
+
+
+def cell_row(workflow: str, agents: int, calls: int, pie: Cell, api: Cell) -> dict:
+    speedup = pie.workflows_per_s() / api.workflows_per_s()
+    row = {"workflow": workflow, "agents": agents, "calls": calls, "speedup": round(speedup, 2)}
+    for name, cell in (("inferlet", pie), ("api", api)):
+        row[name] = {"workflows_per_s": round(cell.workflows_per_s(), 3),
+                     "tokens_per_s": round(cell.num_generated / cell.elapsed_s, 1),
+                     "p50_s": round(statistics.median(cell.latencies_s), 2),
+                     "p99_s": round(percentile(list(cell.latencies_s), 0.99), 2),
+                     "generated": cell.num_generated, "computed": cell.num_computed}
+    return row
+
+
+def print_row(row: dict) -> None:
+    pie, api = row["inferlet"], row["api"]
+    print(f"{row['workflow']:<8} {row['agents']:>3}x{row['calls']:<3} "
+          f"{pie['workflows_per_s']:>7.3f} {api['workflows_per_s']:>7.3f} {row['speedup']:>6.2f}x "
+          f"{pie['tokens_per_s']:>7.1f} {api['tokens_per_s']:>7.1f} "
+          f"{pie['p50_s']:>6.2f} {api['p50_s']:>6.2f} {pie['p99_s']:>6.2f} {api['p99_s']:>6.2f} "
+          f"{pie['generated']:>6} {api['generated']:>6} {pie['computed']:>7} {api['computed']:>7}",
+          flush=True)
+
+
+def machine_line(opts) -> None:
+    print(f"apps: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+          f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
+          f"threads; turn_tokens={opts.turn_tokens}, delay={opts.delay_ms:g} ms, greedy",
+          flush=True)
+
+
+def header() -> None:
+    print(f"{'workflow':<8} {'AxC':<7} {'wf/s':>7} {'api':>7} {'speedup':>7} {'tok/s':>7} "
+          f"{'api':>7} {'p50':>6} {'api':>6} {'p99':>6} {'api':>6} {'gen':>6} {'api':>6} "
+          f"{'computed':>7} {'api':>7}", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="cells 32x8, 8x8 and 1x2 only")
+    parser.add_argument("--cells", nargs="+", default=None, help="AxC cells, e.g. 1x2 32x8")
+    parser.add_argument("--workflows", nargs="+", default=["react", "codeact", "swarm"])
+    parser.add_argument("--turn-tokens", type=int, default=8)
+    parser.add_argument("--delay-ms", type=float, default=100.0)
+    parser.add_argument("--no-techniques", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (two collapse when the other core is busy)")
+    opts = parser.parse_args()
+    torch.set_num_threads(opts.threads)
+    cells = [(32, 8), (8, 8), (1, 2)] if opts.quick else \
+        [(a, c) for a in (1, 8, 32) for c in (2, 8, 32)]
+    if opts.cells:
+        cells = [tuple(int(n) for n in cell.split("x")) for cell in opts.cells]
+    machine_line(opts)
+    from host.sandbox.build import build_cached
+    with InProcessServer(num_pages=4096, max_instances=80) as server:
+        from host.client import SyncClient
+        with SyncClient(server.url, server.token) as client:
+            programs = {w: client.upload(build_cached(EXAMPLES / f"{w}.py")[0].read_bytes())
+                        for w in opts.workflows}
+        techniques = []
+        if not opts.no_techniques:   # first: short, and a cut-short run still reports them
+            from apps_techniques import run_techniques
+            techniques = run_techniques(server, lambda run: measure_run(server, run))
+        warm_up(server, programs, opts)
+        header()
+        rows = []
+        for agents, calls in cells:
+            for workflow in opts.workflows:
+                team = uuid.uuid4().hex[:8]
+                argvs = [inferlet_args(workflow, a, calls, opts, team) for a in range(agents)]
+                pie = measure(server, lambda: trio.run(run_inferlets, server.url, server.token,
+                                                       programs[workflow], argvs))
+                api = measure(server, lambda: asyncio.run(run_api(server.url, server.token,
+                                                                  workflow, agents, calls, opts)))
+                rows.append(cell_row(workflow, agents, calls, pie, api))
+                print_row(rows[-1])
+    if opts.json:
+        summary = {f"{r['workflow']}_speedup_{r['agents']}x{r['calls']}": r["speedup"] for r in rows}
+        print(json.dumps({**summary, "cells": rows, "techniques": techniques}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

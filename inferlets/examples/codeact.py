@@ -1,0 +1,108 @@
+"""CodeAct: the agent's action is code, run inside the inferlet (no round trip to a client).
+
+    pie run inferlets/examples/codeact.py -- --task "What is (17 + 25) * 3?" --num-calls 2
+
+Each turn the model writes an assistant turn; the first arithmetic expression in it (digits,
++ - * / // % ** and parentheses) is the action. It is evaluated by a small evaluator over
+Python's `ast` that accepts nothing else (no names, calls or attributes; exponents up to 64;
+at most 200 characters), and its output ("Output: 42" or "Output: error: ...") is appended as
+the next user turn. --delay-ms simulates the code's run time (0 by default). With
+--system-export NAME the system prompt's KV is imported/exported as in react.py.
+Returns JSON: {turns, actions, observations, answer, num_generated, imported}; with --run CODE
+only {action, observation} of running CODE.
+"""
+import ast
+import re
+import time
+
+import inferlet
+
+SYSTEM = ("You solve math problems by writing one Python arithmetic expression per turn, "
+          "like (3 + 4) * 2. You then get its Output.")
+_EXPRESSION = re.compile(r"[\d(][\d\s+\-*/%().]*[\d)]")
+_OPERATORS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+              ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b,
+              ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b}
+MAX_EXPRESSION_CHARS, MAX_EXPONENT = 200, 64
+
+
+def evaluate(node: ast.AST):
+    """The value of an arithmetic `ast` node; ValueError for anything else."""
+    if isinstance(node, ast.Expression):
+        return evaluate(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = evaluate(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+        base, exponent = evaluate(node.left), evaluate(node.right)
+        if abs(exponent) > MAX_EXPONENT:
+            raise ValueError(f"exponent {exponent} over {MAX_EXPONENT}")
+        return base ** exponent
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        return _OPERATORS[type(node.op)](evaluate(node.left), evaluate(node.right))
+    raise ValueError(f"{type(node).__name__} is not arithmetic")
+
+
+def run_action(text: str) -> tuple[str, str]:
+    """(the expression found in `text`, the observation of running it)."""
+    candidates = [m.group().strip() for m in _EXPRESSION.finditer(text)]
+    candidates = [c for c in candidates if any(op in c for op in "+-*/%")]
+    if not candidates:
+        return "", "Output: error: no arithmetic expression"
+    expression = candidates[0][:MAX_EXPRESSION_CHARS]
+    try:
+        value = evaluate(ast.parse(expression, mode="eval"))
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError) as err:
+        return expression, f"Output: error: {type(err).__name__}"
+    return expression, f"Output: {value:g}" if isinstance(value, float) else f"Output: {value}"
+
+
+def system_context(system: str, export_name: str) -> tuple:
+    """(context holding the system prompt, whether its KV was imported)."""
+    if export_name and export_name in inferlet.list_exports():
+        return inferlet.Context.from_import(export_name), True
+    ctx = inferlet.Context()
+    ctx.fill_system(system)
+    if export_name:
+        try:
+            ctx.export(export_name, persistent=True)
+        except inferlet.InferletError:
+            pass   # another instance exported it first
+    return ctx, False
+
+
+@inferlet.main
+def main(args: list[str]) -> dict:
+    parser = inferlet.ArgumentParser(prog="codeact", description="An agent whose actions are code.")
+    parser.add_argument("--task", default="What is (17 + 25) * 3?")
+    parser.add_argument("--system", default=SYSTEM)
+    parser.add_argument("--num-calls", type=int, default=2)
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="simulated run time of the code")
+    parser.add_argument("--turn-tokens", type=int, default=16)
+    parser.add_argument("--system-export", default="")
+    parser.add_argument("--run", default=None, help="only run this code as an action; no model")
+    opts = parser.parse_args(args)
+    if opts.run is not None:
+        return dict(zip(("action", "observation"), run_action(opts.run)))
+    if opts.num_calls < 0 or opts.delay_ms < 0:
+        raise inferlet.InferletError("--num-calls and --delay-ms must be >= 0")
+
+    ctx, imported = system_context(opts.system, opts.system_export)
+    ctx.fill_user(opts.task)
+    turns, actions, observations, num_generated = [], [], [], 0
+    for _ in range(opts.num_calls):
+        generation = ctx.generation(opts.turn_tokens).run()
+        turns.append(generation.text)
+        num_generated += len(generation.token_ids)
+        action, observation = run_action(generation.text)
+        time.sleep(opts.delay_ms / 1000)
+        actions.append(action)
+        observations.append(observation)
+        ctx.fill_user(observation)
+    final = ctx.generation(opts.turn_tokens).run()
+    ctx.close()
+    return {"turns": turns, "actions": actions, "observations": observations,
+            "answer": final.text, "num_generated": num_generated + len(final.token_ids),
+            "imported": imported}
