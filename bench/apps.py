@@ -112,7 +112,7 @@ async def run_inferlets(url: str, token: str, program: str, argvs: list[list[lis
 # -- (b) the same workflows over /v1/chat/completions ---------------------------------------
 async def chat_turn(client, messages: list[dict], opts) -> tuple[str, int]:
     response = await client.chat.completions.create(
-        model="pie", messages=messages, max_tokens=opts.turn_tokens, temperature=0)
+        model="SmolLM2-135M-Instruct", messages=messages, max_tokens=opts.turn_tokens, temperature=0)
     return response.choices[0].message.content or "", response.usage.completion_tokens
 
 

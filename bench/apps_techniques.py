@@ -78,7 +78,7 @@ async def run_stages(url: str, token: str, stages: list[list[dict]]) -> int:
     generated = 0
     for stage in stages:
         responses = await asyncio.gather(*(client.completions.create(
-            model="pie", prompt=r["prompt"], max_tokens=r["max_tokens"], n=r["n"], temperature=0)
+            model="SmolLM2-135M-Instruct", prompt=r["prompt"], max_tokens=r["max_tokens"], n=r["n"], temperature=0)
             for r in stage))
         generated += sum(r.usage.completion_tokens for r in responses)
     await client.close()

@@ -10,7 +10,7 @@ from tests.server.conftest import TOKENS, wait_until_idle
 
 pytestmark = pytest.mark.slow
 HEADERS = {"Authorization": f"Bearer {TOKENS['alice']}"}
-QUESTION = {"model": "pie", "messages": [{"role": "user", "content": "Name a colour."}],
+QUESTION = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Name a colour."}],
             "max_tokens": 6, "temperature": 0}
 
 
