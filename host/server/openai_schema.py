@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from host.server.openai_errors import RequestError
 from host.server.openai_tools import parse_messages, parse_tools
 
 __all__ = ["RequestError", "ApiLimits", "parse_request", "MAX_N", "MAX_STOP", "MAX_PROMPTS"]
@@ -22,17 +23,6 @@ MAX_PROMPTS = 16
 MAX_TOP_LOGPROBS = 20            # chat
 MAX_COMPLETION_LOGPROBS = 5      # completions
 MAX_LOGIT_BIAS = 300
-
-
-class RequestError(ValueError):
-    """A request the API refuses; the message names the field, `param` is its path."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 code: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-        self.status = status
-        self.code = code
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ import json
 import re
 from typing import Any
 
+from host.server.openai_errors import RequestError
+
 __all__ = ["parse_messages", "parse_tools", "MAX_TOOLS"]
 
 MAX_TOOLS = 64
@@ -18,8 +20,7 @@ _ROLES = ("system", "user", "assistant", "tool")
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
-def _error(message: str, param: str):
-    from host.server.openai_schema import RequestError
+def _error(message: str, param: str) -> RequestError:
     return RequestError(message, param)
 
 
