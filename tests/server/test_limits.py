@@ -169,3 +169,25 @@ def test_kv_shares_resolve_and_must_fit_the_pool() -> None:
         resolve_kv_shares(tenants, 8)
     with pytest.raises(ConfigError, match="kv_share_pages must be >= 0"):
         parse_config({"tenants": [{"name": "a", "token": "t", "kv_share_pages": -1}]})
+
+
+def test_a_full_client_inbox_is_a_service_error_naming_the_limit() -> None:
+    """Runtime.send's LimitError (an instance that never reads its client messages) reaches the
+    client as a ServiceError with the limit's message, not as an internal error."""
+    from types import SimpleNamespace
+
+    from host.errors import LimitError
+    from host.server.service import PieService, ServiceError
+
+    message = "messaging: 4194304 characters of client messages unread (max_client_chars)"
+
+    def refuse(_instance_id: str, _message: str) -> bool:
+        raise LimitError(message)
+
+    service = SimpleNamespace(find=lambda tenant, instance_id: SimpleNamespace(instance_id="i1"),
+                              runtime=SimpleNamespace(send=refuse))
+    with pytest.raises(ServiceError, match="max_client_chars"):
+        PieService.send(service, SimpleNamespace(name="a"), "i1", "hello")
+    service.runtime = SimpleNamespace(send=lambda _id, _message: False)
+    with pytest.raises(ServiceError, match="has ended"):
+        PieService.send(service, SimpleNamespace(name="a"), "i1", "hello")
