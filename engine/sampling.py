@@ -24,6 +24,7 @@ import torch
 from engine.batch import (Distribution, ForwardBatch, ForwardResult, SamplerSpec, TokenLogprobs,
                           Verified)
 from engine.constrain.processing import RowError, process_logits
+from engine.errors import RequestError
 
 __all__ = ["Sampler", "sample_batch"]
 
@@ -207,7 +208,7 @@ def _token_logprobs(raw: torch.Tensor, token_id: int, num_top: int) -> TokenLogp
 def sample_batch(sampler: Sampler, logits: torch.Tensor, batch: ForwardBatch) -> list[ForwardResult]:
     """logits [num_outputs, V] of a batch, in request order -> one ForwardResult per request.
     Verify passes are verified one by one; a row whose processing leaves no token raises
-    ValueError("request i: ...") before any generation state advanced."""
+    RequestError (that request alone fails, engine.errors) before any generation state advanced."""
     plain_rows, plain_specs, verify_starts, start = [], [], [], 0
     for request in batch.requests:
         num_outputs = len(request.output_indices)
@@ -217,11 +218,12 @@ def sample_batch(sampler: Sampler, logits: torch.Tensor, batch: ForwardBatch) ->
             plain_rows.extend(range(start, start + num_outputs))
             plain_specs.extend(request.samplers)
         start += num_outputs
+    plain_logits = logits if len(plain_rows) == len(logits) else logits[plain_rows]   # no copy
     try:
-        plain = sampler.sample(logits[plain_rows], plain_specs) if plain_specs else []
+        plain = sampler.sample(plain_logits, plain_specs) if plain_specs else []
     except RowError as error:
-        raise ValueError(f"request {_request_of(batch, plain_rows[error.row])}: field samplers: "
-                         f"{error.reason}") from None
+        raise RequestError(_request_of(batch, plain_rows[error.row]), "samplers",
+                           error.reason) from None
     outputs = dict(zip(plain_rows, plain))
     for request, first in zip([r for r in batch.requests if r.num_drafted], verify_starts):
         rows = logits[first:first + request.num_drafted + 1]

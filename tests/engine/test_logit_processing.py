@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.batch import ForwardBatch, ForwardRequest, SamplerSpec, TokenLogprobs
+from engine.batch import GREEDY, ForwardBatch, ForwardRequest, SamplerSpec, TokenLogprobs
 from engine.constrain import GenerationState
 from engine.constrain.processing import RowError, process_logits
-from engine.sampling import Sampler
+from engine.errors import RequestError
+from engine.sampling import Sampler, sample_batch
 from engine.validate import validate_batch
 
 VOCAB = 16
@@ -87,6 +88,18 @@ def test_no_token_left_is_a_row_error() -> None:
     logits = torch.full((1, VOCAB), float("-inf"))
     with pytest.raises(RowError):
         process_logits(logits, [spec])
+
+
+def test_a_row_with_no_token_left_fails_only_its_request() -> None:
+    """sample_batch raises the engine's typed RequestError naming the request (the scheduler then
+    runs the other requests of the batch again without it)."""
+    good = ForwardRequest((5,), (0,), (0,), 1, (0,), (GREEDY,))
+    empty = ForwardRequest((5,), (0,), (1,), 1, (0,), (SamplerSpec(allowed_token_ids=(1,),
+                                                                   logit_bias=((1, -100.0),)),))
+    logits = torch.full((2, VOCAB), float("-inf"))
+    with pytest.raises(RequestError) as raised:
+        sample_batch(Sampler(seed=0), logits, ForwardBatch((good, empty)))
+    assert (raised.value.request_index, raised.value.field) == (1, "samplers")
 
 
 def test_speculative_sampling_keeps_the_target_distribution() -> None:
