@@ -59,20 +59,6 @@ def run_action(text: str) -> tuple[str, str]:
     return expression, f"Output: {value:g}" if isinstance(value, float) else f"Output: {value}"
 
 
-def system_context(system: str, export_name: str) -> tuple:
-    """(context holding the system prompt, whether its KV was imported)."""
-    if export_name and export_name in inferlet.list_exports():
-        return inferlet.Context.from_import(export_name), True
-    ctx = inferlet.Context()
-    ctx.fill_system(system)
-    if export_name:
-        try:
-            ctx.export(export_name, persistent=True)
-        except inferlet.InferletError:
-            pass   # another instance exported it first
-    return ctx, False
-
-
 @inferlet.main
 def main(args: list[str]) -> dict:
     parser = inferlet.ArgumentParser(prog="codeact", description="An agent whose actions are code.")
@@ -89,7 +75,7 @@ def main(args: list[str]) -> dict:
     if opts.num_calls < 0 or opts.delay_ms < 0:
         raise inferlet.InferletError("--num-calls and --delay-ms must be >= 0")
 
-    ctx, imported = system_context(opts.system, opts.system_export)
+    ctx, imported = inferlet.shared_system_context(opts.system, opts.system_export)
     ctx.fill_user(opts.task)
     turns, actions, observations, num_generated = [], [], [], 0
     for _ in range(opts.num_calls):

@@ -23,20 +23,6 @@ def observe(call_index: int) -> str:
     return f"Observation {call_index + 1}: the search found one more useful fact."
 
 
-def system_context(system: str, export_name: str) -> tuple:
-    """(context holding the system prompt, whether its KV was imported)."""
-    if export_name and export_name in inferlet.list_exports():
-        return inferlet.Context.from_import(export_name), True
-    ctx = inferlet.Context()
-    ctx.fill_system(system)
-    if export_name:
-        try:
-            ctx.export(export_name, persistent=True)
-        except inferlet.InferletError:
-            pass   # another instance exported it first; this one computed its own copy
-    return ctx, False
-
-
 @inferlet.main
 def main(args: list[str]) -> dict:
     parser = inferlet.ArgumentParser(prog="react", description="A ReAct agent with a simulated tool.")
@@ -51,7 +37,7 @@ def main(args: list[str]) -> dict:
     if opts.num_calls < 0 or opts.delay_ms < 0:
         raise inferlet.InferletError("--num-calls and --delay-ms must be >= 0")
 
-    ctx, imported = system_context(opts.system, opts.system_export)
+    ctx, imported = inferlet.shared_system_context(opts.system, opts.system_export)
     ctx.fill_user(opts.task)
     turns, observations, num_generated = [], [], 0
     for call_index in range(opts.num_calls):
