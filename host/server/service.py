@@ -189,17 +189,22 @@ class PieService:
                 handle.sink = None
             else:
                 if not final and handle.sink.num_bytes > self.max_backlog_bytes:
-                    self._cut_off(handle)
+                    self._cut_off(handle, event.instance_id)
         if final:
             self._forget(handle)
 
-    def _cut_off(self, handle: InstanceHandle) -> None:
+    def _cut_off(self, handle: InstanceHandle, instance_id: str) -> None:
         """The client is not reading: terminate the instance, drop its later messages (its
-        final event still goes out)."""
+        final event still goes out). `instance_id` comes from the event: the launching task may
+        not have seen `launch` return yet (handle.instance_id still empty). Never raises: it runs
+        as a trio `run_sync_soon` callback, where an exception would stop the whole server."""
         handle.cut_off = True
-        self.runtime.terminate(handle.instance_id, (
-            f"client not reading: {handle.sink.num_bytes} bytes of events waiting, over "
-            f"server.max_client_backlog_bytes ({self.max_backlog_bytes})"))
+        try:
+            self.runtime.terminate(instance_id, (
+                f"client not reading: {handle.sink.num_bytes} bytes of events waiting, over "
+                f"server.max_client_backlog_bytes ({self.max_backlog_bytes})"))
+        except KeyError:
+            pass  # it ended and was forgotten meanwhile: nothing left to cut off
 
     def _forget(self, handle: InstanceHandle) -> None:
         self.quotas.remove(handle.key)

@@ -201,11 +201,14 @@ def test_logs_are_bounded_running_and_after_the_end(components, make_runtime):  
     runtime = make_runtime(fresh_engine(), limits, finished_log_chars=20_000,
                            max_finished_chars=100_000)
     program = runtime.load_program(components.component("chatty"))
-    ended = []                                        # instance ids in the order they ended
-    ids = [runtime.launch(program, on_event=lambda event: ended.append(event.instance_id))
-           for _ in range(8)]
-    for instance_id in ids:
-        assert runtime.wait(instance_id, timeout=30).value == "said it all"
+    finals = []                                       # final events in the order they ended
+    on_event = (lambda event: finals.append(event) if event.is_final else None)
+    ids = [runtime.launch(program, on_event=on_event) for _ in range(8)]
+    deadline = time.monotonic() + 60       # not runtime.wait: the oldest may be forgotten by then
+    while len(finals) < len(ids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [event.data for event in finals] == ["said it all"] * len(ids)
+    ended = [event.instance_id for event in finals]
     kept = {}
     for instance_id in ids:
         try:

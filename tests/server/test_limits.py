@@ -191,3 +191,36 @@ def test_a_full_client_inbox_is_a_service_error_naming_the_limit() -> None:
     service.runtime = SimpleNamespace(send=lambda _id, _message: False)
     with pytest.raises(ServiceError, match="has ended"):
         PieService.send(service, SimpleNamespace(name="a"), "i1", "hello")
+
+
+def test_a_backlog_filled_before_launch_returns_cuts_off_the_event_s_instance() -> None:
+    """An instance can flood its client before `launch` has returned to the launching task
+    (handle.instance_id still empty): the cut-off terminates the instance the events came from,
+    and delivery never raises (it runs as a trio callback; an exception would stop the server)."""
+    from types import SimpleNamespace
+
+    from host.sandbox.events import InstanceEvent
+    from host.server.service import InstanceHandle, PieService
+    from host.server.sinks import EventSink
+
+    terminated: list[tuple[str, str]] = []
+
+    def terminate(instance_id: str, reason: str) -> bool:
+        if instance_id != "i1":
+            raise KeyError(f"unknown instance {instance_id!r}")
+        terminated.append((instance_id, reason))
+        return True
+
+    async def main() -> None:
+        service = PieService(SimpleNamespace(terminate=terminate), store=None,
+                             metrics=SimpleNamespace(count_event=lambda kind, data: None),
+                             limits=None, max_upload_bytes=1, model={}, max_backlog_bytes=1000)
+        handle = InstanceHandle(key="k", tenant="a", program="p", sink=EventSink(), kv_pages=1)
+        for _ in range(3):
+            service._deliver(handle, InstanceEvent("i1", "message", "m" * 600))
+        assert handle.cut_off and [instance_id for instance_id, _ in terminated] == ["i1"]
+        assert "over server.max_client_backlog_bytes (1000)" in terminated[0][1]
+        gone = InstanceHandle(key="g", tenant="a", program="p", sink=EventSink(), kv_pages=1)
+        service._deliver(gone, InstanceEvent("i2", "message", "m" * 2000))   # forgotten: no raise
+        assert gone.cut_off
+    trio.run(main)
