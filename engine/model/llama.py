@@ -129,18 +129,34 @@ class LlamaModel:
         self.rope_signed_sin = self.rope_signed_sin.to(device)
         self.q_dim = config.num_heads * config.head_dim
         self.kv_dim = config.num_kv_heads * config.head_dim
+        self.c_norms = self._prepare_c_norms()
 
-    @torch.inference_mode()
+    def _prepare_c_norms(self) -> list[tuple] | None:
+        """Per layer (input, post-attention) C RMSNorms, then (final,): quantized mode only (the
+        float32 and bf16 modes keep torch's own rms_norm, bit for bit)."""
+        if self.planner is None or not quant_kernels.available():
+            return None
+        eps = self.config.rms_norm_eps
+        norms = [(quant_kernels.PreparedRmsNorm(layer.input_norm, eps),
+                  quant_kernels.PreparedRmsNorm(layer.post_norm, eps)) for layer in self.layers]
+        return norms + [(quant_kernels.PreparedRmsNorm(self.final_norm, eps),)]
+
     def forward(self, table: PageTable, kv_cache: KVCache, attention) -> torch.Tensor:
         """Run the batch, write its K/V into the pool, return float32 logits [num_outputs, vocab].
 
-        `attention` must already be planned for `table`.
+        `attention` must already be planned for `table`. A decode-sized pass in quantized mode
+        gives the threads to the block kernels (BatchPlanner.kernels_own_the_threads).
         """
+        if self.planner is not None and table.num_tokens <= self.planner.min_block_rows():
+            with self.planner.kernels_own_the_threads():
+                return self._forward(table, kv_cache, attention)
+        return self._forward(table, kv_cache, attention)
+
+    @torch.inference_mode()
+    def _forward(self, table: PageTable, kv_cache: KVCache, attention) -> torch.Tensor:
         config = self.config
         n, d = table.num_tokens, config.head_dim
         num_qk_heads = config.num_heads + config.num_kv_heads
-        eps = config.rms_norm_eps
-        hidden_shape = (config.hidden_size,)
         device = self.rope_cos.device              # the table is on the CPU; no-op there
         positions = table.positions.to(device)
         cos = self.rope_cos[positions].unsqueeze(1)                       # [N, 1, D]
@@ -149,8 +165,9 @@ class LlamaModel:
         # the residual stream stays float32 (cheaper norms in bf16 mode, closer to exact);
         # matmul inputs are cast to the weights' dtype (a no-op in float32 mode)
         x = self._embed(table.input_ids.to(device))                       # [N, hidden] float32
+        delta = None           # the last sublayer's output, added to x by the next norm
         for i, layer in enumerate(self.layers):
-            h = F.rms_norm(x, hidden_shape, layer.input_norm, eps).to(dtype)
+            h = self._add_norm(x, delta, layer.input_norm, i, 0).to(dtype)   # x += delta
             qkv = layer.qkv_proj(h)                            # [N, (Hq + 2 Hkv) * D]
             qk = apply_rope(qkv[:, :self.q_dim + self.kv_dim].view(n, num_qk_heads, d), cos,
                             signed_sin)
@@ -159,12 +176,25 @@ class LlamaModel:
             kv_layer = kv_cache.layer(i)
             attention.append_kv(kv_layer, k, v)
             attn = attention.run(q, kv_layer)                             # [N, Hq, D]
-            x = x + layer.o_proj(attn.reshape(n, self.q_dim))
-            h = F.rms_norm(x, hidden_shape, layer.post_norm, eps).to(dtype)
+            delta = layer.o_proj(attn.reshape(n, self.q_dim))             # [N, hidden]
+            h = self._add_norm(x, delta, layer.post_norm, i, 1).to(dtype)
             gate, up = layer.gate_up_proj(h).chunk(2, dim=-1) # [N, intermediate] each
-            x = x + layer.down_proj(F.silu(gate) * up)
-        x = F.rms_norm(x[table.output_rows.to(device)], hidden_shape, self.final_norm, eps).to(dtype)
+            delta = layer.down_proj(F.silu(gate) * up)
+        rows = table.output_rows.to(device)
+        x = self._add_norm(x[rows], None if delta is None else delta[rows].contiguous(),
+                           self.final_norm, len(self.layers), 0).to(dtype)
         return self.lm_head(x).float()                         # [num_outputs, vocab]
+
+    def _add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                  layer: int, which: int) -> torch.Tensor:
+        """x += delta in place (x is this pass's own float32 residual stream), then RMSNorm(x):
+        [N, hidden] float32. Quantized mode uses the C kernel (one call instead of torch's ~6 ops),
+        prepared per norm (`which`: 0 input / final, 1 post-attention)."""
+        if self.c_norms is not None:
+            return self.c_norms[layer][which](x, delta)
+        if delta is not None:
+            x.add_(delta)
+        return F.rms_norm(x, (self.config.hidden_size,), weight, self.config.rms_norm_eps)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [N] -> float32 [N, hidden] (blocks: only the N rows are dequantized)."""

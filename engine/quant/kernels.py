@@ -12,8 +12,8 @@ import torch
 
 from engine.quant.tensor import QuantizedTensor
 
-__all__ = ["available", "unavailable_reason", "levels", "best_level", "matmul", "dequantize",
-           "PreparedMatmul"]
+__all__ = ["available", "unavailable_reason", "levels", "best_level", "matmul",
+           "dequantize", "PreparedMatmul", "add_rms_norm", "PreparedRmsNorm"]
 
 
 def _load_extension():
@@ -44,6 +44,56 @@ def levels() -> tuple[str, ...]:
 def best_level() -> str:
     """The fastest supported level; RuntimeError without the extension."""
     return _require().levels()[-1]
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> torch.Tensor:
+    """x += delta (in place, when delta is given), then rms_norm(x) * weight as a new tensor.
+
+    x, delta [M, K] and weight [K]: contiguous CPU float32 (ValueError otherwise). The sums of
+    squares are taken in double precision; the result is torch's F.rms_norm to float32 rounding.
+    """
+    module = _require()
+    num_cols = weight.shape[0]
+    for name, tensor, shape in (("x", x, None), ("delta", delta, x.shape), ("weight", weight, None)):
+        if tensor is None:
+            continue
+        if (tensor.dtype != torch.float32 or not tensor.is_contiguous()
+                or tensor.device.type != "cpu" or (shape is not None and tensor.shape != shape)):
+            raise ValueError(f"add_rms_norm: {name} must be a contiguous CPU float32 tensor "
+                             f"{'of shape ' + str(tuple(shape)) + ' ' if shape else ''}"
+                             f"(got {tensor.dtype} {tuple(tensor.shape)} on {tensor.device})")
+    if x.dim() != 2 or x.shape[1] != num_cols or weight.dim() != 1:
+        raise ValueError(f"add_rms_norm: x must be [M, {num_cols}] for a weight of [{num_cols}], "
+                         f"got {tuple(x.shape)}")
+    out = torch.empty_like(x)
+    module.rms_norm(x.data_ptr(), 0 if delta is None else delta.data_ptr(), weight.data_ptr(),
+                    float(eps), x.shape[0], num_cols, out.data_ptr())
+    return out
+
+
+class PreparedRmsNorm:
+    """add_rms_norm with one weight, checked once: the per-call cost is one C call (decode runs
+    61 norms per step on the default model)."""
+
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        self._call = _require().rms_norm
+        self.weight = weight.detach().to(torch.float32).contiguous()      # [K]
+        self.eps = float(eps)
+        self._weight_ptr = self.weight.data_ptr()
+        self._num_cols = self.weight.shape[0]
+
+    def __call__(self, x: torch.Tensor, delta: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, K] (+= delta [M, K] in place) -> rms_norm(x) * weight [M, K] float32."""
+        if (x.dtype != torch.float32 or not x.is_contiguous() or x.dim() != 2
+                or x.shape[1] != self._num_cols or (delta is not None and (
+                    delta.dtype != torch.float32 or not delta.is_contiguous()
+                    or delta.shape != x.shape))):
+            return add_rms_norm(x, delta, self.weight, self.eps)   # the checked path (raises)
+        out = torch.empty_like(x)
+        self._call(x.data_ptr(), 0 if delta is None else delta.data_ptr(), self._weight_ptr,
+                   self.eps, x.shape[0], self._num_cols, out.data_ptr())
+        return out
 
 
 def matmul(x: torch.Tensor, weight: QuantizedTensor, level: str | None = None,
@@ -82,12 +132,14 @@ class PreparedMatmul:
         self._args = (int(weight.qtype), _level_index(module, None), weight.blocks.data_ptr(),
                       weight.num_rows, weight.num_cols)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, K] float32 contiguous (M >= 1) -> [M, N] float32."""
+    def __call__(self, x: torch.Tensor, num_threads: int | None = None) -> torch.Tensor:
+        """x [M, K] float32 contiguous (M >= 1) -> [M, N] float32, on `num_threads` threads
+        (default: torch's count)."""
         if x.dtype != torch.float32 or not x.is_contiguous() or x.shape[1] != self.weight.num_cols:
-            return matmul(x, self.weight)             # the checked path (raises when wrong)
+            return matmul(x, self.weight, num_threads=num_threads)   # checked (raises when wrong)
         out = torch.empty(x.shape[0], self.weight.num_rows, dtype=torch.float32)
-        self._call(*self._args, x.data_ptr(), x.shape[0], out.data_ptr(), torch.get_num_threads())
+        self._call(*self._args, x.data_ptr(), x.shape[0], out.data_ptr(),
+                   num_threads or torch.get_num_threads())
         return out
 
 

@@ -9,6 +9,8 @@ a dequantized copy of its weight.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +34,32 @@ class BatchPlanner:
         self.scratch = torch.empty(0, dtype=torch.float32)
         self.fixed_block_rows = fixed_block_rows
         self.limits: dict[tuple[int, int, int], int] = {}     # (qtype, N, K) -> max block rows
+        self.num_kernel_threads: int | None = None   # set inside kernels_own_the_threads()
+
+    def min_block_rows(self) -> int:
+        """Batches of at most this many rows run every weight on the block kernels (0: none
+        measured yet)."""
+        return min(self.limits.values(), default=0)
+
+    @contextmanager
+    def kernels_own_the_threads(self) -> Iterator[None]:
+        """For a pass whose matmuls all run on the block kernels (decode-sized): torch's own ops
+        (norms, RoPE, attention: a few microseconds each at these sizes) run on one thread, and
+        the kernels on torch's thread count. Two thread pools on the same cores otherwise fight:
+        torch's OpenMP workers spin after each op while the kernels' workers wait for a core
+        (2-core AVX2 machine, busy: 115-156 ms per decode step instead of 12). Restores torch's
+        thread count on exit. Forward passes run one at a time, so no other torch work sees it."""
+        num_threads = torch.get_num_threads()
+        if num_threads <= 1:
+            yield
+            return
+        self.num_kernel_threads = num_threads
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(num_threads)
+            self.num_kernel_threads = None
 
     def block_rows_limit(self, weight: QuantizedTensor) -> int:
         """Batches of at most this many rows use the block kernel for weights of this shape."""
@@ -98,5 +126,5 @@ class QuantizedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] float32 -> [M, N] float32."""
         if 0 < x.shape[0] <= self.block_rows_limit:
-            return self.block_matmul(x)
+            return self.block_matmul(x, self.planner.num_kernel_threads)
         return self.planner.dequantized_matmul(x, self.weight)

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "formats.h"
+#include "norm.h"
 #include "pool.h"
 
 enum { LEVEL_SCALAR = 0, LEVEL_AVX2 = 1 };
@@ -151,6 +152,22 @@ static PyObject *py_levels(PyObject *self, PyObject *unused) {
     return result;
 }
 
+/* rms_norm(x, delta, weight, eps, m, k, out): x[r] += delta[r] (delta 0: none), then
+ * out[r] = rms_norm(x[r]) * weight; float32 [m, k] rows, weight [k]. Tiny: the GIL stays held. */
+static PyObject *py_rms_norm(PyObject *self, PyObject *args) {
+    unsigned long long x_addr, delta_addr, weight_addr, out_addr;
+    float eps;
+    long long m, k;
+    if (!PyArg_ParseTuple(args, "KKKfLLK", &x_addr, &delta_addr, &weight_addr, &eps, &m, &k,
+                          &out_addr))
+        return NULL;
+    if (m < 0 || k <= 0)
+        return PyErr_Format(PyExc_ValueError, "rms_norm: bad shape m=%lld k=%lld", m, k);
+    rms_norm_rows((float *)(uintptr_t)x_addr, (const float *)(uintptr_t)delta_addr,
+                  (const float *)(uintptr_t)weight_addr, eps, m, k, (float *)(uintptr_t)out_addr);
+    Py_RETURN_NONE;
+}
+
 /* row_bytes(qtype, k) -> bytes of one row of k values, 0 when unsupported */
 static PyObject *py_row_bytes(PyObject *self, PyObject *args) {
     int qtype;
@@ -163,6 +180,7 @@ static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS, "y[m, n] = x[m, k] @ W[n, k]^T from GGUF blocks"},
     {"dequantize", py_dequantize, METH_VARARGS, "out[n, k] float32 from GGUF blocks"},
     {"levels", py_levels, METH_NOARGS, "kernel levels this CPU supports, slowest first"},
+    {"rms_norm", py_rms_norm, METH_VARARGS, "out = rms_norm(x (+= delta)) * weight, float32 rows"},
     {"row_bytes", py_row_bytes, METH_VARARGS, "bytes per row of k values of a qtype"},
     {NULL, NULL, 0, NULL},
 };
