@@ -12,7 +12,8 @@ from setuptools.command.build_ext import build_ext
 from setuptools.errors import CCompilerError, CompileError, ExecError, PlatformError
 
 KERNEL_SOURCES = ["engine/quant/module.c", "engine/quant/pool.c", "engine/quant/kernels_scalar.c",
-                  "engine/quant/kernels_avx2.c", "engine/quant/norm.c"]
+                  "engine/quant/kernels_avx2.c", "engine/quant/norm.c",
+                  "engine/quant/decode_attention.c"]
 BUILD_ERRORS = (CCompilerError, CompileError, ExecError, PlatformError, OSError)
 
 
@@ -41,7 +42,8 @@ def kernel_extension() -> list[Extension]:
     if sys.platform == "win32":       # the thread pool is pthreads
         return []
     return [Extension("engine.quant._kernels", sources=KERNEL_SOURCES,
-                      depends=["engine/quant/formats.h", "engine/quant/pool.h", "engine/quant/norm.h"],
+                      depends=["engine/quant/formats.h", "engine/quant/pool.h", "engine/quant/norm.h",
+                               "engine/quant/decode_attention.h"],
                       extra_compile_args=["-O3", "-std=c11", "-pthread"],
                       extra_link_args=["-pthread"])]
 

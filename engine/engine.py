@@ -73,7 +73,8 @@ class Engine:
         self.attention = make_attention_backend(
             choice.attention_backend, num_qo_heads=model_config.num_heads,
             num_kv_heads=model_config.num_kv_heads, head_dim=model_config.head_dim,
-            page_size=self.page_size, device=self.device)
+            page_size=self.page_size, device=self.device,
+            c_decode=self.model.planner is not None)
         self.sampler = Sampler(seed)
         self.grammar = GrammarCompiler(tokenizer, model_config.vocab_size) if tokenizer else None
         self._stats = EngineStats()

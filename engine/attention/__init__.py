@@ -31,8 +31,10 @@ class AttentionBackend(Protocol):
 
 
 def make_attention_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
-                           page_size: int, device: str | torch.device = "cpu") -> AttentionBackend:
-    """Build the backend `name` ("auto" = the best one available for `device`)."""
+                           page_size: int, device: str | torch.device = "cpu",
+                           c_decode: bool = False) -> AttentionBackend:
+    """Build the backend `name` ("auto" = the best one available for `device`). `c_decode`: the
+    torch backend runs plain decode batches on engine.quant's C kernel (quantized CPU mode)."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"attention backend must be one of {BACKEND_NAMES}, got {name!r}")
     device_type = torch.device(device).type
@@ -45,4 +47,4 @@ def make_attention_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, h
         else:
             return FlashInferAttention(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
                                        head_dim=head_dim, page_size=page_size, device=device)
-    return TorchPagedAttention(num_qo_heads, num_kv_heads, head_dim, page_size, device)
+    return TorchPagedAttention(num_qo_heads, num_kv_heads, head_dim, page_size, device, c_decode)

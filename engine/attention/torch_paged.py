@@ -11,6 +11,9 @@ Requests are split in two kinds:
 - long requests (prefills) run one SDPA call each; their cost is dominated by their own size.
 GQA: the G = num_qo_heads / num_kv_heads query heads sharing a KV head are folded into the query
 rows of that KV head ([B, Hkv, G * q, D]), so K and V are never repeated.
+With `c_decode` (the quantized CPU engine, float32 pool), a batch of plain decode steps (one new
+token per request, no custom mask) runs each layer as one call of engine.quant's C kernel
+(append + attention straight from the pages) instead of ~8 torch ops.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.page_table import PageTable
+from engine.quant import kernels as quant_kernels
 
 __all__ = ["TorchPagedAttention", "MAX_PADDED_Q"]
 
@@ -65,8 +69,13 @@ class TorchPagedAttention:
     name = "torch"
 
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", c_decode: bool = False) -> None:
         self.device = torch.device(device)       # where the pool lives; plan moves indices there
+        self.c_decode = (c_decode and self.device.type == "cpu" and head_dim % 8 == 0
+                         and quant_kernels.available())
+        self._c_indices: tuple[torch.Tensor, ...] | None = None   # append, kv rows, kv lens
+        self._c_attention: quant_kernels.DecodeAttention | None = None   # made at layer 0
+        self._pending_kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self.num_qo_heads = num_qo_heads
         self.num_kv_heads = num_kv_heads
         self.group_size = num_qo_heads // num_kv_heads
@@ -88,6 +97,11 @@ class TorchPagedAttention:
         self._padded = self._plan_padded(table, short_ids) if len(short_ids) else None
         long_ids = (q_lens > MAX_PADDED_Q).nonzero().flatten().tolist()
         self._long = [self._plan_long(table, b) for b in long_ids]
+        self._c_attention, self._pending_kv = None, None
+        plain_decode = (self._padded is not None and self._padded.is_whole_batch
+                        and table.custom_mask is None)
+        self._c_indices = ((append_rows, self._padded.kv_rows[0], table.kv_lens)
+                           if self.c_decode and plain_decode else None)
 
     def _plan_padded(self, table: PageTable, request_ids: torch.Tensor) -> _PaddedGroup:
         q_lens = table.q_lens()[request_ids]                              # [Bs]
@@ -137,6 +151,9 @@ class TorchPagedAttention:
         kv_layer: [num_pages, 2, page_size, num_kv_heads, head_dim]
         k, v:     [num_tokens, num_kv_heads, head_dim]
         """
+        if self._c_indices is not None and kv_layer.dtype == torch.float32:
+            self._pending_kv = (k, v)            # run() writes them, in the same C call
+            return
         slot_view = kv_layer.view(-1, self.num_kv_heads, self.head_dim)
         if k.dtype != kv_layer.dtype:
             k, v = k.to(kv_layer.dtype), v.to(kv_layer.dtype)
@@ -151,6 +168,8 @@ class TorchPagedAttention:
         returns   [num_tokens, num_qo_heads, head_dim]
         """
         slot_view = kv_layer.view(-1, self.num_kv_heads, self.head_dim)
+        if self._pending_kv is not None:
+            return self._run_c_decode(q, slot_view)
         if self._padded is not None and self._padded.is_whole_batch:
             return self._run_decode(q, slot_view)
         out = torch.empty_like(q)
@@ -176,6 +195,15 @@ class TorchPagedAttention:
         attn = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2),
                                               attn_mask=group.mask)      # [B, Hkv, G, D]
         return attn.view(bs, self.num_qo_heads, self.head_dim)
+
+    def _run_c_decode(self, q: torch.Tensor, slot_view: torch.Tensor) -> torch.Tensor:
+        """Plain decode on the C kernel: append this layer's K/V, attend; [B, Hq, D]."""
+        k, v = self._pending_kv
+        self._pending_kv = None
+        if self._c_attention is None:             # the indices are checked once per pass
+            self._c_attention = quant_kernels.DecodeAttention(*self._c_indices, self.page_size,
+                                                              slot_view.shape[0])
+        return self._c_attention(q, k, v, slot_view)
 
     def _run_padded(self, q: torch.Tensor, slot_view: torch.Tensor, out: torch.Tensor) -> None:
         group, hkv, g, d = self._padded, self.num_kv_heads, self.group_size, self.head_dim

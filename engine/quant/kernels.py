@@ -13,7 +13,7 @@ import torch
 from engine.quant.tensor import QuantizedTensor
 
 __all__ = ["available", "unavailable_reason", "levels", "best_level", "matmul",
-           "dequantize", "PreparedMatmul", "add_rms_norm", "PreparedRmsNorm"]
+           "dequantize", "PreparedMatmul", "add_rms_norm", "PreparedRmsNorm", "DecodeAttention"]
 
 
 def _load_extension():
@@ -93,6 +93,63 @@ class PreparedRmsNorm:
         out = torch.empty_like(x)
         self._call(x.data_ptr(), 0 if delta is None else delta.data_ptr(), self._weight_ptr,
                    self.eps, x.shape[0], self._num_cols, out.data_ptr())
+        return out
+
+
+class DecodeAttention:
+    """One decode batch's paged attention, its index tensors checked once (plan) and reused by
+    every layer: each call writes k_new / v_new at append_rows (V rows: + page_size), then
+    returns softmax(q K^T / sqrt(D)) V over each request's first kv_lens rows of kv_rows.
+
+    append_rows [B], kv_rows [B, max_kv], kv_lens [B]: int64, rows of a slot view of `num_rows`
+    rows (a KV layer's pages, 2 * page_size rows each). ValueError for anything out of range
+    (the C side reads raw addresses)."""
+
+    def __init__(self, append_rows: torch.Tensor, kv_rows: torch.Tensor, kv_lens: torch.Tensor,
+                 page_size: int, num_rows: int) -> None:
+        self._call = _require().decode_attention
+        self.append_rows = append_rows.to(torch.int64).contiguous()     # [B]
+        self.kv_rows = kv_rows.to(torch.int64).contiguous()             # [B, max_kv]
+        self.kv_lens = kv_lens.to(torch.int64).contiguous()             # [B]
+        self.page_size, self.num_rows = int(page_size), int(num_rows)
+        num_requests = self.append_rows.shape[0]
+        if (self.kv_rows.dim() != 2 or self.kv_rows.shape[0] != num_requests
+                or self.kv_lens.shape != (num_requests,)):
+            raise ValueError("DecodeAttention: append_rows [B], kv_rows [B, max_kv] and "
+                             "kv_lens [B] must agree on B")
+        highest = self.num_rows - self.page_size        # a K row's V row must exist too
+        for name, rows in (("append_rows", self.append_rows), ("kv_rows", self.kv_rows)):
+            if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= highest):
+                raise ValueError(f"DecodeAttention: {name} outside rows 0..{highest - 1}")
+        if num_requests and (int(self.kv_lens.min()) < 0
+                             or int(self.kv_lens.max()) > self.kv_rows.shape[1]):
+            raise ValueError("DecodeAttention: kv_lens outside 0..max_kv")
+
+    def __call__(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                 slot_view: torch.Tensor) -> torch.Tensor:
+        """q [B, Hq, D], k_new / v_new [B, Hkv, D] float32 (heads and D contiguous, any token
+        stride); slot_view [num_rows, Hkv, D] float32 contiguous -> out [B, Hq, D]."""
+        num_requests, num_q_heads, head_dim = q.shape
+        num_kv_heads = slot_view.shape[1]
+        for name, tensor, heads in (("q", q, num_q_heads), ("k_new", k_new, num_kv_heads),
+                                    ("v_new", v_new, num_kv_heads)):
+            if (tensor.dtype != torch.float32 or tensor.shape != (num_requests, heads, head_dim)
+                    or tensor.stride()[1:] != (head_dim, 1) or tensor.device.type != "cpu"):
+                raise ValueError(f"DecodeAttention: {name} must be CPU float32 [{num_requests}, "
+                                 f"{heads}, {head_dim}] with contiguous heads")
+        if (slot_view.dtype != torch.float32 or not slot_view.is_contiguous()
+                or slot_view.shape != (self.num_rows, num_kv_heads, head_dim)
+                or num_requests != self.kv_lens.shape[0] or head_dim % 8
+                or num_q_heads % num_kv_heads):
+            raise ValueError(f"DecodeAttention: slot_view must be contiguous float32 "
+                             f"[{self.num_rows}, Hkv, D] (D a multiple of 8, Hq of Hkv) for "
+                             f"{self.kv_lens.shape[0]} requests")
+        out = torch.empty(num_requests, num_q_heads, head_dim, dtype=torch.float32)
+        self._call(q.data_ptr(), q.stride(0), k_new.data_ptr(), k_new.stride(0),
+                   v_new.data_ptr(), v_new.stride(0), slot_view.data_ptr(),
+                   self.append_rows.data_ptr(), self.kv_rows.data_ptr(), self.kv_lens.data_ptr(),
+                   num_requests, self.kv_rows.shape[1], self.page_size, num_q_heads,
+                   num_kv_heads, head_dim, head_dim ** -0.5, out.data_ptr())
         return out
 
 

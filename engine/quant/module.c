@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "formats.h"
+#include "decode_attention.h"
 #include "norm.h"
 #include "pool.h"
 
@@ -168,6 +169,42 @@ static PyObject *py_rms_norm(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* decode_attention(q, q_stride, k_new, k_stride, v_new, v_stride, slots, append_rows, kv_rows,
+ * kv_lens, num_requests, max_kv, page_size, num_q_heads, num_kv_heads, head_dim, scale, out):
+ * see decode_attention.h (engine/quant/kernels.py's DecodeAttention checks the tensors) */
+static PyObject *py_decode_attention(PyObject *self, PyObject *args) {
+    unsigned long long q, k_new, v_new, slots, append_rows, kv_rows, kv_lens, out;
+    long long q_stride, k_stride, v_stride, num_requests, max_kv, page_size;
+    int num_q_heads, num_kv_heads, head_dim;
+    float scale;
+    if (!PyArg_ParseTuple(args, "KLKLKLKKKKLLLiiifK", &q, &q_stride, &k_new, &k_stride, &v_new,
+                          &v_stride, &slots, &append_rows, &kv_rows, &kv_lens, &num_requests,
+                          &max_kv, &page_size, &num_q_heads, &num_kv_heads, &head_dim, &scale,
+                          &out))
+        return NULL;
+    if (num_requests < 0 || max_kv < 0 || page_size <= 0 || num_kv_heads <= 0 || head_dim <= 0
+            || head_dim % 8 || num_q_heads % num_kv_heads)
+        return PyErr_Format(PyExc_ValueError, "decode_attention: bad shape (requests %lld, "
+                            "max_kv %lld, heads %d/%d, head_dim %d)", num_requests, max_kv,
+                            num_q_heads, num_kv_heads, head_dim);
+    decode_batch batch = {
+        .q = (const float *)(uintptr_t)q, .k_new = (const float *)(uintptr_t)k_new,
+        .v_new = (const float *)(uintptr_t)v_new, .q_stride = q_stride, .k_stride = k_stride,
+        .v_stride = v_stride, .slots = (float *)(uintptr_t)slots,
+        .append_rows = (const int64_t *)(uintptr_t)append_rows,
+        .kv_rows = (const int64_t *)(uintptr_t)kv_rows,
+        .kv_lens = (const int64_t *)(uintptr_t)kv_lens, .num_requests = num_requests,
+        .max_kv = max_kv, .page_size = page_size, .num_q_heads = num_q_heads,
+        .num_kv_heads = num_kv_heads, .head_dim = head_dim, .scale = scale,
+        .out = (float *)(uintptr_t)out};
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = decode_attention(&batch);
+    Py_END_ALLOW_THREADS
+    if (status != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 /* row_bytes(qtype, k) -> bytes of one row of k values, 0 when unsupported */
 static PyObject *py_row_bytes(PyObject *self, PyObject *args) {
     int qtype;
@@ -180,6 +217,7 @@ static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS, "y[m, n] = x[m, k] @ W[n, k]^T from GGUF blocks"},
     {"dequantize", py_dequantize, METH_VARARGS, "out[n, k] float32 from GGUF blocks"},
     {"levels", py_levels, METH_NOARGS, "kernel levels this CPU supports, slowest first"},
+    {"decode_attention", py_decode_attention, METH_VARARGS, "paged attention of decode steps"},
     {"rms_norm", py_rms_norm, METH_VARARGS, "out = rms_norm(x (+= delta)) * weight, float32 rows"},
     {"row_bytes", py_row_bytes, METH_VARARGS, "bytes per row of k values of a qtype"},
     {NULL, NULL, 0, NULL},

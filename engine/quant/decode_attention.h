@@ -1,0 +1,29 @@
+/* Paged attention of decode steps (decode_attention.c). */
+#ifndef PIE_QUANT_DECODE_ATTENTION_H
+#define PIE_QUANT_DECODE_ATTENTION_H
+
+#include <stdint.h>
+
+/* Where one decode batch's tensors are. Rows: `slots` is the KV pool of one layer viewed as
+ * [num_rows, num_kv_heads, head_dim] float32 (a page is 2 * page_size rows: K then V). */
+typedef struct {
+    const float *q;              /* [B, num_q_heads, head_dim], token stride q_stride floats */
+    const float *k_new;          /* [B, num_kv_heads, head_dim], token stride k_stride */
+    const float *v_new;          /* [B, num_kv_heads, head_dim], token stride v_stride */
+    int64_t q_stride, k_stride, v_stride;
+    float *slots;                /* the pool's rows */
+    const int64_t *append_rows;  /* [B] K row of each new token (its V row: + page_size) */
+    const int64_t *kv_rows;      /* [B, max_kv] K rows of each request's context, in order */
+    const int64_t *kv_lens;      /* [B] context length (<= max_kv), the new token included */
+    int64_t num_requests, max_kv, page_size;
+    int num_q_heads, num_kv_heads, head_dim;   /* head_dim a multiple of 8 */
+    float scale;                 /* softmax scale, 1 / sqrt(head_dim) */
+    float *out;                  /* [B, num_q_heads, head_dim] contiguous */
+} decode_batch;
+
+/* Writes each new token's K and V into the pool, then out = softmax(q K^T * scale) V over each
+ * request's context (query head h reads KV head h / (num_q_heads / num_kv_heads)). 0 on success,
+ * -1 when the scratch row of scores cannot be allocated. */
+int decode_attention(const decode_batch *batch);
+
+#endif

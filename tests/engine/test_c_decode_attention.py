@@ -1,0 +1,79 @@
+"""The C decode-attention kernel (quantized CPU mode) against the dense per-request reference:
+plain decode batches run on it (new K/V written at their tail slots, ragged lengths, shared
+pages, GQA); masked or mixed batches keep the torch path; bad indices are refused."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.attention import TorchPagedAttention
+from engine.batch import ForwardBatch
+from engine.page_table import build_page_table
+from engine.quant import kernels
+from tests.engine.test_attention import D, HKV, HQ, NUM_PAGES, PAGE_SIZE, reference, req
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.unavailable_reason())
+
+HEAD_DIM = 16      # the kernel takes multiples of 8; test_attention's D is 8
+
+
+def run_c_backend(batch: ForwardBatch, head_dim: int, seed: int):
+    """(backend output, reference, backend, pool, table, new K, new V) for one pass."""
+    generator = torch.Generator().manual_seed(seed)
+    pool = torch.randn(NUM_PAGES, 2, PAGE_SIZE, HKV, head_dim, generator=generator)
+    table = build_page_table(batch, PAGE_SIZE)
+    qkv = torch.randn(table.num_tokens, HQ + 2 * HKV, head_dim, generator=generator)
+    q, k_new, v_new = qkv[:, :HQ], qkv[:, HQ:HQ + HKV], qkv[:, HQ + HKV:]   # strided views
+    backend = TorchPagedAttention(HQ, HKV, head_dim, PAGE_SIZE, c_decode=True)
+    backend.plan(table)
+    backend.append_kv(pool, k_new, v_new)
+    out = backend.run(q, pool)
+    expected = reference(q * math.sqrt(D / head_dim), pool, table)   # it scales by 1/sqrt(D)
+    return out, expected, backend, pool, table, k_new, v_new
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_plain_decode_batches_run_on_the_kernel_and_match(seed: int) -> None:
+    batch = ForwardBatch((req(1, (3, 4), 2), req(1, (5,), 4), req(1, (3, 6, 7), 1),
+                          req(1, (8,), 1)))           # ragged lengths, page 3 shared, 1-slot context
+    out, expected, backend, pool, table, k_new, v_new = run_c_backend(batch, HEAD_DIM, seed)
+    assert backend._c_attention is not None               # the kernel ran
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    for row in range(table.num_tokens):                   # the new K/V landed at their tail slots
+        page, slot = int(table.append_page_ids[row]), int(table.append_slots[row])
+        assert torch.equal(pool[page, 0, slot], k_new[row])
+        assert torch.equal(pool[page, 1, slot], v_new[row])
+
+
+def test_masked_and_mixed_batches_keep_the_torch_path() -> None:
+    masked = ForwardBatch((req(1, (3, 4), 2, mask=((1, 4, 1),)), req(1, (5,), 4)))
+    out, expected, backend, *_ = run_c_backend(masked, HEAD_DIM, seed=2)
+    assert backend._c_attention is None
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    mixed = ForwardBatch((req(3, (1,), 3), req(1, (5,), 4)))
+    out, expected, backend, *_ = run_c_backend(mixed, HEAD_DIM, seed=3)
+    assert backend._c_attention is None
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_head_dims_the_kernel_cannot_take_keep_the_torch_path() -> None:
+    assert not TorchPagedAttention(HQ, HKV, D + 4, PAGE_SIZE, c_decode=True).c_decode
+    assert not TorchPagedAttention(HQ, HKV, D, PAGE_SIZE).c_decode
+
+
+def test_out_of_range_indices_are_refused_before_the_kernel_reads_them() -> None:
+    rows = torch.tensor([0, 1])
+    lens = torch.tensor([1, 1])
+    with pytest.raises(ValueError, match="kv_rows outside rows 0..59"):
+        kernels.DecodeAttention(rows, torch.tensor([[0], [60]]), lens, page_size=4, num_rows=64)
+    with pytest.raises(ValueError, match="kv_lens outside 0..max_kv"):
+        kernels.DecodeAttention(rows, torch.tensor([[0], [1]]), torch.tensor([1, 2]), 4, 64)
+    attention = kernels.DecodeAttention(rows, torch.tensor([[0], [1]]), lens, 4, 64)
+    q = torch.randn(2, HQ, HEAD_DIM)
+    k = torch.randn(2, HKV, HEAD_DIM)
+    with pytest.raises(ValueError, match=r"slot_view must be contiguous float32 \[64, Hkv, D\]"):
+        attention(q, k, k, torch.zeros(32, HKV, HEAD_DIM))
+    with pytest.raises(ValueError, match="q must be CPU float32"):
+        attention(q.double(), k, k, torch.zeros(64, HKV, HEAD_DIM))
