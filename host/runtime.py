@@ -12,6 +12,7 @@ import importlib.metadata
 import itertools
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -34,6 +35,7 @@ __all__ = ["Runtime", "RuntimeStats", "InstanceInfo", "InstanceEvent", "Instance
 _log = logging.getLogger("pie.runtime")
 _RECLAIM_WAIT_S = 5.0
 _MAX_FINISHED_KEPT = 4096
+_IDLE_CHECK_S = 0.05           # how often the ticker looks for instances idle in a WASI call
 EventCallback = Callable[[InstanceEvent], None]
 
 
@@ -284,9 +286,19 @@ class Runtime:
         return self.page_allocator.num_free() > num_free_before
 
     def _tick(self) -> None:
+        """Advance the Wasmtime epoch every epoch_tick_ms; every _IDLE_CHECK_S, end the
+        instances idle past their limit in a WASI call (no epoch deadline reaches them)."""
         interval = self.config.epoch_tick_ms / 1000
+        next_idle_check = time.monotonic()
         while not self._closed.wait(interval):
             self.wasm_engine.increment_epoch()
+            now = time.monotonic()
+            if now >= next_idle_check:
+                next_idle_check = now + _IDLE_CHECK_S
+                with self._lock:
+                    running = list(self._running.values())
+                for instance in running:
+                    instance.end_if_idle_in_wasi(now)
 
 
 def _reclaim_reason(view: PoolView, victim: Holder, requester_id: str,

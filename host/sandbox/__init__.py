@@ -3,6 +3,7 @@
 - programs.py     ProgramCache: validate a component against the world, compile, cache on disk
 - build.py        `pie build`: a Python inferlet -> a component (componentize-py)
 - instance.py     Instance: one guest's thread, Store, limits (memory, idle, blocking) and lifecycle
+- instance_log.py InstanceLog: an instance's log and stdout / stderr lines, bounded in characters
 - tables.py       InstanceTables: the per-instance queue, forward-future and page tables
 - traps.py        a trap message -> the cause a user reads
 - events.py       InstanceEvent / InstanceOutcome: what an instance reports

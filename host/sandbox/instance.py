@@ -7,18 +7,19 @@ guest's stdout / stderr go to the instance's log (bounded). Idle limit: every ho
 `last_host_exit`; an epoch-deadline callback, run by Wasmtime every few ticks of the engine epoch
 while the guest computes, traps the guest once it has computed for `max_idle_s` without a host
 call, or once it was terminated. Time blocked inside the host never counts. Blocking host calls
-wait through `wait_future` / `blocking_timeout`, which `terminate` wakes.
+wait through `wait_future` / `blocking_timeout`, which `terminate` wakes. Time blocked in a WASI
+call (a sleep) counts like computing, but no deadline callback runs there: the runtime's ticker
+asks `end_if_idle_in_wasi` instead, which ends such an instance with the same idle trap.
 
 A terminated instance still running 0.5 s later outside the host's bindings (blocked in a WASI
 call Wasmtime cannot interrupt) is abandoned: its end is reported and its resources returned,
-its thread finishes by itself later.
+its thread finishes by itself later (an instance over the idle limit in WASI is abandoned at once).
 
 After a trap the Store is poisoned: it is dropped, and the runtime's `on_finish` releases every
 page reference, pending submission and channel of the instance.
 """
 from __future__ import annotations
 
-import collections
 import ctypes
 import logging
 import math
@@ -37,6 +38,7 @@ from host.errors import Cancelled, TrapError
 from host.messages.hub import InstanceChannel, MessageHub
 from host.runtime_config import InstanceLimits
 from host.sandbox.events import InstanceOutcome
+from host.sandbox.instance_log import InstanceLog
 from host.sandbox.programs import Program
 from host.sandbox.tables import InstanceTables
 from host.sandbox.traps import classify_trap
@@ -46,10 +48,9 @@ from host.scheduling.types import SubmissionFuture
 __all__ = ["Instance", "HostServices", "ModelInfo"]
 
 _log = logging.getLogger("pie.instance")
-_MAX_LOG_LINES = 2000
-_MAX_LOG_LINE_CHARS = 8192       # a longer line is cut, saying how much was cut
 _ABANDON_AFTER_S = 0.5          # a terminated instance still running then is abandoned
 _MAX_CHECK_TICKS = 5            # the deadline callback runs at least every 5 epoch ticks
+_COMPUTING_MARGIN_S = 0.2       # a deadline callback this recent: the guest computes, not in WASI
 _DEADLINE_CONTINUE = 0          # WASMTIME_UPDATE_DEADLINE_CONTINUE
 # The exact ctypes function types wasmtime-py declared for wasmtime_store_epoch_deadline_callback.
 _DeadlineCallback = _bindings._wasmtime_store_epoch_deadline_callback.argtypes[1]
@@ -106,13 +107,14 @@ class Instance:
         self.outcome: InstanceOutcome | None = None
         self.trap_cause: str | None = None
         self.last_host_exit = time.monotonic()
+        self.last_deadline_check = 0.0   # the deadline callback's last run (the guest computing)
+        self._in_guest = False           # the Store exists: the guest instantiates or runs
         self._on_finish = on_finish
-        self._log_lines: collections.deque[str] = collections.deque()
-        self._num_log_chars = 0
-        self._log_lock = threading.Lock()
-        self._partial_output = {"stdout": b"", "stderr": b""}
+        self._log = InstanceLog(limits.max_log_chars,
+                                lambda line: _log.debug("[%s] %s", instance_id, line))
         self._lock = threading.Lock()
         self._cancel_reason: str | None = None
+        self._cancel_status = "terminated"   # the outcome's status once cancelled
         # The waker of the instance thread's blocking waits: a lock used as a binary semaphore
         # (held = not signalled); released by a future's done-callback or by terminate. Only the
         # instance thread waits on it, one wait at a time.
@@ -133,24 +135,43 @@ class Instance:
     def start(self) -> None:
         self._thread.start()
 
-    def terminate(self, reason: str) -> bool:
+    def terminate(self, reason: str, status: str = "terminated") -> bool:
         """Ask the instance to end: blocked host calls wake with Cancelled, a computing guest
         traps at its next epoch check. A guest blocked in a WASI call (a sleep) cannot be
         interrupted: if it has not ended _ABANDON_AFTER_S later it is abandoned (every page,
         pass and channel returned, its end reported); its thread ends by itself later, trapping
-        at its next host call or epoch check. False when it had already ended or been asked."""
+        at its next host call or epoch check. It ends with `status` ("terminated", or "trap" for
+        a limit) and `reason`. False when it had already ended or been asked."""
         with self._lock:
             if self._done.is_set() or self._cancel_reason is not None:
                 return False
-            self._cancel_reason = reason
+            self._cancel_reason, self._cancel_status = reason, status
         self._wake()
         self.channel.close(f"instance {self.instance_id} terminated: {reason}")
         self.services.scheduler.cancel_owner(self.instance_id)
-        self._arm_abandon()
+        self._arm_abandon(_ABANDON_AFTER_S)
         return True
 
-    def _arm_abandon(self) -> None:
-        timer = threading.Timer(_ABANDON_AFTER_S, self._abandon_if_stuck)
+    def end_if_idle_in_wasi(self, now: float) -> bool:
+        """End the instance with the idle trap ("no host call for N s (blocked in a WASI call)")
+        when it has spent max_idle_s since its last host call with its thread outside both the
+        host's bindings and Wasm (no deadline callback for _COMPUTING_MARGIN_S: a computing
+        guest is trapped by that callback instead). It is abandoned at once, on a timer thread.
+        Called by the runtime's ticker; True when it ended the instance."""
+        if not self._in_guest or self.num_host_calls_active > 0 or self._cancel_reason is not None \
+                or now - self.last_host_exit < self.limits.max_idle_s \
+                or now - self.last_deadline_check < _COMPUTING_MARGIN_S:
+            return False
+        cause = f"no host call for {self.limits.max_idle_s:g} s (blocked in a WASI call)"
+        if not self.terminate(cause, status="trap"):
+            return False
+        if self.trap_cause is None:
+            self.trap_cause = cause
+        self._arm_abandon(0.0)
+        return True
+
+    def _arm_abandon(self, delay_s: float) -> None:
+        timer = threading.Timer(delay_s, self._abandon_if_stuck)
         timer.name = f"pie-{self.instance_id}-abandon"
         timer.daemon = True
         timer.start()
@@ -162,11 +183,11 @@ class Instance:
         if self._done.is_set():
             return
         if self.num_host_calls_active > 0:
-            self._arm_abandon()
+            self._arm_abandon(_ABANDON_AFTER_S)
             return
-        self.log(f"host: abandoned {_ABANDON_AFTER_S:g} s after terminate (blocked in a WASI "
-                 f"call); its thread ends by itself")
-        self._finish_once(InstanceOutcome("terminated", self._cancel_reason or "terminated"))
+        self.log("host: abandoned after terminate (blocked in a WASI call); its thread ends by "
+                 "itself")
+        self._finish_once(InstanceOutcome(self._cancel_status, self._cancel_reason or "terminated"))
 
     def wait(self, timeout: float | None = None) -> InstanceOutcome | None:
         """The outcome once the instance has ended (None when `timeout` passes first)."""
@@ -182,37 +203,21 @@ class Instance:
         return self._cancel_reason
 
     def log_lines(self) -> tuple[str, ...]:
-        with self._log_lock:
-            return tuple(self._log_lines)
+        return self._log.lines()
 
     @property
     def num_log_chars(self) -> int:
-        return self._num_log_chars
+        return self._log.num_chars
 
     def log(self, line: str) -> None:
-        """Append a line (cut at 8,192 characters); the oldest lines go once the log passes
-        limits.max_log_chars or 2,000 lines. Ignored once the instance has finished (the thread
-        of an abandoned instance may still write)."""
-        if self._finish_started:
-            return
-        if len(line) > _MAX_LOG_LINE_CHARS:
-            line = f"{line[:_MAX_LOG_LINE_CHARS]}... ({len(line) - _MAX_LOG_LINE_CHARS} more " \
-                   f"characters cut)"
-        with self._log_lock:
-            self._log_lines.append(line)
-            self._num_log_chars += len(line)
-            self._trim_log(self.limits.max_log_chars, _MAX_LOG_LINES)
-        _log.debug("[%s] %s", self.instance_id, line)
+        """Append a line to the bounded log (see InstanceLog). Ignored once the instance has
+        finished (the thread of an abandoned instance may still write)."""
+        if not self._finish_started:
+            self._log.append(line)
 
     def trim_log(self, max_chars: int) -> None:
         """Keep only the newest lines holding at most max_chars characters (an ended instance)."""
-        with self._log_lock:
-            self._trim_log(max_chars, _MAX_LOG_LINES)
-
-    def _trim_log(self, max_chars: int, max_lines: int) -> None:
-        while self._log_lines and (self._num_log_chars > max_chars
-                                   or len(self._log_lines) > max_lines):
-            self._num_log_chars -= len(self._log_lines.popleft())
+        self._log.trim(max_chars)
 
     # ------------------------------------------------------ blocking helpers
     def blocking_timeout(self) -> float | None:
@@ -258,7 +263,7 @@ class Instance:
         self.services.current.instance = self
         try:
             outcome = self._execute()
-            self._flush_output()
+            self._log.flush_output(self.log)
             self._finish_once(outcome)
         finally:
             self.services.current.instance = None
@@ -280,6 +285,7 @@ class Instance:
         store = None
         try:
             store = self._make_store()
+            self._in_guest = True
             guest = self.services.linker.instantiate(store, self.program.component)
             run = guest.get_func(store, "run")
             if run is None:
@@ -292,6 +298,7 @@ class Instance:
             _log.exception("instance %s: host error", self.instance_id)
             return self._outcome_of_trap(f"host error: {exc!r}", host_error=True)
         finally:
+            self._in_guest = False
             del store   # drop the (possibly poisoned) Store: nothing may call into it again
 
     def _make_store(self) -> Store:
@@ -305,8 +312,8 @@ class Instance:
                          instances=limits.max_core_instances, tables=limits.max_tables,
                          memories=limits.max_memories)
         wasi = WasiConfig()   # no args, env, preopened dirs or network; clocks and random only
-        wasi.stdout_custom = lambda data: self._write_output("stdout", data)
-        wasi.stderr_custom = lambda data: self._write_output("stderr", data)
+        wasi.stdout_custom = lambda data: self._log.write_output("stdout", data, self.log)
+        wasi.stderr_custom = lambda data: self._log.write_output("stderr", data, self.log)
         store.set_wasi(wasi)
         ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), self._deadline_callback, None,
                                                    _NO_FINALIZER)
@@ -317,6 +324,7 @@ class Instance:
     def _on_deadline(self, _context: Any, _data: Any, delta_out: Any, kind_out: Any) -> int:
         """Wasmtime's epoch-deadline callback: trap (return an error) or continue."""
         try:
+            self.last_deadline_check = time.monotonic()
             cause = self._deadline_cause()
             if cause is None:
                 delta_out[0] = self._check_ticks
@@ -353,7 +361,7 @@ class Instance:
 
     def _outcome_of_trap(self, message: str, host_error: bool = False) -> InstanceOutcome:
         if self._cancel_reason is not None:
-            return InstanceOutcome("terminated", self._cancel_reason)
+            return InstanceOutcome(self._cancel_status, self._cancel_reason)
         if self.trap_cause is not None:
             return InstanceOutcome("trap", self.trap_cause)
         if host_error:
@@ -365,20 +373,3 @@ class Instance:
 
     def _memory_limit_cause(self) -> str:
         return f"memory limit {self.limits.memory_mb} MiB reached"
-
-    # -------------------------------------------------------------- output
-    def _write_output(self, stream: str, data: bytes) -> None:
-        buffered = self._partial_output[stream] + data
-        *lines, rest = buffered.split(b"\n")
-        for line in lines:
-            self.log(f"{stream}: {line.decode('utf-8', errors='replace')}")
-        if len(rest) > 4096:   # a guest writing without newlines still reaches the log
-            self.log(f"{stream}: {rest.decode('utf-8', errors='replace')}")
-            rest = b""
-        self._partial_output[stream] = rest
-
-    def _flush_output(self) -> None:
-        for stream, rest in self._partial_output.items():
-            if rest:
-                self.log(f"{stream}: {rest.decode('utf-8', errors='replace')}")
-        self._partial_output = {"stdout": b"", "stderr": b""}

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from host.server.builtin import BUILTIN_NAME, load_builtin
+from host.server.openai_context import ContextLimits, context_problem, prompt_lengths
 from host.server.openai_format import completion_response, stream_chunk
 from host.server.openai_schema import ApiLimits, RequestError, parse_request
 from host.server.protocol import loads_bounded
@@ -128,8 +129,8 @@ class OpenAIFrontend:
             return _error(exc.status, str(exc), kind, exc.param, exc.code)
         too_long = await trio.to_thread.run_sync(self._context_problem, tenant, parsed)
         if too_long:
-            return _error(400, too_long, param="messages" if mode == "chat" else "prompt",
-                          code="context_length_exceeded")
+            param = "messages" if mode == "chat" and too_long[0] == "prompt" else too_long[0]
+            return _error(400, too_long[1], param=param, code="context_length_exceeded")
         receive = EventSink()
         try:
             handle = await self.service.launch(tenant, self.program, BUILTIN_NAME,
@@ -152,29 +153,21 @@ class OpenAIFrontend:
             return _error(500, f"generation failed ({final.kind}): {final.data}", "server_error")
         return JSONResponse(completion_response(*meta, json.loads(final.data)))
 
-    def _context_problem(self, tenant: Tenant, parsed: dict) -> str | None:
-        """Why the prompt and max_tokens do not fit one request's context, or None. The context
-        is the model's (max_position) or what the tenant's per-instance KV reservation holds,
-        whichever is smaller; the prompt is counted as the built-in inferlet will encode it."""
+    def _context_problem(self, tenant: Tenant, parsed: dict) -> tuple[str, str] | None:
+        """(parameter, why) when the prompts, max_tokens and n do not fit one request's context,
+        or None (see openai_context.py). One sequence's context is the model's (max_position),
+        the pool's or the tenant's per-instance KV reservation, whichever is smallest; all the
+        request's choices together must fit that reservation."""
         engine = self.service.runtime.engine
-        tokenizer = engine.tokenizer
-        if parsed["mode"] == "chat":
-            counted = [{"role": "user" if m["role"] == "tool" else m["role"],
-                        "content": m.get("content") or ""} for m in parsed["messages"]]
-            try:
-                texts = [tokenizer.render_chat(counted, True)]
-            except ValueError:    # the inferlet renders (and reports) it; no up-front count
-                return None
-        else:
-            texts = parsed["prompts"]
-        num_prompt = max(len(tokenizer.encode(text)) for text in texts)
-        max_position = getattr(getattr(engine, "model_config", None), "max_position", None)
-        context = min(self.limits.max_context, tenant.default_kv_pages * engine.page_size,
-                      max_position or self.limits.max_context)
-        if num_prompt + parsed["max_tokens"] <= context:
+        lengths = prompt_lengths(parsed, engine.tokenizer.encode, engine.tokenizer.render_chat)
+        if lengths is None:
             return None
-        return (f"the context length is {context} tokens, but {num_prompt + parsed['max_tokens']} "
-                f"were requested ({num_prompt} in the prompt, max_tokens {parsed['max_tokens']})")
+        max_position = getattr(getattr(engine, "model_config", None), "max_position", None)
+        max_pages = min(tenant.default_kv_pages, self.service.model_info()["num_pages"])
+        limits = ContextLimits(min(self.limits.max_context, max_pages * engine.page_size,
+                                   max_position or self.limits.max_context),
+                               max_pages, engine.page_size)
+        return context_problem(lengths, parsed["n"], parsed["max_tokens"], limits)
 
     async def _stream(self, handle: InstanceHandle, receive: EventSink,
                       parsed: dict, meta: tuple) -> AsyncIterator[str]:

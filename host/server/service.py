@@ -1,17 +1,20 @@
 """The server's core, owned by its trio thread: programs, instances, tenancy, events, shutdown.
 
-Instance threads never touch this object's state. The runtime calls `on_event` from an instance's
-thread; that callback queues the event onto the trio loop (`TrioToken.run_sync_soon`, the token is
-taken at `start`) and it is then handled here, in the trio thread, and forwarded to the sink (an
-`EventSink`, counted in bytes) of whoever launched the instance: a websocket connection or an
-OpenAI request. A closed sink drops the event. A client that stops reading has its instance cut
-off once more than `max_backlog_bytes` wait in its sink: the instance is terminated, its later
-messages are dropped, and its one final event (`terminated`, with the reason) still goes out.
+Instance threads touch only the sink's byte count and a handle's `cut_off` flag. The runtime
+calls `on_event` from an instance's thread; that callback counts the event's bytes in the sink
+(an `EventSink`) of whoever launched the instance (a websocket connection or an OpenAI request),
+queues the event onto the trio loop (`TrioToken.run_sync_soon`, the token is taken at `start`),
+where it is handed to that sink. A closed sink drops the event. A client that stops reading has
+its instance cut off, from the instance's own thread, once an event would put more than
+`max_backlog_bytes` in flight to or waiting in its sink: the instance is terminated, that event
+and its later messages are dropped, and its one final event (`terminated`, with the reason)
+still goes out, last.
 Blocking runtime calls (load_program, launch, terminate, wait, close) run in `trio.to_thread`.
 """
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -25,6 +28,8 @@ from host.server.uploads import UploadStore, StoredProgram, UnknownProgramError
 from host.server.tenants import QuotaBook, QuotaExceeded, Tenant
 
 __all__ = ["ServiceError", "InstanceHandle", "PieService", "FINAL_KINDS"]
+
+_log = logging.getLogger("pie.server")
 
 FINAL_KINDS = frozenset({"result", "error", "trap", "terminated"})
 
@@ -168,43 +173,67 @@ class PieService:
         return handle
 
     def _on_event_threaded(self, handle: InstanceHandle, event: Any) -> None:
-        """Runtime callback, on the instance's thread: queue the event for the trio thread.
+        """Runtime callback, on the instance's thread (a final event may come from the thread
+        that abandoned it): count the event in the sink, then queue it for the trio thread.
 
         `run_sync_soon` does not wait for the trio loop, so an instance never stalls on a busy
-        server (callbacks run in FIFO order: events stay in order)."""
+        server (callbacks run in FIFO order: events stay in order); the bytes on their way are
+        bounded by the cut-off here, however far behind the loop is."""
+        final = event.kind in FINAL_KINDS
+        if handle.cut_off and not final:
+            return                          # cut off: its later messages are dropped
+        sink = handle.sink
+        if sink is not None:
+            num_bytes = sink.reserve(event)
+            if not final and num_bytes > self.max_backlog_bytes:
+                sink.release(event)
+                self._cut_off(handle, event.instance_id, num_bytes)
+                return
         try:
-            self._token.run_sync_soon(self._deliver, handle, event)
+            self._token.run_sync_soon(self._deliver, handle, event, sink)
         except trio.RunFinishedError:
             pass  # the server is gone; nobody is listening
 
-    def _deliver(self, handle: InstanceHandle, event: Any) -> None:
+    def _cut_off(self, handle: InstanceHandle, instance_id: str, num_bytes: int) -> None:
+        """The client is not reading: terminate the instance (on its own thread), drop its later
+        messages (its final event still goes out). `instance_id` comes from the event: the
+        launching task may not have seen `launch` return yet (handle.instance_id still empty)."""
+        handle.cut_off = True
+        try:
+            self.runtime.terminate(instance_id, (
+                f"client not reading: {num_bytes} bytes of events waiting, over "
+                f"server.max_client_backlog_bytes ({self.max_backlog_bytes})"))
+        except KeyError:
+            pass  # it ended and was forgotten meanwhile: nothing left to cut off
+
+    def _deliver(self, handle: InstanceHandle, event: Any, sink: EventSink | None) -> None:
+        """Hand an event counted in `sink` to it (trio thread). Never raises: it runs as a trio
+        `run_sync_soon` callback, where an exception would stop the whole server."""
+        try:
+            self._deliver_counted(handle, event, sink)
+        except Exception:  # noqa: BLE001 -- a bug here must not stop the server
+            _log.exception("instance %s: delivering a %s event failed", event.instance_id,
+                           event.kind)
+
+    def _deliver_counted(self, handle: InstanceHandle, event: Any, sink: EventSink | None) -> None:
+        if handle.final_kind:               # one final event, and nothing after it
+            if sink is not None:
+                sink.release(event)
+            return
         self.metrics.count_event(event.kind, event.data)
         final = event.kind in FINAL_KINDS
         if final:
             handle.final_kind, handle.final_data = event.kind, event.data
-        if handle.sink is not None and (final or not handle.cut_off):
-            try:
-                handle.sink.put(event)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                handle.sink = None
+        if sink is not None:
+            if handle.sink is not sink:     # detached meanwhile: its client is gone
+                sink.release(event)
             else:
-                if not final and handle.sink.num_bytes > self.max_backlog_bytes:
-                    self._cut_off(handle, event.instance_id)
+                try:
+                    sink.put(event)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    handle.sink = None
         if final:
             self._forget(handle)
-
-    def _cut_off(self, handle: InstanceHandle, instance_id: str) -> None:
-        """The client is not reading: terminate the instance, drop its later messages (its
-        final event still goes out). `instance_id` comes from the event: the launching task may
-        not have seen `launch` return yet (handle.instance_id still empty). Never raises: it runs
-        as a trio `run_sync_soon` callback, where an exception would stop the whole server."""
-        handle.cut_off = True
-        try:
-            self.runtime.terminate(instance_id, (
-                f"client not reading: {handle.sink.num_bytes} bytes of events waiting, over "
-                f"server.max_client_backlog_bytes ({self.max_backlog_bytes})"))
-        except KeyError:
-            pass  # it ended and was forgotten meanwhile: nothing left to cut off
 
     def _forget(self, handle: InstanceHandle) -> None:
         self.quotas.remove(handle.key)

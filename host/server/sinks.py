@@ -1,14 +1,18 @@
 """EventSink: where instance events wait for the client that launched them, counted in bytes.
 
-One per websocket connection (shared by its instances) or per OpenAI request. The service puts
-events in from the trio thread; the connection's writer (or the HTTP response) takes them out.
-The sink counts the bytes waiting (each event's data plus a fixed overhead), so the service can
-cut off an instance whose client does not read once `server.max_client_backlog_bytes` are waiting,
-whatever the size of each event. Trio thread only (no locks).
+One per websocket connection (shared by its instances) or per OpenAI request. An event is
+counted (`reserve`, on the instance's thread) the moment it is queued towards the trio loop, is put
+in from the trio thread, and stops counting when the connection's writer (or the HTTP response)
+takes it out, or when it is dropped on the way (`release`). So `num_bytes` (each event's data plus
+a fixed overhead) covers the events in flight to trio as well as those waiting here, and the
+service can cut off an instance whose client does not read once `server.max_client_backlog_bytes`
+would be passed, whatever the size of each event and however slow the trio loop. The count is
+under a small lock; the channel itself is used from the trio thread only.
 """
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, AsyncIterator
 
 import trio
@@ -24,21 +28,47 @@ def event_bytes(event: Any) -> int:
 
 
 class EventSink:
-    """An unbounded channel of events with the bytes waiting in it (`num_bytes`)."""
+    """An unbounded channel of events with the bytes on their way to it or waiting in it
+    (`num_bytes`; the service bounds it)."""
 
     def __init__(self) -> None:
         self._send, self._receive = trio.open_memory_channel(math.inf)
-        self.num_bytes = 0
+        self._lock = threading.Lock()
+        self._num_bytes = 0
+        self._closed = False
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of the events reserved and not yet taken out or released."""
+        return self._num_bytes
+
+    def reserve(self, event: Any) -> int:
+        """Count an event on its way here (any thread); the bytes counted now, this one
+        included. A closed sink counts nothing (0)."""
+        with self._lock:
+            if self._closed:
+                return 0
+            self._num_bytes += event_bytes(event)
+            return self._num_bytes
+
+    def release(self, event: Any) -> None:
+        """Stop counting a reserved event that will not be put (dropped on its way)."""
+        self._add(-event_bytes(event))
+
+    def _add(self, num_bytes: int) -> None:
+        with self._lock:
+            if not self._closed:
+                self._num_bytes += num_bytes
 
     def put(self, event: Any) -> None:
-        """Queue an event; trio.BrokenResourceError / ClosedResourceError once closed."""
+        """Queue an event counted by `reserve`; trio.BrokenResourceError / ClosedResourceError
+        once closed (it then counts nothing)."""
         self._send.send_nowait(event)
-        self.num_bytes += event_bytes(event)
 
     async def get(self) -> Any:
         """The next event; trio.EndOfChannel once closed for sending and empty."""
         event = await self._receive.receive()
-        self.num_bytes -= event_bytes(event)
+        self._add(-event_bytes(event))
         return event
 
     def __aiter__(self) -> AsyncIterator[Any]:
@@ -58,4 +88,6 @@ class EventSink:
     def close(self) -> None:
         """Drop what is waiting; later puts fail (the service then stops delivering)."""
         self._receive.close()
-        self.num_bytes = 0
+        with self._lock:
+            self._closed = True
+            self._num_bytes = 0

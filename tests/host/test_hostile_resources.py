@@ -226,17 +226,43 @@ def test_logs_are_bounded_running_and_after_the_end(components, make_runtime):  
 
 
 # --------------------------------------------------------------------------- time and compute
+PATIENT = dataclasses.replace(LIMITS, max_idle_s=5.0)   # the idle limit does not end the sleep
+
+
+def wait_for_first_event(events: list) -> None:
+    deadline = time.monotonic() + 10
+    while not events and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_time_blocked_in_wasi_counts_toward_the_idle_limit(  # noqa: F811
+        components, make_runtime, solo_results):  # noqa: F811
+    runtime = make_runtime(fresh_engine(), LIMITS)   # max_idle_s 0.5; the guest sleeps 10 s
+    num_free = runtime.statistics().pages.num_free
+    events = []
+    sleeper_id = runtime.launch(runtime.load_program(components.component("sleeper")),
+                                on_event=events.append)
+    well_behaved = launch_well_behaved(runtime, components)
+    wait_for_first_event(events)
+    started = time.monotonic()
+    outcome = runtime.wait(sleeper_id, timeout=5)
+    assert time.monotonic() - started < 1.5
+    assert (outcome.status, outcome.value) == ("trap",
+                                               "no host call for 0.5 s (blocked in a WASI call)")
+    assert [e.kind for e in events] == ["message", "trap"]   # exactly one final event
+    assert_well_behaved_unharmed(runtime, well_behaved, solo_results)
+    assert_pool_back(runtime, num_free, num_memories_left=1)   # until its sleep returns
+
+
 def test_terminate_ends_an_instance_blocked_in_wasi_within_a_second(  # noqa: F811
         components, make_runtime, solo_results):  # noqa: F811
-    runtime = make_runtime(fresh_engine(), LIMITS)
+    runtime = make_runtime(fresh_engine(), PATIENT)
     num_free = runtime.statistics().pages.num_free
     events = []
     program = runtime.load_program(components.component("sleeper"))
     sleeper_id = runtime.launch(program, on_event=events.append)
     well_behaved = launch_well_behaved(runtime, components)
-    deadline = time.monotonic() + 10
-    while not events and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for_first_event(events)
     assert [e.data for e in events] == ["sleeping"]
     time.sleep(0.2)                                   # now inside the 10 s WASI sleep
     started = time.monotonic()
@@ -250,13 +276,11 @@ def test_terminate_ends_an_instance_blocked_in_wasi_within_a_second(  # noqa: F8
 
 
 def test_close_does_not_wait_for_a_wasi_sleep(components, make_runtime):  # noqa: F811
-    runtime = make_runtime(fresh_engine(), LIMITS)
+    runtime = make_runtime(fresh_engine(), PATIENT)
     events = []
     runtime.launch(runtime.load_program(components.component("sleeper")),
                    on_event=events.append)
-    deadline = time.monotonic() + 10
-    while not events and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for_first_event(events)
     time.sleep(0.2)
     started = time.monotonic()
     runtime.close()

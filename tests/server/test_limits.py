@@ -193,15 +193,26 @@ def test_a_full_client_inbox_is_a_service_error_naming_the_limit() -> None:
         PieService.send(service, SimpleNamespace(name="a"), "i1", "hello")
 
 
+def _service_with_sink(terminate, max_backlog_bytes: int = 1000):
+    """A PieService over a stand-in runtime (only `terminate`), and a handle with a sink."""
+    from types import SimpleNamespace
+
+    from host.server.service import InstanceHandle, PieService
+    from host.server.sinks import EventSink
+
+    service = PieService(SimpleNamespace(terminate=terminate), store=None,
+                         metrics=SimpleNamespace(count_event=lambda kind, data: None),
+                         limits=None, max_upload_bytes=1, model={},
+                         max_backlog_bytes=max_backlog_bytes)
+    service.start()
+    return service, InstanceHandle(key="k", tenant="a", program="p", sink=EventSink(), kv_pages=1)
+
+
 def test_a_backlog_filled_before_launch_returns_cuts_off_the_event_s_instance() -> None:
     """An instance can flood its client before `launch` has returned to the launching task
     (handle.instance_id still empty): the cut-off terminates the instance the events came from,
-    and delivery never raises (it runs as a trio callback; an exception would stop the server)."""
-    from types import SimpleNamespace
-
+    and an unknown instance (forgotten meanwhile) is no error."""
     from host.sandbox.events import InstanceEvent
-    from host.server.service import InstanceHandle, PieService
-    from host.server.sinks import EventSink
 
     terminated: list[tuple[str, str]] = []
 
@@ -212,15 +223,57 @@ def test_a_backlog_filled_before_launch_returns_cuts_off_the_event_s_instance() 
         return True
 
     async def main() -> None:
-        service = PieService(SimpleNamespace(terminate=terminate), store=None,
-                             metrics=SimpleNamespace(count_event=lambda kind, data: None),
-                             limits=None, max_upload_bytes=1, model={}, max_backlog_bytes=1000)
-        handle = InstanceHandle(key="k", tenant="a", program="p", sink=EventSink(), kv_pages=1)
+        service, handle = _service_with_sink(terminate)
         for _ in range(3):
-            service._deliver(handle, InstanceEvent("i1", "message", "m" * 600))
+            await trio.to_thread.run_sync(service._on_event_threaded, handle,
+                                          InstanceEvent("i1", "message", "m" * 600))
         assert handle.cut_off and [instance_id for instance_id, _ in terminated] == ["i1"]
         assert "over server.max_client_backlog_bytes (1000)" in terminated[0][1]
-        gone = InstanceHandle(key="g", tenant="a", program="p", sink=EventSink(), kv_pages=1)
-        service._deliver(gone, InstanceEvent("i2", "message", "m" * 2000))   # forgotten: no raise
+        gone = _service_with_sink(terminate)[1]
+        await trio.to_thread.run_sync(service._on_event_threaded, gone,
+                                      InstanceEvent("i2", "message", "m" * 2000))
         assert gone.cut_off
+    trio.run(main)
+
+
+def test_events_in_flight_to_a_stalled_trio_loop_count_toward_the_backlog() -> None:
+    """With the trio loop stalled, an instance's events on their way to it are counted when
+    queued: the instance is cut off from its own thread once they pass the cap, later messages
+    are dropped at the source, and its final event still arrives, once, last."""
+    import threading
+    import time
+
+    from host.sandbox.events import InstanceEvent
+
+    terminated: list[str] = []
+
+    async def main() -> None:
+        service, handle = _service_with_sink(lambda _id, reason: terminated.append(reason),
+                                             max_backlog_bytes=100_000)
+        emitted = threading.Event()
+
+        def instance_thread() -> None:
+            for _ in range(1000):                      # 1000 x ~10 kB: 100x the cap
+                service._on_event_threaded(handle, InstanceEvent("i1", "message", "m" * 10_000))
+            service._on_event_threaded(handle, InstanceEvent("i1", "terminated", "cut off"))
+            emitted.set()
+
+        threading.Thread(target=instance_thread).start()
+        while not emitted.is_set():                    # the loop runs no callback meanwhile
+            time.sleep(0.001)
+        assert len(terminated) == 1 and "over server.max_client_backlog_bytes (100000)" in \
+            terminated[0]
+        assert handle.sink.num_bytes <= 100_000 + 64 + len("cut off")
+        kinds = []
+        with trio.fail_after(5):
+            async for event in handle.sink:
+                kinds.append(event.kind)
+                if event.kind == "terminated":
+                    break
+        assert kinds == ["message"] * 9 + ["terminated"]
+        assert handle.sink.num_bytes == 0 and handle.final_kind == "terminated"
+        late = InstanceEvent("i1", "message", "late")      # a message behind the final event
+        handle.sink.reserve(late)
+        service._deliver(handle, late, handle.sink)          # dropped, and no longer counted
+        assert handle.sink.num_bytes == 0
     trio.run(main)

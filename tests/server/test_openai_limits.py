@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.server.conftest import TOKENS, wait_until_idle
+from tests.server.conftest import TOKENS, scrape, wait_until_idle
 
 pytestmark = pytest.mark.slow
 HEADERS = {"Authorization": f"Bearer {TOKENS['alice']}"}
@@ -47,3 +47,32 @@ def test_hostile_bodies_answer_400_and_leave_others_alone(model_server) -> None:
     again = _post(model_server, QUESTION).json()["choices"][0]["message"]["content"]
     assert again == solo
     wait_until_idle(model_server.url)
+
+
+def test_all_choices_and_prompts_are_counted_against_the_context_up_front(model_server) -> None:
+    # each choice fits the 4096-token context; 8 of them at once need more than the 256 pages
+    # one request may hold: refused before launch (no instance ran, nothing was generated)
+    launched = _launched(model_server)
+    many = _post(model_server, {**QUESTION, "n": 8, "max_tokens": 600})
+    assert many.status_code == 400
+    error = many.json()["error"]
+    assert error["param"] == "n" and error["code"] == "context_length_exceeded"
+    assert "n=8 choices" in error["message"] and "256 pages (4096 tokens)" in error["message"]
+
+    prompts = {"model": QUESTION["model"], "prompt": ["Name a colour."] * 16, "max_tokens": 300}
+    listed = httpx.post(f"{model_server.url}/v1/completions", json=prompts, headers=HEADERS,
+                        timeout=120)
+    assert listed.status_code == 400
+    assert listed.json()["error"]["param"] == "prompt"
+    assert "16 prompt(s)" in listed.json()["error"]["message"]
+    assert _launched(model_server) == launched
+
+
+    two = _post(model_server, {**QUESTION, "n": 2})
+    assert two.status_code == 200 and len(two.json()["choices"]) == 2
+    wait_until_idle(model_server.url)
+
+
+def _launched(server) -> float:
+    return sum(value for name, value in scrape(server.url).items()
+               if name.startswith("pie_instances_launched_total"))
