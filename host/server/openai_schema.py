@@ -179,6 +179,7 @@ def parse_request(body: Any, mode: str, limits: ApiLimits) -> dict[str, Any]:
     request["seed"] = _integer(body, "seed", None, 0, 2**63 - 1)
     request["n"] = _integer(body, "n", 1, 1, MAX_N)
     request["stop"] = _stop(body)
+    request["ignore_eos"] = _boolean(body, "ignore_eos")    # vLLM's extension: run to max_tokens
     request["stream"] = _boolean(body, "stream")
     options = body.get("stream_options") or {}
     request["include_usage"] = bool(isinstance(options, dict) and options.get("include_usage"))

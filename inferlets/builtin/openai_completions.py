@@ -162,8 +162,10 @@ def main(args: list) -> str:
         def on_text(index: int, delta: str) -> None:
             send_json({"index": index, "delta": delta})
     samplers = [_sampler(request, i) for i in range(len(contexts))]
+    ignore_eos = {"stop_token_ids": ()} if request.get("ignore_eos") else {}
     generations = generate_parallel(contexts, request["max_tokens"], samplers,
-                                    stop=tuple(request["stop"]), on_text=on_text, schema=schema)
+                                    stop=tuple(request["stop"]), on_text=on_text, schema=schema,
+                                    **ignore_eos)
     choices = [_choice(request, i, gen, prompts[i // num_choices], call_schema)
                for i, gen in enumerate(generations)]
     usage = {"prompt_tokens": sum(len(ids) for ids in prompt_ids),

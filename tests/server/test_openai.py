@@ -70,6 +70,20 @@ def test_completions_with_n_seed_and_stop(model_server, client) -> None:
     assert "".join(c.choices[0].text for c in streamed if c.choices)
 
 
+def test_ignore_eos_generates_max_tokens_past_the_end_of_the_answer(model_server, client) -> None:
+    """vLLM's `ignore_eos` (what load benchmarks send, so both servers generate the same count)."""
+    short = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=64,
+                                           temperature=0, extra_body={"ignore_eos": False})
+    forced = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=64,
+                                            temperature=0, extra_body={"ignore_eos": True})
+    assert short.usage.completion_tokens < 64 and short.choices[0].finish_reason == "stop"
+    assert forced.usage.completion_tokens == 64 and forced.choices[0].finish_reason == "length"
+    assert forced.choices[0].message.content.startswith(short.choices[0].message.content)
+    with pytest.raises(openai.BadRequestError, match="ignore_eos"):
+        client.completions.create(model=MODEL, prompt="Hi", max_tokens=2,
+                                  extra_body={"ignore_eos": "yes"})
+
+
 def test_errors(model_server, client) -> None:
     bad_client = openai.OpenAI(base_url=f"{model_server.url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
