@@ -8,6 +8,7 @@ Each parser sets `func` to a handler taking the parsed namespace and returning a
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -85,8 +86,18 @@ def run_serve(namespace: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"pie serve: {exc}", file=sys.stderr)
         return 2
+    _show_engine_log()
     trio.run(partial(_serve_until_signal, config, namespace.host, namespace.port))
     return 0
+
+
+def _show_engine_log() -> None:
+    """The engine's load-time lines (which kernels run, and why) on stderr, like `pie run`."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("pie serve: %(message)s"))
+    engine_log = logging.getLogger("pie.engine")
+    engine_log.addHandler(handler)
+    engine_log.setLevel(logging.INFO)
 
 
 async def _serve_until_signal(config, host: str | None, port: int | None) -> None:

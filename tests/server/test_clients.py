@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
 import httpx
 
 from host.client import SyncClient
+from host.server import commands
 from host.server.commands import add_serve_parser, add_submit_parser
 from tests.server.conftest import TOKENS, wait_until_idle
 
@@ -69,3 +71,17 @@ def test_health_and_metrics(fake_server) -> None:
                  "pie_scheduler_queue_depth", "pie_tokens_per_second", "pie_batch_size_bucket",
                  "pie_generated_tokens_total", "pie_instances_launched_total"):
         assert f"\n{name}" in text, name
+
+
+def test_serve_shows_the_engine_line_on_stderr(capsys) -> None:
+    """`pie serve` prints which kernels the engine runs (the engine logs it once at load)."""
+    engine_log = logging.getLogger("pie.engine")
+    handlers, level = list(engine_log.handlers), engine_log.level
+    try:
+        commands._show_engine_log()
+        engine_log.info("engine: %s", "GGUF blocks (Q4_1) multiplied in place by the avx2 kernels")
+        assert ("pie serve: engine: GGUF blocks (Q4_1) multiplied in place by the avx2 kernels"
+                in capsys.readouterr().err)
+    finally:
+        engine_log.handlers[:] = handlers
+        engine_log.setLevel(level)
