@@ -95,6 +95,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._running: dict[str, Instance] = {}
         self._finished: dict[str, Instance] = {}
+        self._abandoned: dict[str, Instance] = {}   # ended on another thread than their own
         self._num_finished_chars = 0          # log and result characters of _finished
         self._launch_counter = itertools.count()
         self._num_launched = 0
@@ -230,10 +231,21 @@ class Runtime:
         with self._lock:
             self._running.pop(instance.instance_id, None)
             self._finished[instance.instance_id] = instance
+            if not instance.on_own_thread():      # abandoned: its thread is stuck in WASI
+                self._abandoned[instance.instance_id] = instance
             self._num_finished_chars += _kept_chars(instance)
             self._forget_finished()
             self._num_finished += 1
         emit(InstanceEvent(instance.instance_id, outcome.event_kind, outcome.value))
+
+    def num_lingering(self, tenant: str | None = None) -> int:
+        """Ended instances (of `tenant`, or all) whose threads are still blocked in the WASI
+        call they were abandoned in: each still holds its Store and linear memory."""
+        with self._lock:
+            for instance_id in [i for i, inst in self._abandoned.items() if not inst.is_lingering]:
+                del self._abandoned[instance_id]
+            return sum(1 for inst in self._abandoned.values()
+                       if tenant is None or inst.tenant == tenant)
 
     def _forget_finished(self) -> None:
         """Forget the oldest ended instances past _MAX_FINISHED_KEPT or max_finished_chars

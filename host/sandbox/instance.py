@@ -198,6 +198,15 @@ class Instance:
     def is_running(self) -> bool:
         return not self._done.is_set()
 
+    def on_own_thread(self) -> bool:
+        """True when called from the instance's own thread."""
+        return threading.current_thread() is self._thread
+
+    @property
+    def is_lingering(self) -> bool:
+        """Ended (abandoned in a WASI call) while its thread still runs, holding its Store."""
+        return self._done.is_set() and self._thread.is_alive()
+
     @property
     def cancel_reason(self) -> str | None:
         return self._cancel_reason

@@ -155,7 +155,7 @@ class PieService:
             raise ServiceError("server is shutting down: no new instances")
         pages = tenant.default_kv_pages if kv_pages is None else kv_pages
         try:
-            self.quotas.check_launch(tenant, pages)
+            self.quotas.check_launch(tenant, pages, self.runtime.num_lingering(tenant.name))
         except QuotaExceeded as exc:
             raise ServiceError(str(exc)) from None
         handle = InstanceHandle(f"r{next(self._keys)}", tenant.name, sha256, sink, pages)

@@ -91,12 +91,17 @@ class QuotaBook:
         self._usage: dict[str, _Usage] = {}
         self._reservations: dict[str, tuple[str, int]] = {}  # instance id -> (tenant, pages)
 
-    def check_launch(self, tenant: Tenant, kv_pages: int) -> None:
-        """Raise QuotaExceeded if one more instance reserving `kv_pages` would not fit."""
+    def check_launch(self, tenant: Tenant, kv_pages: int, num_lingering: int = 0) -> None:
+        """Raise QuotaExceeded if one more instance reserving `kv_pages` would not fit.
+        `num_lingering`: the tenant's ended instances whose threads are still blocked in a WASI
+        call (they hold their Store and memory until it returns): they count as instances."""
         usage = self._usage.get(tenant.name, _Usage())
-        if usage.num_instances + 1 > tenant.max_instances:
+        if usage.num_instances + num_lingering + 1 > tenant.max_instances:
+            lingering = (f" and {num_lingering} ended but still blocked in a WASI call"
+                         if num_lingering else "")
             raise QuotaExceeded(f"tenant {tenant.name!r}: instance quota reached "
-                                f"({usage.num_instances} of {tenant.max_instances} running)")
+                                f"({usage.num_instances} running{lingering}, of "
+                                f"max_instances {tenant.max_instances})")
         if kv_pages <= 0:
             raise QuotaExceeded(f"kv_pages must be positive, got {kv_pages}")
         free = tenant.max_kv_pages - usage.num_reserved_pages

@@ -250,6 +250,7 @@ def test_time_blocked_in_wasi_counts_toward_the_idle_limit(  # noqa: F811
     assert (outcome.status, outcome.value) == ("trap",
                                                "no host call for 0.5 s (blocked in a WASI call)")
     assert [e.kind for e in events] == ["message", "trap"]   # exactly one final event
+    assert runtime.num_lingering("default") == 1 and runtime.num_lingering("other") == 0
     assert_well_behaved_unharmed(runtime, well_behaved, solo_results)
     assert_pool_back(runtime, num_free, num_memories_left=1)   # until its sleep returns
 

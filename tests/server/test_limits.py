@@ -277,3 +277,17 @@ def test_events_in_flight_to_a_stalled_trio_loop_count_toward_the_backlog() -> N
         service._deliver(handle, late, handle.sink)          # dropped, and no longer counted
         assert handle.sink.num_bytes == 0
     trio.run(main)
+
+
+def test_instances_still_blocked_in_wasi_count_toward_the_instance_quota() -> None:
+    """An instance abandoned in a WASI call keeps its Store until the call returns: its tenant
+    cannot launch past max_instances by leaving such instances behind."""
+    from host.server.tenants import QuotaBook, QuotaExceeded, Tenant
+
+    tenant = Tenant("a", max_instances=3, max_kv_pages=30, max_program_bytes=1 << 20)
+    book = QuotaBook()
+    book.add(tenant, "i1", 10)
+    book.check_launch(tenant, 10, num_lingering=1)               # 1 + 1 + 1 fits in 3
+    with pytest.raises(QuotaExceeded, match=r"\(1 running and 2 ended but still blocked in a "
+                                            r"WASI call, of max_instances 3\)"):
+        book.check_launch(tenant, 10, num_lingering=2)

@@ -69,7 +69,8 @@ def test_instance_and_page_quotas(fake_server, probe_wasm) -> None:
                 await small.launch(program, ["echo"], kv_pages=0)
             first = await small.launch(program, ["echo"])
             assert (await small.list_instances())[0]["kv_pages"] == 4   # 4 pages / 1 instance
-            with pytest.raises(PieError, match="instance quota reached \\(1 of 1 running\\)"):
+            with pytest.raises(PieError, match=r"instance quota reached "
+                                                 r"\(1 running, of max_instances 1\)"):
                 await small.launch(program, ["echo"])
             await first.send("quit")
             assert (await first.wait()).data == "bye"
