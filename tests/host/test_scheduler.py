@@ -366,5 +366,7 @@ def test_runtime_instances_regroup_through_wasm(components, make_runtime):  # no
     stats = runtime.statistics().scheduler
     sizes = dict(stats.batch_size_histogram)
     assert stats.num_forwards == 8 * num_steps
-    assert sizes.get(8, 0) >= num_steps - 4, stats.batch_size_histogram   # launches trickle in
+    # launches trickle in, and on a loaded machine a guest may miss a batch now and then; a
+    # scheduler that does not regroup runs almost none of 8 (see the hold tests above)
+    assert sizes.get(8, 0) >= num_steps * 6 // 10, stats.batch_size_histogram
     assert stats.num_hold_timeouts == 0
