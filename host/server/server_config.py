@@ -54,6 +54,7 @@ class ServerSection:
     max_tenant_upload_bytes: int = 256 * 1024 * 1024   # one tenant's uploads in progress
     shutdown_grace_s: float = 10.0            # running instances may finish within this
     openai: bool = True                       # serve /v1/* through the built-in inferlet
+    count_linear_memory: bool = True          # name memory_mb whenever an instance hits it
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

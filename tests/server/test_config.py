@@ -51,3 +51,22 @@ def test_token_env_is_resolved(monkeypatch) -> None:
         config.tenants[0].resolved_token()
     monkeypatch.setenv("PIE_TEST_TOKEN", "secret")
     assert config.tenants[0].resolved_token() == "secret"
+
+
+def test_serve_counts_linear_memory_unless_turned_off() -> None:
+    """`pie serve` names the memory limit whenever an instance hits it (host-created memories),
+    unless the config turns that off."""
+    from host.server.setup import build_runtime
+    from tests.host.fake_engine import FakeEngine
+
+    tenants = [{"name": "a", "token": "t"}]
+    for server, counted in (({}, True), ({"count_linear_memory": False}, False)):
+        config = parse_config({"server": server, "tenants": tenants})
+        assert config.server.count_linear_memory is counted
+        runtime = build_runtime(config, FakeEngine(num_pages=16, page_size=4))
+        try:
+            assert (runtime.linear_memories is not None) is counted
+        finally:
+            runtime.close()
+    with pytest.raises(ConfigError, match="count_linear_memory"):
+        parse_config({"server": {"count_linear_memory": "yes"}, "tenants": tenants})
