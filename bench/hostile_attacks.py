@@ -25,10 +25,11 @@ MiB = 1024 * 1024
 
 
 def _ended(event) -> str:
-    """The final event in one line: its kind and the last line of its data (a traceback's
-    last line is the exception)."""
+    """The final event in one line: its kind, the first line of its data (where the host names
+    a limit it saw hit) and, for a traceback, its last line (the exception)."""
     lines = event.data.strip().splitlines() or [""]
-    return f"{event.kind}: {lines[-1][:160]}"
+    shown = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return f"{event.kind}: {shown[:200]}"
 
 
 async def _one(url: str, token: str, program: str, args: list[str]) -> str:
