@@ -144,10 +144,10 @@ class LlamaModel:
     def forward(self, table: PageTable, kv_cache: KVCache, attention) -> torch.Tensor:
         """Run the batch, write its K/V into the pool, return float32 logits [num_outputs, vocab].
 
-        `attention` must already be planned for `table`. A decode-sized pass in quantized mode
-        gives the threads to the block kernels (BatchPlanner.kernels_own_the_threads).
+        `attention` must already be planned for `table`. In quantized mode a pass short enough
+        for some block kernel gives the threads to them (BatchPlanner.kernels_own_the_threads).
         """
-        if self.planner is not None and table.num_tokens <= self.planner.min_block_rows():
+        if self.planner is not None and table.num_tokens <= self.planner.max_block_rows():
             with self.planner.kernels_own_the_threads():
                 return self._forward(table, kv_cache, attention)
         return self._forward(table, kv_cache, attention)

@@ -36,16 +36,15 @@ class BatchPlanner:
         self.limits: dict[tuple[int, int, int], int] = {}     # (qtype, N, K) -> max block rows
         self.num_kernel_threads: int | None = None   # set inside kernels_own_the_threads()
 
-    def min_block_rows(self) -> int:
-        """Batches of at most this many rows run every weight on the block kernels (0: none
-        measured yet)."""
-        return min(self.limits.values(), default=0)
+    def max_block_rows(self) -> int:
+        """Batches of more rows run no weight on the block kernels (0: none measured yet)."""
+        return max(self.limits.values(), default=0)
 
     @contextmanager
     def kernels_own_the_threads(self) -> Iterator[None]:
-        """For a pass whose matmuls all run on the block kernels (decode-sized): torch's own ops
-        (norms, RoPE, attention: a few microseconds each at these sizes) run on one thread, and
-        the kernels on torch's thread count. Two thread pools on the same cores otherwise fight:
+        """For a pass whose matmuls run on the block kernels, all or some (decode, short
+        prefills): torch's own ops (norms, RoPE, attention, the GEMM of weights whose limit is
+        lower: small at these sizes) run on one thread, and the kernels on torch's thread count. Two thread pools on the same cores otherwise fight:
         torch's OpenMP workers spin after each op while the kernels' workers wait for a core
         (2-core AVX2 machine, busy: 115-156 ms per decode step instead of 12). Restores torch's
         thread count on exit. Forward passes run one at a time, so no other torch work sees it."""

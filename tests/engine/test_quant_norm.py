@@ -48,7 +48,7 @@ def test_a_decode_sized_pass_gives_the_threads_to_the_kernels() -> None:
     planner = BatchPlanner(fixed_block_rows=16)
     blocks = random_blocks(Q.Q4_1, 64, 256, seed=3)
     layer = QuantizedLinear(QuantizedTensor(torch.from_numpy(blocks), Q.Q4_1, 256), planner)
-    assert planner.min_block_rows() == 16
+    assert planner.max_block_rows() == 16
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
