@@ -240,10 +240,20 @@ def print_row(row: dict) -> None:
           f"{pie['computed']:>7} {api['computed']:>7} {row['wall_s']:>7.1f}", flush=True)
 
 
+def cpu_model() -> str:
+    """The CPU's model name (lscpu's), else the platform's processor."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor() or platform.machine()
+
+
 def machine_line(opts) -> None:
-    print(f"apps: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+    print(f"apps: {cpu_model()}, torch {torch.__version__}, "
           f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
-          f"threads; turn_tokens={opts.turn_tokens}, delay={opts.delay_ms:g} ms, greedy",
+          f"threads; turn_tokens={opts.turn_tokens}, delay={opts.delay_ms:g} ms, "
+          f"calls_per_turn={opts.calls_per_turn}, {opts.num_pages} pages / {opts.max_instances} "
+          f"instances, greedy",
           flush=True)
 
 
@@ -286,6 +296,11 @@ def main() -> int:
     parser.add_argument("--delay-ms", type=float, default=100.0)
     parser.add_argument("--calls-per-turn", type=int, default=4,
                         help="tool calls a turn issues (run concurrently in both paths)")
+    parser.add_argument("--num-pages", type=int, default=4096, help="the server's KV pool")
+    parser.add_argument("--max-instances", type=int, default=80,
+                        help="the tenant's instances; each reserves num_pages / max_instances "
+                             "pages (51 by default, 816 tokens: too few for swarm at 32 calls, "
+                             "which needs --num-pages 8192)")
     parser.add_argument("--no-techniques", action="store_true")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
     parser.add_argument("--threads", type=int, default=1,
@@ -297,7 +312,7 @@ def main() -> int:
     plan = grid_plan(GRIDS["quick" if opts.quick else opts.grid], opts.workflows, opts.cells)
     machine_line(opts)
     from host.sandbox.build import build_cached
-    with InProcessServer(num_pages=4096, max_instances=80) as server:
+    with InProcessServer(num_pages=opts.num_pages, max_instances=opts.max_instances) as server:
         from host.client import SyncClient
         with SyncClient(server.url, server.token) as client:
             programs = {w: client.upload(build_cached(EXAMPLES / f"{w}.py")[0].read_bytes())
