@@ -1,7 +1,8 @@
 """Agentic workflows as inferlets vs the same workflows driven over the OpenAI API, on one server.
 
     .venv/bin/python bench/apps.py --quick            # 32x8, 8x8, 1x2 (agents x tool calls)
-    .venv/bin/python bench/apps.py                    # 1, 8, 32 agents x 2, 8, 32 tool calls
+    .venv/bin/python bench/apps.py --grid full        # 1, 8, 32 agents x 2, 8, 32 tool calls
+    .venv/bin/python bench/apps.py --grid react-full  # the full grid for react, quick for others
     .venv/bin/python bench/apps.py --quick --json     # one JSON object on the last line
     .venv/bin/python bench/apps.py --cells 1x2 4x2 --workflows react --no-techniques
 
@@ -11,14 +12,17 @@ tool calls, the system prompt's KV is an export made once (warm-up) and imported
 tools run inside the instance (a simulated --delay-ms) and the agents of a swarm talk over
 broadcast; (b) a client with the official `openai` package: every turn resends the whole
 conversation to /v1/chat/completions (pie's endpoint has no automatic prefix cache, so the
-server recomputes it), runs the same tool with the same delay and appends the observation.
+server recomputes it), runs the same tools with the same delay and appends the observations.
 Both: same prompts, greedy, the same turn limit (--turn-tokens), the same tool calls; the
 agents of a cell run concurrently in both paths (their tool waits overlap each other's
-generation); within one agent the calls are sequential, as each observation feeds the next
-thought. torch runs on --threads (1) threads: two collapse when the other core is busy.
+generation); within one agent, each turn issues --calls-per-turn (4) tool calls and both paths
+run them concurrently (one delay per turn, asyncio.gather on the API side), and the next turn
+follows their observations. torch runs on --threads (1) threads: two collapse when the other
+core is busy.
 A swarm "agent" is a team of two roles (writer, critic); its tool calls are the messages each
 role answers. Reported per cell: workflows/s, generated tokens/s, p50/p99 workflow latency,
-tokens computed by the engine; the speed-up is the inferlet's throughput over the API path's.
+tokens computed by the engine; the speed-up is the inferlet's throughput over the API path's,
+the p50 ratio the API path's median latency over the inferlet's.
 Then one row per technique (bench/apps_techniques.py): the inferlet vs the nearest thing a
 client can do over the OpenAI API.
 """
@@ -44,7 +48,7 @@ REPO_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_DIR))
 sys.path.insert(0, str(REPO_DIR / "bench"))
 
-from apps_tools import codeact_tool, react_observation  # noqa: E402
+from apps_tools import codeact_tools, react_observation, turn_sizes  # noqa: E402
 from load import InProcessServer, percentile, scrape  # noqa: E402
 
 EXAMPLES = REPO_DIR / "inferlets" / "examples"
@@ -59,6 +63,12 @@ CODEACT_TASKS = ("What is (17 + 25) * 3?", "What is 144 / 12 + 7?", "What is 2 *
 SWARM_ROLES = ("writer", "critic")
 SWARM_TASKS = ("Write a slogan for a bakery.", "Name a new tea shop.", "Describe a quiet park.",
                "Invent a board game.")
+WORKFLOWS = ("react", "codeact", "swarm")
+QUICK_CELLS = ((32, 8), (8, 8), (1, 2))
+FULL_CELLS = tuple((agents, calls) for agents in (1, 8, 32) for calls in (2, 8, 32))
+GRIDS = {"quick": {w: QUICK_CELLS for w in WORKFLOWS},
+         "full": {w: FULL_CELLS for w in WORKFLOWS},
+         "react-full": {"react": FULL_CELLS, "codeact": QUICK_CELLS, "swarm": QUICK_CELLS}}
 
 
 @dataclass(frozen=True)
@@ -84,8 +94,8 @@ def inferlet_args(workflow: str, agent: int, calls: int, opts, team: str) -> lis
                           SWARM_TASKS[agent % len(SWARM_TASKS)]] for role in SWARM_ROLES]
     system, tasks = (REACT_SYSTEM, REACT_TASKS) if workflow == "react" else (CODEACT_SYSTEM, CODEACT_TASKS)
     return [common + ["--system", system, "--task", tasks[agent % len(tasks)], "--num-calls",
-                      str(calls), "--delay-ms", str(opts.delay_ms), "--system-export",
-                      f"bench/{workflow}/system"]]
+                      str(calls), "--calls-per-turn", str(opts.calls_per_turn), "--delay-ms",
+                      str(opts.delay_ms), "--system-export", f"bench/{workflow}/system"]]
 
 
 async def run_inferlets(url: str, token: str, program: str, argvs: list[list[list[str]]]) -> tuple:
@@ -123,17 +133,26 @@ async def api_agent(client, workflow: str, agent: int, calls: int, opts) -> int:
     system, tasks = (REACT_SYSTEM, REACT_TASKS) if workflow == "react" else (CODEACT_SYSTEM, CODEACT_TASKS)
     messages = [{"role": "system", "content": system},
                 {"role": "user", "content": tasks[agent % len(tasks)]}]
-    generated = 0
-    for call in range(calls + 1):
+    generated, num_done = 0, 0
+    for num_turn_calls in turn_sizes(calls, opts.calls_per_turn):
         text, num_tokens = await chat_turn(client, messages, opts)
         generated += num_tokens
         messages.append({"role": "assistant", "content": text})
-        if call == calls:
-            break
-        observation = react_observation(call) if workflow == "react" else codeact_tool(text)[1]
-        await asyncio.sleep(opts.delay_ms / 1000)
-        messages.append({"role": "user", "content": observation})
-    return generated
+        observations = await asyncio.gather(*(api_tool(workflow, text, num_done, index, opts)
+                                              for index in range(num_turn_calls)))
+        num_done += num_turn_calls
+        messages.append({"role": "user", "content": "\n".join(observations)})
+    text, num_tokens = await chat_turn(client, messages, opts)
+    return generated + num_tokens
+
+
+async def api_tool(workflow: str, text: str, num_done: int, index: int, opts) -> str:
+    """The `index`-th tool call of a turn whose assistant text is `text`, after `num_done` calls
+    of earlier turns: its delay, then its observation (codeact: the text's index-th expression)."""
+    await asyncio.sleep(opts.delay_ms / 1000)
+    if workflow == "react":
+        return react_observation(num_done + index)
+    return codeact_tools(text, index + 1)[index][1]
 
 
 async def api_swarm(client, agent: int, calls: int, opts) -> int:
@@ -199,7 +218,9 @@ def warm_up(server, programs: dict[str, str], opts) -> None:
 
 def cell_row(workflow: str, agents: int, calls: int, pie: Cell, api: Cell) -> dict:
     speedup = pie.workflows_per_s() / api.workflows_per_s()
-    row = {"workflow": workflow, "agents": agents, "calls": calls, "speedup": round(speedup, 2)}
+    p50_ratio = statistics.median(api.latencies_s) / statistics.median(pie.latencies_s)
+    row = {"workflow": workflow, "agents": agents, "calls": calls, "speedup": round(speedup, 2),
+           "p50_ratio": round(p50_ratio, 2), "wall_s": round(pie.elapsed_s + api.elapsed_s, 1)}
     for name, cell in (("inferlet", pie), ("api", api)):
         row[name] = {"workflows_per_s": round(cell.workflows_per_s(), 3),
                      "tokens_per_s": round(cell.num_generated / cell.elapsed_s, 1),
@@ -215,43 +236,83 @@ def print_row(row: dict) -> None:
           f"{pie['workflows_per_s']:>7.3f} {api['workflows_per_s']:>7.3f} {row['speedup']:>6.2f}x "
           f"{pie['tokens_per_s']:>7.1f} {api['tokens_per_s']:>7.1f} "
           f"{pie['p50_s']:>6.2f} {api['p50_s']:>6.2f} {pie['p99_s']:>6.2f} {api['p99_s']:>6.2f} "
-          f"{pie['generated']:>6} {api['generated']:>6} {pie['computed']:>7} {api['computed']:>7}",
-          flush=True)
+          f"{row['p50_ratio']:>6.2f}x {pie['generated']:>6} {api['generated']:>6} "
+          f"{pie['computed']:>7} {api['computed']:>7} {row['wall_s']:>7.1f}", flush=True)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (lscpu's), else the platform's processor."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor() or platform.machine()
 
 
 def machine_line(opts) -> None:
-    print(f"apps: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+    print(f"apps: {cpu_model()}, torch {torch.__version__}, "
           f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
-          f"threads; turn_tokens={opts.turn_tokens}, delay={opts.delay_ms:g} ms, greedy",
+          f"threads; turn_tokens={opts.turn_tokens}, delay={opts.delay_ms:g} ms, "
+          f"calls_per_turn={opts.calls_per_turn}, {opts.num_pages} pages / {opts.max_instances} "
+          f"instances, greedy",
           flush=True)
 
 
 def header() -> None:
     print(f"{'workflow':<8} {'AxC':<7} {'wf/s':>7} {'api':>7} {'speedup':>7} {'tok/s':>7} "
-          f"{'api':>7} {'p50':>6} {'api':>6} {'p99':>6} {'api':>6} {'gen':>6} {'api':>6} "
-          f"{'computed':>7} {'api':>7}", flush=True)
+          f"{'api':>7} {'p50':>6} {'api':>6} {'p99':>6} {'api':>6} {'p50 api/':>7} {'gen':>6} "
+          f"{'api':>6} {'computed':>7} {'api':>7} {'wall_s':>7}", flush=True)
+
+
+def run_cell(server, program: str, workflow: str, agents: int, calls: int, opts) -> dict:
+    """Both paths of one cell, the inferlet first; its row."""
+    team = uuid.uuid4().hex[:8]
+    argvs = [inferlet_args(workflow, a, calls, opts, team) for a in range(agents)]
+    pie = measure(server, lambda: trio.run(run_inferlets, server.url, server.token, program, argvs))
+    api = measure(server, lambda: asyncio.run(run_api(server.url, server.token, workflow, agents,
+                                                      calls, opts)))
+    return cell_row(workflow, agents, calls, pie, api)
+
+
+def grid_plan(grid: dict, workflows: list[str], cells: list[str] | None) -> list[tuple]:
+    """(workflow, agents, calls) to run, the quick cells first (a cut-short run has them);
+    `cells` ("AxC") replaces the grid's cells for every workflow."""
+    if cells:
+        chosen = [tuple(int(n) for n in cell.split("x")) for cell in cells]
+        grid = {workflow: chosen for workflow in workflows}
+    order = dict.fromkeys(QUICK_CELLS + FULL_CELLS + tuple(c for w in workflows for c in grid[w]))
+    return [(workflow, agents, calls) for agents, calls in order for workflow in workflows
+            if (agents, calls) in grid[workflow]]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="cells 32x8, 8x8 and 1x2 only")
+    parser.add_argument("--grid", choices=sorted(GRIDS), default="full",
+                        help="quick: 32x8, 8x8, 1x2; full: 1, 8, 32 agents x 2, 8, 32 calls; "
+                             "react-full: full for react, quick for the others")
+    parser.add_argument("--quick", action="store_true", help="the same as --grid quick")
     parser.add_argument("--cells", nargs="+", default=None, help="AxC cells, e.g. 1x2 32x8")
-    parser.add_argument("--workflows", nargs="+", default=["react", "codeact", "swarm"])
+    parser.add_argument("--workflows", nargs="+", choices=WORKFLOWS, default=list(WORKFLOWS))
     parser.add_argument("--turn-tokens", type=int, default=8)
     parser.add_argument("--delay-ms", type=float, default=100.0)
+    parser.add_argument("--calls-per-turn", type=int, default=4,
+                        help="tool calls a turn issues (run concurrently in both paths)")
+    parser.add_argument("--num-pages", type=int, default=4096, help="the server's KV pool")
+    parser.add_argument("--max-instances", type=int, default=80,
+                        help="the tenant's instances; each reserves num_pages / max_instances "
+                             "pages (51 by default, 816 tokens: too few for swarm at 32 calls, "
+                             "which needs --num-pages 8192)")
     parser.add_argument("--no-techniques", action="store_true")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (two collapse when the other core is busy)")
     opts = parser.parse_args()
     torch.set_num_threads(opts.threads)
-    cells = [(32, 8), (8, 8), (1, 2)] if opts.quick else \
-        [(a, c) for a in (1, 8, 32) for c in (2, 8, 32)]
-    if opts.cells:
-        cells = [tuple(int(n) for n in cell.split("x")) for cell in opts.cells]
+    if opts.calls_per_turn < 1:
+        parser.error("--calls-per-turn must be >= 1")
+    plan = grid_plan(GRIDS["quick" if opts.quick else opts.grid], opts.workflows, opts.cells)
     machine_line(opts)
     from host.sandbox.build import build_cached
-    with InProcessServer(num_pages=4096, max_instances=80) as server:
+    with InProcessServer(num_pages=opts.num_pages, max_instances=opts.max_instances) as server:
         from host.client import SyncClient
         with SyncClient(server.url, server.token) as client:
             programs = {w: client.upload(build_cached(EXAMPLES / f"{w}.py")[0].read_bytes())
@@ -263,16 +324,9 @@ def main() -> int:
         warm_up(server, programs, opts)
         header()
         rows = []
-        for agents, calls in cells:
-            for workflow in opts.workflows:
-                team = uuid.uuid4().hex[:8]
-                argvs = [inferlet_args(workflow, a, calls, opts, team) for a in range(agents)]
-                pie = measure(server, lambda: trio.run(run_inferlets, server.url, server.token,
-                                                       programs[workflow], argvs))
-                api = measure(server, lambda: asyncio.run(run_api(server.url, server.token,
-                                                                  workflow, agents, calls, opts)))
-                rows.append(cell_row(workflow, agents, calls, pie, api))
-                print_row(rows[-1])
+        for workflow, agents, calls in plan:
+            rows.append(run_cell(server, programs[workflow], workflow, agents, calls, opts))
+            print_row(rows[-1])
     if opts.json:
         summary = {f"{r['workflow']}_speedup_{r['agents']}x{r['calls']}": r["speedup"] for r in rows}
         print(json.dumps({**summary, "cells": rows, "techniques": techniques}))

@@ -7,7 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-__all__ = ["react_observation", "codeact_tool"]
+__all__ = ["react_observation", "codeact_tools", "turn_sizes"]
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "inferlets" / "examples"
 
@@ -27,9 +27,10 @@ def load_definitions(example: str, names: set[str]) -> dict:
     return namespace
 
 
-_REACT = load_definitions("react", {"observe"})
-_CODEACT = load_definitions("codeact", {"evaluate", "run_action", "_EXPRESSION", "_OPERATORS",
-                                        "MAX_EXPRESSION_CHARS", "MAX_EXPONENT"})
+_REACT = load_definitions("react", {"observe", "turn_sizes"})
+_CODEACT = load_definitions("codeact", {"evaluate", "run_actions", "run_expression", "_EXPRESSION",
+                                        "_OPERATORS", "NO_EXPRESSION", "MAX_EXPRESSION_CHARS",
+                                        "MAX_EXPONENT", "MAX_CALLS"})
 
 
 def react_observation(call_index: int) -> str:
@@ -37,6 +38,12 @@ def react_observation(call_index: int) -> str:
     return _REACT["observe"](call_index)
 
 
-def codeact_tool(text: str) -> tuple[str, str]:
-    """codeact.py's action: (the expression found in `text`, its output)."""
-    return _CODEACT["run_action"](text)
+def codeact_tools(text: str, num_actions: int) -> list[tuple[str, str]]:
+    """codeact.py's actions of one turn: (expression, output) of the first `num_actions`
+    expressions found in `text`."""
+    return _CODEACT["run_actions"](text, num_actions)
+
+
+def turn_sizes(num_calls: int, calls_per_turn: int) -> list[int]:
+    """react.py's split of `num_calls` tool calls into turns (codeact.py's is the same)."""
+    return _REACT["turn_sizes"](num_calls, calls_per_turn)

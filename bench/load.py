@@ -57,8 +57,10 @@ class InProcessServer:
         self.config = parse_config({
             "server": {"data_dir": str(data_dir), "openai": True, "shutdown_grace_s": 2.0},
             "engine": {"num_pages": num_pages, "page_size": 16},
+            # The store outlives a run (it keeps the built-in's build), so every earlier build
+            # of an example stays counted: a quota far above one run's few programs.
             "tenants": [{"name": "bench", "token": self.token, "max_instances": max_instances,
-                         "max_kv_pages": num_pages}]})
+                         "max_kv_pages": num_pages, "max_program_bytes": 4 * 1024 ** 3}]})
         self.url = ""
         self._ready = threading.Event()
         self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True)

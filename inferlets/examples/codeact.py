@@ -2,12 +2,15 @@
 
     pie run inferlets/examples/codeact.py -- --task "What is (17 + 25) * 3?" --num-calls 2
 
-Each turn the model writes an assistant turn; the first arithmetic expression in it (digits,
-+ - * / // % ** and parentheses) is the action. It is evaluated by a small evaluator over
-Python's `ast` that accepts nothing else (no names, calls or attributes; exponents up to 64;
-at most 200 characters), and its output ("Output: 42" or "Output: error: ...") is appended as
-the next user turn. --delay-ms simulates the code's run time (0 by default). With
---system-export NAME the system prompt's KV is imported/exported as in react.py.
+Each turn the model writes an assistant turn; its first --calls-per-turn arithmetic expressions
+(digits, + - * / // % ** and parentheses; 1 by default, a missing one is an error output) are the
+turn's actions. Each is evaluated by a small evaluator over Python's `ast` that accepts nothing
+else (no names, calls or attributes; exponents up to 64; at most 200 characters), and their
+outputs ("Output: 42" or "Output: error: ..."), one line each, are appended as the next user
+turn. --delay-ms simulates each action's run time (0 by default); the actions of one turn run
+concurrently, so the turn waits --delay-ms once. --num-calls actions in all (the last turn
+takes the remainder). With --system-export NAME the system prompt's KV is imported/exported as
+in react.py.
 Returns JSON: {turns, actions, observations, answer, num_generated, imported}; with --run CODE
 only {action, observation} of running CODE.
 """
@@ -23,7 +26,8 @@ _EXPRESSION = re.compile(r"[\d(][\d\s+\-*/%().]*[\d)]")
 _OPERATORS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
               ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b,
               ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b}
-MAX_EXPRESSION_CHARS, MAX_EXPONENT = 200, 64
+MAX_EXPRESSION_CHARS, MAX_EXPONENT, MAX_CALLS = 200, 64, 4096
+NO_EXPRESSION = "Output: error: no arithmetic expression"
 
 
 def evaluate(node: ast.AST):
@@ -45,13 +49,28 @@ def evaluate(node: ast.AST):
     raise ValueError(f"{type(node).__name__} is not arithmetic")
 
 
-def run_action(text: str) -> tuple[str, str]:
-    """(the expression found in `text`, the observation of running it)."""
+def turn_sizes(num_calls: int, calls_per_turn: int) -> list[int]:
+    """The number of actions of each turn: `calls_per_turn`, the remainder in the last."""
+    return [min(calls_per_turn, num_calls - first) for first in range(0, num_calls, calls_per_turn)]
+
+
+def run_actions(text: str, num_actions: int) -> list[tuple[str, str]]:
+    """(expression, observation) of the first `num_actions` expressions found in `text`; a
+    missing one is ("", NO_EXPRESSION)."""
     candidates = [m.group().strip() for m in _EXPRESSION.finditer(text)]
-    candidates = [c for c in candidates if any(op in c for op in "+-*/%")]
-    if not candidates:
-        return "", "Output: error: no arithmetic expression"
-    expression = candidates[0][:MAX_EXPRESSION_CHARS]
+    candidates = [c for c in candidates if any(op in c for op in "+-*/%")][:num_actions]
+    return [run_expression(c) for c in candidates] + [("", NO_EXPRESSION)] * (
+        num_actions - len(candidates))
+
+
+def run_action(text: str) -> tuple[str, str]:
+    """(the first expression found in `text`, the observation of running it)."""
+    return run_actions(text, 1)[0]
+
+
+def run_expression(candidate: str) -> tuple[str, str]:
+    """(the expression, its output) of one candidate expression."""
+    expression = candidate[:MAX_EXPRESSION_CHARS]
     try:
         value = evaluate(ast.parse(expression, mode="eval"))
     except (SyntaxError, ValueError, ZeroDivisionError, OverflowError) as err:
@@ -65,6 +84,7 @@ def main(args: list[str]) -> dict:
     parser.add_argument("--task", default="What is (17 + 25) * 3?")
     parser.add_argument("--system", default=SYSTEM)
     parser.add_argument("--num-calls", type=int, default=2)
+    parser.add_argument("--calls-per-turn", type=int, default=1, help="concurrent actions a turn")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="simulated run time of the code")
     parser.add_argument("--turn-tokens", type=int, default=16)
     parser.add_argument("--system-export", default="")
@@ -72,21 +92,22 @@ def main(args: list[str]) -> dict:
     opts = parser.parse_args(args)
     if opts.run is not None:
         return dict(zip(("action", "observation"), run_action(opts.run)))
-    if opts.num_calls < 0 or opts.delay_ms < 0:
-        raise inferlet.InferletError("--num-calls and --delay-ms must be >= 0")
+    if not 0 <= opts.num_calls <= MAX_CALLS or opts.delay_ms < 0 or opts.calls_per_turn < 1:
+        raise inferlet.InferletError(f"--num-calls must be in [0, {MAX_CALLS}], --delay-ms >= 0 "
+                                     f"and --calls-per-turn >= 1")
 
     ctx, imported = inferlet.shared_system_context(opts.system, opts.system_export)
     ctx.fill_user(opts.task)
     turns, actions, observations, num_generated = [], [], [], 0
-    for _ in range(opts.num_calls):
+    for num_turn_calls in turn_sizes(opts.num_calls, opts.calls_per_turn):
         generation = ctx.generation(opts.turn_tokens).run()
         turns.append(generation.text)
         num_generated += len(generation.token_ids)
-        action, observation = run_action(generation.text)
-        time.sleep(opts.delay_ms / 1000)
-        actions.append(action)
-        observations.append(observation)
-        ctx.fill_user(observation)
+        results = run_actions(generation.text, num_turn_calls)
+        time.sleep(opts.delay_ms / 1000)   # the turn's actions run together: one delay
+        actions += [action for action, _ in results]
+        observations += [observation for _, observation in results]
+        ctx.fill_user("\n".join(observation for _, observation in results))
     final = ctx.generation(opts.turn_tokens).run()
     ctx.close()
     return {"turns": turns, "actions": actions, "observations": observations,

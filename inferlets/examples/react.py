@@ -2,25 +2,77 @@
 observation is appended to it and nothing earlier is recomputed.
 
     pie run inferlets/examples/react.py -- --task "Plan a trip to Rome." --num-calls 3
+    pie run inferlets/examples/react.py -- --num-calls 4 --calls-per-turn 4 --tool client
 
-Each turn the model writes a thought and an action (one assistant turn, greedy, at most
---turn-tokens tokens); the action runs as a simulated tool that takes --delay-ms (100 ms by
-default, as in the Pie paper's evaluation) and returns a fixed observation, appended as the next
-user turn. With --system-export NAME the system prompt's KV is imported from the export NAME when
-it exists (no prefill) and exported there (persistent) otherwise.
-Returns JSON: {turns, observations, answer, num_generated, num_context_tokens, imported}.
+Each turn the model writes a thought and its actions (one assistant turn, greedy, at most
+--turn-tokens tokens); the turn issues --calls-per-turn tool calls (1 by default; --num-calls in
+all, the last turn takes the remainder) and runs them concurrently: all are started before any
+result is awaited, so k calls of one turn take the time of the slowest, not k times it. Their
+observations, one line each, are appended as the next user turn. Tools:
+- `simulated` (default): each call takes --delay-ms (100 ms, as in the Pie paper's evaluation)
+  and returns a fixed observation; the calls of a turn overlap, so the turn waits --delay-ms once.
+- `client`: each call is a JSON message to the client,
+  {"type": "tool_call", "id": N, "name": "search", "arguments": {"query": <the turn's text>}}
+  (N counts the episode's calls from 0); the client answers each with {"id": N, "content": TEXT},
+  in any order. Every call of a turn is sent before the first answer is read.
+With --system-export NAME the system prompt's KV is imported from the export NAME when it exists
+(no prefill) and exported there (persistent) otherwise.
+Returns JSON: {turns, observations, answer, num_generated, num_context_tokens, imported,
+calls_per_turn}.
 """
+import json
 import time
 
 import inferlet
 
 SYSTEM = ("You are an agent that solves tasks step by step. Each turn write one short Thought "
           "and one Action: search(query). You then get an Observation.")
+TOOLS = ("simulated", "client")
+MAX_CALLS = 4096
 
 
 def observe(call_index: int) -> str:
     """The simulated tool's answer to the `call_index`-th action (0-based)."""
     return f"Observation {call_index + 1}: the search found one more useful fact."
+
+
+def turn_sizes(num_calls: int, calls_per_turn: int) -> list[int]:
+    """The number of tool calls of each turn: `calls_per_turn`, the remainder in the last."""
+    return [min(calls_per_turn, num_calls - first) for first in range(0, num_calls, calls_per_turn)]
+
+
+def run_simulated(call_ids: list[int], delay_s: float) -> list[str]:
+    """The simulated calls `call_ids`, started together: each takes `delay_s`, so they all end
+    after `delay_s` (one wait for the turn)."""
+    time.sleep(delay_s)
+    return [observe(call_id) for call_id in call_ids]
+
+
+def parse_answer(message: str, pending: set[int]) -> tuple[int, str]:
+    """(id, content) of a client's answer to one of the `pending` calls; InferletError else."""
+    try:
+        answer = json.loads(message)
+    except ValueError:
+        raise inferlet.InferletError(f"tool answer is not JSON: {message[:80]!r}") from None
+    if not isinstance(answer, dict) or not isinstance(answer.get("content"), str):
+        raise inferlet.InferletError('a tool answer must be {"id": N, "content": TEXT}')
+    call_id = answer.get("id")
+    if type(call_id) is not int or call_id not in pending:
+        raise inferlet.InferletError(f"tool answer id {call_id!r} is not a pending call "
+                                     f"{sorted(pending)}")
+    return call_id, answer["content"]
+
+
+def run_on_client(call_ids: list[int], query: str) -> list[str]:
+    """Send every call of `call_ids` to the client, then collect the answers in any order."""
+    for call_id in call_ids:
+        inferlet.send_json({"type": "tool_call", "id": call_id, "name": "search",
+                            "arguments": {"query": query}})
+    contents: dict[int, str] = {}
+    while len(contents) < len(call_ids):
+        call_id, content = parse_answer(inferlet.receive(), set(call_ids) - set(contents))
+        contents[call_id] = content
+    return [f"Observation {call_id + 1}: {contents[call_id]}" for call_id in call_ids]
 
 
 @inferlet.main
@@ -29,24 +81,31 @@ def main(args: list[str]) -> dict:
     parser.add_argument("--task", default="Find the tallest mountain in Europe.")
     parser.add_argument("--system", default=SYSTEM)
     parser.add_argument("--num-calls", type=int, default=3, help="tool calls before the answer")
+    parser.add_argument("--calls-per-turn", type=int, default=1, help="concurrent calls a turn")
+    parser.add_argument("--tool", choices=TOOLS, default="simulated")
     parser.add_argument("--delay-ms", type=float, default=100.0, help="simulated tool latency")
     parser.add_argument("--turn-tokens", type=int, default=16)
     parser.add_argument("--system-export", default="", help="export name of the system prompt")
     parser.add_argument("--release", action="store_true", help="release the export at the end")
     opts = parser.parse_args(args)
-    if opts.num_calls < 0 or opts.delay_ms < 0:
-        raise inferlet.InferletError("--num-calls and --delay-ms must be >= 0")
+    if not 0 <= opts.num_calls <= MAX_CALLS or opts.delay_ms < 0 or opts.calls_per_turn < 1:
+        raise inferlet.InferletError(f"--num-calls must be in [0, {MAX_CALLS}], --delay-ms >= 0 "
+                                     f"and --calls-per-turn >= 1")
 
     ctx, imported = inferlet.shared_system_context(opts.system, opts.system_export)
     ctx.fill_user(opts.task)
     turns, observations, num_generated = [], [], 0
-    for call_index in range(opts.num_calls):
-        generation = ctx.generation(opts.turn_tokens).run()   # thought + action
+    for num_turn_calls in turn_sizes(opts.num_calls, opts.calls_per_turn):
+        generation = ctx.generation(opts.turn_tokens).run()   # thought + actions
         turns.append(generation.text)
         num_generated += len(generation.token_ids)
-        time.sleep(opts.delay_ms / 1000)                      # the tool runs
-        observations.append(observe(call_index))
-        ctx.fill_user(observations[-1])
+        call_ids = list(range(len(observations), len(observations) + num_turn_calls))
+        if opts.tool == "client":
+            turn_observations = run_on_client(call_ids, generation.text)
+        else:
+            turn_observations = run_simulated(call_ids, opts.delay_ms / 1000)
+        observations += turn_observations
+        ctx.fill_user("\n".join(turn_observations))
     final = ctx.generation(opts.turn_tokens).run()
     num_generated += len(final.token_ids)
     num_context_tokens = len(ctx.token_ids)
@@ -55,4 +114,4 @@ def main(args: list[str]) -> dict:
         inferlet.release_export(opts.system_export)
     return {"turns": turns, "observations": observations, "answer": final.text,
             "num_generated": num_generated, "num_context_tokens": num_context_tokens,
-            "imported": imported}
+            "imported": imported, "calls_per_turn": opts.calls_per_turn}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 import uuid
 
@@ -74,6 +75,57 @@ def test_react_keeps_kv_across_tool_calls_and_reuses_the_system_prefix(run_infer
     assert runtime.statistics().pages.num_used == 0   # the export was released
 
 
+class ToolSide:
+    """The client's tools for react.py --tool client: each call answered from its own thread
+    after `delay_s`, the call's start (message received) and end (answer sent) recorded."""
+
+    def __init__(self, runtime, delay_s: float) -> None:
+        self.runtime, self.delay_s = runtime, delay_s
+        self.calls: list[dict] = []
+        self.spans: dict[int, tuple[float, float]] = {}
+
+    def on_message(self, instance_id: str, message: str) -> None:
+        call, start = json.loads(message), time.monotonic()
+        self.calls.append(call)
+        threading.Thread(target=self.answer, args=(instance_id, call["id"], start)).start()
+
+    def answer(self, instance_id: str, call_id: int, start: float) -> None:
+        time.sleep(self.delay_s)
+        self.spans[call_id] = (start, time.monotonic())
+        self.runtime.send(instance_id, json.dumps({"id": call_id, "content": f"fact {call_id}"}))
+
+
+def test_react_runs_the_tool_calls_of_a_turn_concurrently(run_inferlet, runtime):
+    tools = ToolSide(runtime, delay_s=0.3)
+    result = run_inferlet("react", ["--tool", "client", "--num-calls", "6", "--calls-per-turn", "4",
+                                    "--turn-tokens", "4"], on_message=tools.on_message).json()
+    assert len(result["turns"]) == 2 and [c["id"] for c in tools.calls] == list(range(6))
+    assert all(c["type"] == "tool_call" and c["name"] == "search" for c in tools.calls)
+    assert result["observations"] == [f"Observation {i + 1}: fact {i}" for i in range(6)]
+    first, second = [tools.spans[i] for i in range(4)], [tools.spans[i] for i in (4, 5)]
+    # Every call of a turn was running while every other one was: all started before any ended.
+    assert max(start for start, _ in first) < min(end for _, end in first)
+    assert max(start for start, _ in second) < min(end for _, end in second)
+    # The next turn's calls follow the observations of the previous turn's.
+    assert min(start for start, _ in second) > max(end for _, end in first)
+
+
+def test_react_rejects_an_answer_to_no_pending_call(run_inferlet, runtime):
+    def on_message(instance_id: str, message: str) -> None:
+        runtime.send(instance_id, json.dumps({"id": json.loads(message)["id"] + 7, "content": "x"}))
+    run = run_inferlet("react", ["--tool", "client", "--num-calls", "1", "--turn-tokens", "2"],
+                       on_message=on_message)
+    assert run.status == "error" and "tool answer id 7 is not a pending call [0]" in run.value
+
+
+def test_react_simulated_calls_of_a_turn_share_one_observation_turn(run_inferlet, runtime):
+    args = ["--num-calls", "5", "--calls-per-turn", "2", "--delay-ms", "1", "--turn-tokens", "3"]
+    result, num_computed = computed_tokens(runtime, lambda: run_inferlet("react", args).json())
+    assert len(result["turns"]) == 3 and len(result["observations"]) == 5
+    assert result["observations"][4] == "Observation 5: the search found one more useful fact."
+    assert num_computed == result["num_context_tokens"] - 1   # nothing recomputed
+
+
 def test_codeact_runs_only_arithmetic(run_inferlet):
     def run(code: str) -> dict:
         return run_inferlet("codeact", ["--run", code]).json()
@@ -93,6 +145,19 @@ def test_codeact_agent_observes_its_own_code(run_inferlet):
         if action and "error" not in observation:
             assert observation == f"Output: {eval(action)}"   # the host's Python agrees
     assert result["num_generated"] > 0
+
+
+def test_codeact_runs_several_actions_a_turn(run_inferlet):
+    result = run_inferlet("codeact", ["--task", "Write (1 + 2) * 3 and 4 * 5 and 6 - 1.",
+                                      "--num-calls", "3", "--calls-per-turn", "2",
+                                      "--turn-tokens", "16"]).json()
+    assert len(result["turns"]) == 2 and len(result["actions"]) == len(result["observations"]) == 3
+    for action, observation in zip(result["actions"], result["observations"]):
+        if not action:
+            assert observation == "Output: error: no arithmetic expression"
+        elif "error" not in observation:
+            value = eval(action)   # the host's Python agrees
+            assert observation == (f"Output: {value:g}" if isinstance(value, float) else f"Output: {value}")
 
 
 def test_swarm_roles_pass_messages_over_broadcast(runtime, program):
