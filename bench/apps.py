@@ -5,6 +5,7 @@
     .venv/bin/python bench/apps.py --grid react-full  # the full grid for react, quick for others
     .venv/bin/python bench/apps.py --quick --json     # one JSON object on the last line
     .venv/bin/python bench/apps.py --cells 1x2 4x2 --workflows react --no-techniques
+    .venv/bin/python bench/apps.py --techniques-only --json   # only the technique rows
 
 One in-process `pie serve` (the default model, SmolLM2-135M) runs both paths, side by side:
 (a) the example inferlet (react.py, codeact.py, swarm.py): the KV of the episode stays across
@@ -302,6 +303,8 @@ def main() -> int:
                              "pages (51 by default, 816 tokens: too few for swarm at 32 calls, "
                              "which needs --num-pages 8192)")
     parser.add_argument("--no-techniques", action="store_true")
+    parser.add_argument("--techniques-only", action="store_true",
+                        help="only the technique rows (no workflow cells)")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (two collapse when the other core is busy)")
@@ -309,7 +312,10 @@ def main() -> int:
     torch.set_num_threads(opts.threads)
     if opts.calls_per_turn < 1:
         parser.error("--calls-per-turn must be >= 1")
-    plan = grid_plan(GRIDS["quick" if opts.quick else opts.grid], opts.workflows, opts.cells)
+    if opts.techniques_only and opts.no_techniques:
+        parser.error("--techniques-only and --no-techniques exclude each other")
+    plan = [] if opts.techniques_only else \
+        grid_plan(GRIDS["quick" if opts.quick else opts.grid], opts.workflows, opts.cells)
     machine_line(opts)
     from host.sandbox.build import build_cached
     with InProcessServer(num_pages=opts.num_pages, max_instances=opts.max_instances) as server:
@@ -321,9 +327,10 @@ def main() -> int:
         if not opts.no_techniques:   # first: short, and a cut-short run still reports them
             from apps_techniques import run_techniques
             techniques = run_techniques(server, lambda run: measure_run(server, run))
-        warm_up(server, programs, opts)
-        header()
         rows = []
+        if plan:
+            warm_up(server, programs, opts)
+            header()
         for workflow, agents, calls in plan:
             rows.append(run_cell(server, programs[workflow], workflow, agents, calls, opts))
             print_row(rows[-1])

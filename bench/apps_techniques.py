@@ -1,5 +1,6 @@
 """Per-technique rows of bench/apps.py: each example inferlet vs the nearest thing a client can do
-over the OpenAI API on the same server (tokens the engine computed, wall time).
+over the OpenAI API on the same server (tokens the engine computed, wall time, and a quality
+measure where one applies).
 
 The API side replays the same work with the texts the inferlet produced (so both sides generate
 from the same prompts), but as independent requests that each resend their whole prompt:
@@ -8,8 +9,14 @@ from the same prompts), but as independent requests that each resend their whole
 - beam_search: one request with n = beam width samples (the API's n forks the prompt too).
 - tree_of_thought: per node, a completion of the path so far, and a 1-token rating completion.
 - graph_of_thought: the proposals as one n-sample request, then one completion per merge.
-API prompts are plain text (no chat template), so they are a few tokens shorter than the
-inferlet's; output_validation has no API row (pie's endpoint returns no log probabilities).
+- recursion_of_thought, json_extractor, speculative, output_validation, watermarking,
+  hierarchical_attention: bench/apps_techniques_more.py (its docstring says what each replays,
+  and the quality measure each row reports, inferlet and API side by side).
+Each inferlet runs once unmeasured first: its first instantiation costs about 10 s (Wasm
+compile), and the first schema-constrained run about 2.5 s more, a one-time cost per server
+that the API path, run after it, would not pay.
+API prompts are plain text (no chat template) unless the inferlet fills a chat turn, so most are
+a few tokens shorter than the inferlet's.
 """
 from __future__ import annotations
 
@@ -19,6 +26,8 @@ from pathlib import Path
 
 import httpx
 import openai
+
+from apps_techniques_more import MORE_TECHNIQUES, more_api_stages, more_quality
 
 __all__ = ["run_techniques"]
 
@@ -32,12 +41,16 @@ TECHNIQUES = {
                     "--max-tokens", "8"],
     "tree_of_thought": ["--breadth", "2", "--depth", "2", "--keep", "1", "--step-tokens", "8"],
     "graph_of_thought": ["--num-proposals", "4", "--max-tokens", "8"],
+    **MORE_TECHNIQUES,
 }
 
 
 def api_stages(name: str, args: list[str], result) -> list[list[dict]]:
     """The API requests equivalent to one run of `name`: stages run one after the other, the
-    requests of a stage concurrently. Each request: {prompt, max_tokens, n}."""
+    requests of a stage concurrently. Each request: {prompt or messages, max_tokens, n} and
+    optionally options (more keyword arguments of the openai call; temperature 0 unless set)."""
+    if name in MORE_TECHNIQUES:
+        return more_api_stages(name, result)
     if name == "prefix_tree":
         root = "Write about nature.\n"
         return [[{"prompt": root + "".join(leaf["path"]), "max_tokens": 8, "n": 1}
@@ -71,43 +84,67 @@ def api_stages(name: str, args: list[str], result) -> list[list[dict]]:
     raise KeyError(name)
 
 
-async def run_stages(url: str, token: str, stages: list[list[dict]]) -> int:
-    """Run the requests; returns the completion tokens generated."""
+async def run_stages(url: str, token: str, stages: list[list[dict]]) -> list:
+    """Run the requests, stage after stage; the responses in request order."""
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0, timeout=900,
                                 http_client=httpx.AsyncClient())
-    generated = 0
+
+    def call(request: dict):
+        options = {"temperature": 0, **request.get("options", {})}
+        if "messages" in request:
+            return client.chat.completions.create(
+                model="SmolLM2-135M-Instruct", messages=request["messages"],
+                max_tokens=request["max_tokens"], n=request["n"], **options)
+        return client.completions.create(
+            model="SmolLM2-135M-Instruct", prompt=request["prompt"],
+            max_tokens=request["max_tokens"], n=request["n"], **options)
+    responses = []
     for stage in stages:
-        responses = await asyncio.gather(*(client.completions.create(
-            model="SmolLM2-135M-Instruct", prompt=r["prompt"], max_tokens=r["max_tokens"], n=r["n"], temperature=0)
-            for r in stage))
-        generated += sum(r.usage.completion_tokens for r in responses)
+        responses += await asyncio.gather(*(call(r) for r in stage))
     await client.close()
-    return generated
+    return responses
+
+
+def run_example(client, program: str, name: str, argv: list[str]):
+    """One run of an uploaded example; its result, JSON-decoded where it is JSON."""
+    final = client.wait(client.launch(program, argv))
+    if final.kind != "result":
+        raise RuntimeError(f"{name}: {final.kind}: {final.data}")
+    try:
+        return json.loads(final.data)
+    except json.JSONDecodeError:
+        return final.data
+
+
+def print_row(row: dict) -> None:
+    pie, api = row["inferlet"], row["api"]
+    quality = json.dumps(row["quality"]) if row.get("quality") else ""
+    print(f"{row['technique']:<22} {pie['computed']:>9} {api['computed']:>9} {pie['wall_s']:>7.2f} "
+          f"{api['wall_s']:>7.2f} {row['wall_ratio']:>5.2f}x {quality}", flush=True)
 
 
 def run_techniques(server, measure_tokens) -> list[dict]:
-    """One row per technique: {technique, inferlet: {computed, wall_s}, api: {...}}."""
+    """One row per technique: {technique, inferlet: {computed, wall_s}, api: {...}, wall_ratio,
+    quality (None where no measure applies)}."""
     from host.sandbox.build import build_cached
     from host.client import SyncClient
-    print(f"\n{'technique':<18} {'computed':>9} {'api':>9} {'wall s':>7} {'api':>7} {'ratio':>6}",
-          flush=True)
+    print(f"\n{'technique':<22} {'computed':>9} {'api':>9} {'wall s':>7} {'api':>7} {'ratio':>6} "
+          "quality", flush=True)
     rows = []
     with SyncClient(server.url, server.token) as client:
         for name, args in TECHNIQUES.items():
             program = client.upload(build_cached(EXAMPLES / f"{name}.py")[0].read_bytes())
+            run_example(client, program, name, args)   # warm-up, unmeasured: see the docstring
             box = {}
-
-            def run_inferlet() -> None:
-                final = client.wait(client.launch(program, args))
-                if final.kind != "result":
-                    raise RuntimeError(f"{name}: {final.kind}: {final.data}")
-                box["result"] = json.loads(final.data)
-            pie = measure_tokens(run_inferlet)
+            pie = measure_tokens(lambda: box.update(
+                result=run_example(client, program, name, args)))
             stages = api_stages(name, args, box["result"])
-            api = measure_tokens(lambda: asyncio.run(run_stages(server.url, server.token, stages)))
+            api = measure_tokens(lambda: box.update(
+                responses=asyncio.run(run_stages(server.url, server.token, stages))))
+            quality = more_quality(name, box["result"], stages, box["responses"],
+                                   lambda argv: run_example(client, program, name, argv)) \
+                if name in MORE_TECHNIQUES else None
             rows.append({"technique": name, "inferlet": pie, "api": api,
-                         "wall_ratio": round(api["wall_s"] / pie["wall_s"], 2)})
-            print(f"{name:<18} {pie['computed']:>9} {api['computed']:>9} {pie['wall_s']:>7.2f} "
-                  f"{api['wall_s']:>7.2f} {rows[-1]['wall_ratio']:>5.2f}x", flush=True)
+                         "wall_ratio": round(api["wall_s"] / pie["wall_s"], 2), "quality": quality})
+            print_row(rows[-1])
     return rows
-
