@@ -89,6 +89,21 @@ def _layer_weights(config: ModelConfig, weights: dict[str, Weight], i: int, dtyp
     )
 
 
+def _add_norm(weight: torch.Tensor, eps: float,
+              on_c: bool) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
+    """norm(x, delta): x += delta in place (x is a pass's own float32 residual stream), then
+    RMSNorm(x) * weight, [N, hidden] float32. `on_c` (quantized mode): one C call instead of
+    torch's ~6 ops; otherwise torch's rms_norm, bit for bit."""
+    if on_c:
+        return quant_kernels.PreparedRmsNorm(weight, eps)
+
+    def add_norm(x: torch.Tensor, delta: torch.Tensor | None = None) -> torch.Tensor:
+        if delta is not None:
+            x.add_(delta)
+        return F.rms_norm(x, (weight.shape[0],), weight, eps)
+    return add_norm
+
+
 class LlamaModel:
     """The model's weights and its batched forward pass. Consumes the `weights` dict it is given.
 
@@ -129,17 +144,12 @@ class LlamaModel:
         self.rope_signed_sin = self.rope_signed_sin.to(device)
         self.q_dim = config.num_heads * config.head_dim
         self.kv_dim = config.num_kv_heads * config.head_dim
-        self.c_norms = self._prepare_c_norms()
-
-    def _prepare_c_norms(self) -> list[tuple] | None:
-        """Per layer (input, post-attention) C RMSNorms, then (final,): quantized mode only (the
-        float32 and bf16 modes keep torch's own rms_norm, bit for bit)."""
-        if self.planner is None or not quant_kernels.available():
-            return None
-        eps = self.config.rms_norm_eps
-        norms = [(quant_kernels.PreparedRmsNorm(layer.input_norm, eps),
-                  quant_kernels.PreparedRmsNorm(layer.post_norm, eps)) for layer in self.layers]
-        return norms + [(quant_kernels.PreparedRmsNorm(self.final_norm, eps),)]
+        # per layer (input, post-attention) norms, then the final one: x += delta, RMSNorm(x)
+        on_c = self.planner is not None and quant_kernels.available()
+        self.norms = [(_add_norm(layer.input_norm, config.rms_norm_eps, on_c),
+                       _add_norm(layer.post_norm, config.rms_norm_eps, on_c))
+                      for layer in self.layers]
+        self.final_add_norm = _add_norm(self.final_norm, config.rms_norm_eps, on_c)
 
     def forward(self, table: PageTable, kv_cache: KVCache, attention) -> torch.Tensor:
         """Run the batch, write its K/V into the pool, return float32 logits [num_outputs, vocab].
@@ -166,8 +176,8 @@ class LlamaModel:
         # matmul inputs are cast to the weights' dtype (a no-op in float32 mode)
         x = self._embed(table.input_ids.to(device))                       # [N, hidden] float32
         delta = None           # the last sublayer's output, added to x by the next norm
-        for i, layer in enumerate(self.layers):
-            h = self._add_norm(x, delta, layer.input_norm, i, 0).to(dtype)   # x += delta
+        for i, (layer, (input_norm, post_norm)) in enumerate(zip(self.layers, self.norms)):
+            h = input_norm(x, delta).to(dtype)                            # x += delta
             qkv = layer.qkv_proj(h)                            # [N, (Hq + 2 Hkv) * D]
             qk = apply_rope(qkv[:, :self.q_dim + self.kv_dim].view(n, num_qk_heads, d), cos,
                             signed_sin)
@@ -177,24 +187,13 @@ class LlamaModel:
             attention.append_kv(kv_layer, k, v)
             attn = attention.run(q, kv_layer)                             # [N, Hq, D]
             delta = layer.o_proj(attn.reshape(n, self.q_dim))             # [N, hidden]
-            h = self._add_norm(x, delta, layer.post_norm, i, 1).to(dtype)
+            h = post_norm(x, delta).to(dtype)
             gate, up = layer.gate_up_proj(h).chunk(2, dim=-1) # [N, intermediate] each
             delta = layer.down_proj(F.silu(gate) * up)
         rows = table.output_rows.to(device)
-        x = self._add_norm(x[rows], None if delta is None else delta[rows].contiguous(),
-                           self.final_norm, len(self.layers), 0).to(dtype)
+        x = self.final_add_norm(x[rows], None if delta is None else delta[rows].contiguous())
+        x = x.to(dtype)
         return self.lm_head(x).float()                         # [num_outputs, vocab]
-
-    def _add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                  layer: int, which: int) -> torch.Tensor:
-        """x += delta in place (x is this pass's own float32 residual stream), then RMSNorm(x):
-        [N, hidden] float32. Quantized mode uses the C kernel (one call instead of torch's ~6 ops),
-        prepared per norm (`which`: 0 input / final, 1 post-attention)."""
-        if self.c_norms is not None:
-            return self.c_norms[layer][which](x, delta)
-        if delta is not None:
-            x.add_(delta)
-        return F.rms_norm(x, (self.config.hidden_size,), weight, self.config.rms_norm_eps)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [N] -> float32 [N, hidden] (blocks: only the N rows are dequantized)."""
