@@ -1,4 +1,4 @@
-/* GGUF block formats (the same bytes as llama.cpp's ggml) and the 8-bit activation blocks. */
+/* GGUF block formats (the same bytes as llama.cpp's ggml) and the 16-bit activation blocks. */
 #ifndef PIE_QUANT_FORMATS_H
 #define PIE_QUANT_FORMATS_H
 

@@ -157,8 +157,8 @@ def matmul(x: torch.Tensor, weight: QuantizedTensor, level: str | None = None,
            num_threads: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] float32 -> x @ W^T [M, N] float32, reading W's blocks in place.
 
-    The activation rows are quantized to 8 bits per block of 32 (llama.cpp's scheme), so the
-    result equals x @ dequantize(W)^T up to that rounding (~0.5% relative per row).
+    The activation rows are quantized to 16 bits per block of 32 (engine/quant/formats.h), so
+    the result equals x @ dequantize(W)^T up to that rounding (~1e-5 relative per value).
     """
     module = _require()
     num_rows, num_cols = weight.shape
