@@ -30,30 +30,42 @@ static int level_supported(int level) {
     return level == LEVEL_SCALAR || (level == LEVEL_AVX2 && cpu_has_avx2());
 }
 
+/* Rows of a job shared out in chunks: whichever thread runs takes the next one (pool.h) */
+typedef struct {
+    int64_t num_rows, chunk_rows;
+    atomic_llong next_row;
+} row_cursor;
+
+static void row_cursor_init(row_cursor *rows, int64_t num_rows, int num_threads) {
+    int64_t chunk = num_rows / ((int64_t)num_threads * 4);   /* a few chunks per thread */
+    rows->num_rows = num_rows;
+    rows->chunk_rows = chunk < 8 ? 8 : chunk;
+    atomic_init(&rows->next_row, 0);
+}
+
+/* 1 and the next chunk [*start, *start + *count), or 0 when every row is taken */
+static int next_chunk(row_cursor *rows, int64_t *start, int64_t *count) {
+    *start = atomic_fetch_add(&rows->next_row, rows->chunk_rows);
+    if (*start >= rows->num_rows) return 0;
+    *count = rows->num_rows - *start < rows->chunk_rows ? rows->num_rows - *start : rows->chunk_rows;
+    return 1;
+}
+
 typedef struct {
     dot_rows_fn fn;
     const uint8_t *w;
-    int64_t row_bytes, num_rows, m;
+    int64_t row_bytes, m;
     const act_q16 *x;
     float *y;
-    int64_t chunk_rows;
-    atomic_llong next_row;
+    row_cursor rows;
 } matmul_job;
 
 static void matmul_task(void *ctx) {
     matmul_job *job = ctx;
-    for (;;) {
-        int64_t start = atomic_fetch_add(&job->next_row, job->chunk_rows);
-        if (start >= job->num_rows) break;
-        int64_t count = job->num_rows - start < job->chunk_rows ? job->num_rows - start : job->chunk_rows;
+    int64_t start, count;
+    while (next_chunk(&job->rows, &start, &count))
         job->fn(job->w + start * job->row_bytes, job->row_bytes, count, job->x, job->m,
-                job->y + start, job->num_rows);
-    }
-}
-
-static int64_t chunk_rows_for(int64_t num_rows, int num_threads) {
-    int64_t chunk = num_rows / ((int64_t)num_threads * 4);   /* a few chunks per thread */
-    return chunk < 8 ? 8 : chunk;
+                job->y + start, job->rows.num_rows);
 }
 
 /* matmul(qtype, level, w, n, k, x, m, y, num_threads): y[m, n] = x[m, k] @ W[n, k]^T */
@@ -81,9 +93,8 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     }
     matmul_job job = {.fn = level == LEVEL_AVX2 ? dot_rows_avx2(qtype) : dot_rows_scalar(qtype),
                       .w = (const uint8_t *)(uintptr_t)w_addr, .row_bytes = row_bytes,
-                      .num_rows = n, .m = m, .x = &act, .y = (float *)(uintptr_t)y_addr,
-                      .chunk_rows = chunk_rows_for(n, num_threads)};
-    atomic_init(&job.next_row, 0);
+                      .m = m, .x = &act, .y = (float *)(uintptr_t)y_addr};
+    row_cursor_init(&job.rows, n, num_threads);
     Py_BEGIN_ALLOW_THREADS
     if (level == LEVEL_AVX2)
         quantize_act_avx2((const float *)(uintptr_t)x_addr, m, &act);
@@ -98,21 +109,17 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
 typedef struct {
     int qtype;
     const uint8_t *w;
-    int64_t row_bytes, num_rows, k;
+    int64_t row_bytes, k;
     float *out;
-    int64_t chunk_rows;
-    atomic_llong next_row;
+    row_cursor rows;
 } dequantize_job;
 
 static void dequantize_task(void *ctx) {
     dequantize_job *job = ctx;
-    for (;;) {
-        int64_t start = atomic_fetch_add(&job->next_row, job->chunk_rows);
-        if (start >= job->num_rows) break;
-        int64_t count = job->num_rows - start < job->chunk_rows ? job->num_rows - start : job->chunk_rows;
+    int64_t start, count;
+    while (next_chunk(&job->rows, &start, &count))
         dequantize_rows(job->qtype, job->w + start * job->row_bytes, count, job->k,
                         job->out + start * job->k);
-    }
 }
 
 /* dequantize(qtype, w, n, k, out, num_threads): out[n, k] float32 = the blocks' values */
@@ -127,10 +134,9 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
         return PyErr_Format(PyExc_ValueError, "dequantize: bad qtype %d or shape n=%lld k=%lld",
                             qtype, n, k);
     dequantize_job job = {.qtype = qtype, .w = (const uint8_t *)(uintptr_t)w_addr,
-                          .row_bytes = row_bytes, .num_rows = n, .k = k,
-                          .out = (float *)(uintptr_t)out_addr,
-                          .chunk_rows = chunk_rows_for(n, num_threads)};
-    atomic_init(&job.next_row, 0);
+                          .row_bytes = row_bytes, .k = k,
+                          .out = (float *)(uintptr_t)out_addr};
+    row_cursor_init(&job.rows, n, num_threads);
     Py_BEGIN_ALLOW_THREADS
     pool_run(dequantize_task, &job, n < 64 ? 1 : num_threads);
     Py_END_ALLOW_THREADS
