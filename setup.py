@@ -13,7 +13,8 @@ from setuptools.errors import CCompilerError, CompileError, ExecError, PlatformE
 
 KERNEL_SOURCES = ["engine/quant/module.c", "engine/quant/pool.c", "engine/quant/kernels_scalar.c",
                   "engine/quant/kernels_avx2.c", "engine/quant/norm.c",
-                  "engine/quant/decode_attention.c"]
+                  "engine/quant/decode_attention.c", "engine/quant/matmul.c",
+                  "engine/quant/decoder.c", "engine/quant/decoder_py.c"]
 BUILD_ERRORS = (CCompilerError, CompileError, ExecError, PlatformError, OSError)
 
 
@@ -43,7 +44,8 @@ def kernel_extension() -> list[Extension]:
         return []
     return [Extension("engine.quant._kernels", sources=KERNEL_SOURCES,
                       depends=["engine/quant/formats.h", "engine/quant/pool.h", "engine/quant/norm.h",
-                               "engine/quant/decode_attention.h"],
+                               "engine/quant/decode_attention.h", "engine/quant/matmul.h",
+                               "engine/quant/decoder.h"],
                       extra_compile_args=["-O3", "-std=c11", "-pthread"],
                       extra_link_args=["-pthread"])]
 

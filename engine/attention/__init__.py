@@ -1,7 +1,8 @@
 """Attention backends over the paged KV pool, all driven by the same `PageTable` metadata.
 
 A backend has `name`, `plan(page_table)` (once per forward pass), and per layer
-`append_kv(kv_layer, k, v)` then `run(q, kv_layer) -> out`. `make_attention_backend` picks one by
+`append_kv(kv_layer, k, v)` then `run(q, kv_layer) -> out`; `decode_plan` offers a plain decode
+batch to the quantized CPU engine's fused decoder (torch backend only). `make_attention_backend` picks one by
 name; a new backend (e.g. FlashInfer on CUDA) registers one more branch here.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 
 from engine.attention.torch_paged import TorchPagedAttention
 from engine.page_table import PageTable
+from engine.quant.kernels import DecodeAttention
 
 __all__ = ["AttentionBackend", "TorchPagedAttention", "make_attention_backend", "BACKEND_NAMES"]
 
@@ -28,6 +30,10 @@ class AttentionBackend(Protocol):
     def append_kv(self, kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None: ...
 
     def run(self, q: torch.Tensor, kv_layer: torch.Tensor) -> torch.Tensor: ...
+
+    def decode_plan(self, num_rows: int) -> DecodeAttention | None:
+        """The planned batch's checked indices for engine.quant's fused C decoder when it is a
+        plain decode batch on a backend that offers one (else None)."""
 
 
 def make_attention_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,

@@ -166,6 +166,10 @@ class FlashInferAttention:
         wrapper = self._decode if batch.decode else self._prefill
         return wrapper.run(q.contiguous(), kv_layer)
 
+    def decode_plan(self, num_rows: int) -> None:
+        """No fused C decoder on CUDA: the model runs its layers one by one."""
+        return None
+
     def _require_batch(self) -> _BatchMetadata:
         if self._batch is None:
             raise RuntimeError("FlashInferAttention.plan(table) must be called before the layers run")

@@ -196,14 +196,21 @@ class TorchPagedAttention:
                                               attn_mask=group.mask)      # [B, Hkv, G, D]
         return attn.view(bs, self.num_qo_heads, self.head_dim)
 
+    def decode_plan(self, num_rows: int) -> quant_kernels.DecodeAttention | None:
+        """The planned batch's indices checked for the C decode kernels, when it is a plain
+        decode batch and `c_decode` is on (else None). num_rows: a layer's slot-view rows."""
+        if self._c_indices is None:
+            return None
+        if self._c_attention is None or self._c_attention.num_rows != num_rows:
+            self._c_attention = quant_kernels.DecodeAttention(*self._c_indices, self.page_size,
+                                                              num_rows)
+        return self._c_attention
+
     def _run_c_decode(self, q: torch.Tensor, slot_view: torch.Tensor) -> torch.Tensor:
         """Plain decode on the C kernel: append this layer's K/V, attend; [B, Hq, D]."""
         k, v = self._pending_kv
         self._pending_kv = None
-        if self._c_attention is None:             # the indices are checked once per pass
-            self._c_attention = quant_kernels.DecodeAttention(*self._c_indices, self.page_size,
-                                                              slot_view.shape[0])
-        return self._c_attention(q, k, v, slot_view)
+        return self.decode_plan(slot_view.shape[0])(q, k, v, slot_view)
 
     def _run_padded(self, q: torch.Tensor, slot_view: torch.Tensor, out: torch.Tensor) -> None:
         group, hkv, g, d = self._padded, self.num_kv_heads, self.group_size, self.head_dim

@@ -18,10 +18,11 @@ import torch.nn.functional as F
 
 from engine.engine_config import ModelConfig
 from engine.kv_cache import KVCache
-from engine.model.linear import make_linear
+from engine.model.linear import PartsLinear, make_linear
 from engine.quant import QuantizedTensor
 from engine.quant import kernels as quant_kernels
-from engine.quant.linear import BatchPlanner
+from engine.quant.decoder import MAX_PARTS, DecoderShape, FusedDecoder, FusedLayer
+from engine.quant.linear import BatchPlanner, QuantizedLinear
 from engine.model.memory import release_freed_memory
 from engine.model.rope import apply_rope, rope_tables
 from engine.page_table import PageTable
@@ -104,6 +105,37 @@ def _add_norm(weight: torch.Tensor, eps: float,
     return add_norm
 
 
+def _block_parts(projection: Callable) -> tuple[QuantizedLinear, ...] | None:
+    """The block linears a projection is made of, or None when some part is dense."""
+    if isinstance(projection, QuantizedLinear):
+        return (projection,)
+    if (isinstance(projection, PartsLinear) and len(projection.parts) <= MAX_PARTS
+            and all(isinstance(part, QuantizedLinear) for part in projection.parts)):
+        return tuple(projection.parts)
+    return None
+
+
+def _fused_decoder(config: ModelConfig, layers: list[LayerWeights]) -> FusedDecoder | None:
+    """The C decoder over these layers when the extension is built and every projection is
+    GGUF blocks (else None: the per-layer path runs every pass)."""
+    if not quant_kernels.available():
+        return None
+    fused, max_rows = [], None
+    for layer in layers:
+        projections = [_block_parts(p) for p in (layer.qkv_proj, layer.o_proj,
+                                                  layer.gate_up_proj, layer.down_proj)]
+        if any(parts is None for parts in projections):
+            return None
+        limit = min(part.block_rows_limit for parts in projections for part in parts)
+        max_rows = limit if max_rows is None else min(max_rows, limit)
+        fused.append(FusedLayer(layer.input_norm.contiguous(), layer.post_norm.contiguous(),
+                                tuple(tuple(part.weight for part in parts)
+                                      for parts in projections)))
+    shape = DecoderShape(config.hidden_size, config.intermediate_size, config.num_heads,
+                         config.num_kv_heads, config.head_dim, config.rms_norm_eps)
+    return FusedDecoder(shape, fused, max_rows or 0)
+
+
 class LlamaModel:
     """The model's weights and its batched forward pass. Consumes the `weights` dict it is given.
 
@@ -150,6 +182,7 @@ class LlamaModel:
                        _add_norm(layer.post_norm, config.rms_norm_eps, on_c))
                       for layer in self.layers]
         self.final_add_norm = _add_norm(self.final_norm, config.rms_norm_eps, on_c)
+        self.fused_decoder = _fused_decoder(config, self.layers) if self.planner else None
 
     def forward(self, table: PageTable, kv_cache: KVCache, attention) -> torch.Tensor:
         """Run the batch, write its K/V into the pool, return float32 logits [num_outputs, vocab].
@@ -175,6 +208,8 @@ class LlamaModel:
         # the residual stream stays float32 (cheaper norms in bf16 mode, closer to exact);
         # matmul inputs are cast to the weights' dtype (a no-op in float32 mode)
         x = self._embed(table.input_ids.to(device))                       # [N, hidden] float32
+        if self._run_fused(x, table, kv_cache, attention, positions):
+            return self._logits(x, table, None)
         delta = None           # the last sublayer's output, added to x by the next norm
         for i, (layer, (input_norm, post_norm)) in enumerate(zip(self.layers, self.norms)):
             h = input_norm(x, delta).to(dtype)                            # x += delta
@@ -190,10 +225,27 @@ class LlamaModel:
             h = post_norm(x, delta).to(dtype)
             gate, up = layer.gate_up_proj(h).chunk(2, dim=-1) # [N, intermediate] each
             delta = layer.down_proj(F.silu(gate) * up)
-        rows = table.output_rows.to(device)
+        return self._logits(x, table, delta)
+
+    def _logits(self, x: torch.Tensor, table: PageTable, delta: torch.Tensor | None) -> torch.Tensor:
+        """float32 logits [num_outputs, vocab] of the output rows of x (+ delta) [N, hidden]."""
+        rows = table.output_rows.to(x.device)
         x = self.final_add_norm(x[rows], None if delta is None else delta[rows].contiguous())
-        x = x.to(dtype)
-        return self.lm_head(x).float()                         # [num_outputs, vocab]
+        return self.lm_head(x.to(self.dtype)).float()            # [num_outputs, vocab]
+
+    def _run_fused(self, x: torch.Tensor, table: PageTable, kv_cache: KVCache, attention,
+                   positions: torch.Tensor) -> bool:
+        """Run every layer in one C call when this is a plain decode pass the fused decoder takes
+        (x [N, hidden] then holds the residual stream); False, having done nothing, otherwise."""
+        fused = self.fused_decoder
+        if fused is None or table.num_tokens > fused.max_rows or kv_cache.dtype != torch.float32:
+            return False
+        plan = attention.decode_plan(kv_cache.num_pages * 2 * kv_cache.page_size)
+        if plan is None:
+            return False
+        fused.run(x, self.rope_cos[positions], self.rope_signed_sin[positions], kv_cache.pool,
+                  plan, self.planner.num_kernel_threads or torch.get_num_threads())
+        return True
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [N] -> float32 [N, hidden] (blocks: only the N rows are dequantized)."""

@@ -7,6 +7,10 @@
 #include <string.h>
 
 #include "decode_attention.h"
+#include "pool.h"
+
+/* below this many q.k products a batch runs on the calling thread (a pool job costs ~5-20 us) */
+#define PARALLEL_MIN_SCORES 65536
 
 static void append_new_tokens(const decode_batch *batch) {
     int64_t row_floats = (int64_t)batch->num_kv_heads * batch->head_dim;
@@ -55,12 +59,31 @@ static void attend_head(const decode_batch *batch, int64_t b, int head, float *s
     for (int d = 0; d < d_len; d++) out[d] *= inverse;
 }
 
-int decode_attention(const decode_batch *batch) {
+typedef struct {
+    const decode_batch *batch;
+    row_cursor units;            /* unit u: request u / num_q_heads, head u % num_q_heads */
+} attention_job;
+
+static void attention_task(void *ctx) {
+    attention_job *job = ctx;
+    const decode_batch *batch = job->batch;
     float *scores = malloc((size_t)(batch->max_kv > 0 ? batch->max_kv : 1) * sizeof(float));
-    if (!scores) return -1;
-    append_new_tokens(batch);
-    for (int64_t b = 0; b < batch->num_requests; b++)
-        for (int head = 0; head < batch->num_q_heads; head++) attend_head(batch, b, head, scores);
+    if (!scores) return;       /* the other threads take the units */
+    int64_t start, count;
+    while (next_chunk(&job->units, &start, &count))
+        for (int64_t u = start; u < start + count; u++)
+            attend_head(batch, u / batch->num_q_heads, (int)(u % batch->num_q_heads), scores);
     free(scores);
-    return 0;
+}
+
+int decode_attention(const decode_batch *batch, int num_threads) {
+    append_new_tokens(batch);
+    int64_t num_units = batch->num_requests * batch->num_q_heads, total_kv = 0;
+    for (int64_t b = 0; b < batch->num_requests; b++) total_kv += batch->kv_lens[b];
+    if (total_kv * batch->num_q_heads < PARALLEL_MIN_SCORES) num_threads = 1;
+    attention_job job = {.batch = batch};
+    row_cursor_init(&job.units, num_units, num_threads, 1);
+    pool_run(attention_task, &job, num_threads);
+    /* every unit was taken unless the caller's own scratch allocation failed */
+    return atomic_load(&job.units.next_row) >= num_units ? 0 : -1;
 }

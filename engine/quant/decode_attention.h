@@ -22,8 +22,9 @@ typedef struct {
 } decode_batch;
 
 /* Writes each new token's K and V into the pool, then out = softmax(q K^T * scale) V over each
- * request's context (query head h reads KV head h / (num_q_heads / num_kv_heads)). 0 on success,
- * -1 when the scratch row of scores cannot be allocated. */
-int decode_attention(const decode_batch *batch);
+ * request's context (query head h reads KV head h / (num_q_heads / num_kv_heads)); the (request,
+ * head) pairs are shared over up to num_threads threads when the batch is big enough. 0 on
+ * success, -1 when no thread could allocate its scratch row of scores. */
+int decode_attention(const decode_batch *batch, int num_threads);
 
 #endif

@@ -12,8 +12,8 @@ import torch
 
 from engine.quant.tensor import QuantizedTensor
 
-__all__ = ["available", "unavailable_reason", "levels", "best_level", "matmul",
-           "dequantize", "PreparedMatmul", "add_rms_norm", "PreparedRmsNorm", "DecodeAttention"]
+__all__ = ["available", "unavailable_reason", "levels", "best_level", "require", "level_index",
+           "matmul", "dequantize", "PreparedMatmul", "add_rms_norm", "PreparedRmsNorm", "DecodeAttention"]
 
 
 def _load_extension():
@@ -43,7 +43,7 @@ def levels() -> tuple[str, ...]:
 
 def best_level() -> str:
     """The fastest supported level; RuntimeError without the extension."""
-    return _require().levels()[-1]
+    return require().levels()[-1]
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
@@ -53,7 +53,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     x, delta [M, K] and weight [K]: contiguous CPU float32 (ValueError otherwise). The sums of
     squares are taken in double precision; the result is torch's F.rms_norm to float32 rounding.
     """
-    module = _require()
+    module = require()
     num_cols = weight.shape[0]
     for name, tensor, shape in (("x", x, None), ("delta", delta, x.shape), ("weight", weight, None)):
         if tensor is None:
@@ -77,7 +77,7 @@ class PreparedRmsNorm:
     61 norms per step on the default model)."""
 
     def __init__(self, weight: torch.Tensor, eps: float) -> None:
-        self._call = _require().rms_norm
+        self._call = require().rms_norm
         self.weight = weight.detach().to(torch.float32).contiguous()      # [K]
         self.eps = float(eps)
         self._weight_ptr = self.weight.data_ptr()
@@ -107,7 +107,7 @@ class DecodeAttention:
 
     def __init__(self, append_rows: torch.Tensor, kv_rows: torch.Tensor, kv_lens: torch.Tensor,
                  page_size: int, num_rows: int) -> None:
-        self._call = _require().decode_attention
+        self._call = require().decode_attention
         self.append_rows = append_rows.to(torch.int64).contiguous()     # [B]
         self.kv_rows = kv_rows.to(torch.int64).contiguous()             # [B, max_kv]
         self.kv_lens = kv_lens.to(torch.int64).contiguous()             # [B]
@@ -126,9 +126,10 @@ class DecodeAttention:
             raise ValueError("DecodeAttention: kv_lens outside 0..max_kv")
 
     def __call__(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                 slot_view: torch.Tensor) -> torch.Tensor:
+                 slot_view: torch.Tensor, num_threads: int = 1) -> torch.Tensor:
         """q [B, Hq, D], k_new / v_new [B, Hkv, D] float32 (heads and D contiguous, any token
-        stride); slot_view [num_rows, Hkv, D] float32 contiguous -> out [B, Hq, D]."""
+        stride); slot_view [num_rows, Hkv, D] float32 contiguous -> out [B, Hq, D]. Big batches
+        share their (request, head) pairs over num_threads threads."""
         num_requests, num_q_heads, head_dim = q.shape
         num_kv_heads = slot_view.shape[1]
         for name, tensor, heads in (("q", q, num_q_heads), ("k_new", k_new, num_kv_heads),
@@ -149,7 +150,7 @@ class DecodeAttention:
                    v_new.data_ptr(), v_new.stride(0), slot_view.data_ptr(),
                    self.append_rows.data_ptr(), self.kv_rows.data_ptr(), self.kv_lens.data_ptr(),
                    num_requests, self.kv_rows.shape[1], self.page_size, num_q_heads,
-                   num_kv_heads, head_dim, head_dim ** -0.5, out.data_ptr())
+                   num_kv_heads, head_dim, head_dim ** -0.5, out.data_ptr(), num_threads)
         return out
 
 
@@ -160,7 +161,7 @@ def matmul(x: torch.Tensor, weight: QuantizedTensor, level: str | None = None,
     The activation rows are quantized to 16 bits per block of 32 (engine/quant/formats.h), so
     the result equals x @ dequantize(W)^T up to that rounding (~1e-5 relative per value).
     """
-    module = _require()
+    module = require()
     num_rows, num_cols = weight.shape
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != num_cols or x.device.type != "cpu":
         raise ValueError(f"x must be a CPU float32 [M, {num_cols}] tensor, got {x.dtype} "
@@ -172,7 +173,7 @@ def matmul(x: torch.Tensor, weight: QuantizedTensor, level: str | None = None,
         raise ValueError(f"out must be a contiguous float32 [{x.shape[0]}, {num_rows}] tensor")
     if x.shape[0] == 0:
         return out
-    module.matmul(int(weight.qtype), _level_index(module, level), weight.blocks.data_ptr(),
+    module.matmul(int(weight.qtype), level_index(level), weight.blocks.data_ptr(),
                   num_rows, num_cols, x.data_ptr(), x.shape[0], out.data_ptr(),
                   num_threads or torch.get_num_threads())
     return out
@@ -183,10 +184,10 @@ class PreparedMatmul:
     cost is one C call (decode runs ~120 of them per step)."""
 
     def __init__(self, weight: QuantizedTensor) -> None:
-        module = _require()
+        module = require()
         self.weight = weight
         self._call = module.matmul
-        self._args = (int(weight.qtype), _level_index(module, None), weight.blocks.data_ptr(),
+        self._args = (int(weight.qtype), level_index(None), weight.blocks.data_ptr(),
                       weight.num_rows, weight.num_cols)
 
     def __call__(self, x: torch.Tensor, num_threads: int | None = None) -> torch.Tensor:
@@ -203,7 +204,7 @@ class PreparedMatmul:
 def dequantize(weight: QuantizedTensor, out: torch.Tensor | None = None,
                num_threads: int | None = None) -> torch.Tensor:
     """The float32 values [N, K] of the blocks (into `out` when given, e.g. a scratch buffer)."""
-    module = _require()
+    module = require()
     if out is None:
         out = torch.empty(weight.shape, dtype=torch.float32)
     elif tuple(out.shape) != weight.shape or out.dtype != torch.float32 or not out.is_contiguous():
@@ -213,14 +214,16 @@ def dequantize(weight: QuantizedTensor, out: torch.Tensor | None = None,
     return out
 
 
-def _require():
+def require():
+    """The extension module; RuntimeError naming why when it is not built."""
     if _EXTENSION is None:
         raise RuntimeError(_MISSING_REASON)
     return _EXTENSION
 
 
-def _level_index(module, level: str | None) -> int:
-    supported = module.levels()
+def level_index(level: str | None) -> int:
+    """The C index of a kernel level (None: the best); ValueError when this CPU lacks it."""
+    supported = require().levels()
     if level is None:
         level = supported[-1]
     if level not in supported:

@@ -5,68 +5,19 @@
  * released while kernels run; work is split over output rows on a small thread pool. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "formats.h"
+#include "matmul.h"
 #include "decode_attention.h"
 #include "norm.h"
 #include "pool.h"
 
-enum { LEVEL_SCALAR = 0, LEVEL_AVX2 = 1 };
 static const char *LEVEL_NAMES[] = {"scalar", "avx2"};
 
-static int cpu_has_avx2(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
-#else
-    return 0;
-#endif
-}
-
-static int level_supported(int level) {
-    return level == LEVEL_SCALAR || (level == LEVEL_AVX2 && cpu_has_avx2());
-}
-
-/* Rows of a job shared out in chunks: whichever thread runs takes the next one (pool.h) */
-typedef struct {
-    int64_t num_rows, chunk_rows;
-    atomic_llong next_row;
-} row_cursor;
-
-static void row_cursor_init(row_cursor *rows, int64_t num_rows, int num_threads) {
-    int64_t chunk = num_rows / ((int64_t)num_threads * 4);   /* a few chunks per thread */
-    rows->num_rows = num_rows;
-    rows->chunk_rows = chunk < 8 ? 8 : chunk;
-    atomic_init(&rows->next_row, 0);
-}
-
-/* 1 and the next chunk [*start, *start + *count), or 0 when every row is taken */
-static int next_chunk(row_cursor *rows, int64_t *start, int64_t *count) {
-    *start = atomic_fetch_add(&rows->next_row, rows->chunk_rows);
-    if (*start >= rows->num_rows) return 0;
-    *count = rows->num_rows - *start < rows->chunk_rows ? rows->num_rows - *start : rows->chunk_rows;
-    return 1;
-}
-
-typedef struct {
-    dot_rows_fn fn;
-    const uint8_t *w;
-    int64_t row_bytes, m;
-    const act_q16 *x;
-    float *y;
-    row_cursor rows;
-} matmul_job;
-
-static void matmul_task(void *ctx) {
-    matmul_job *job = ctx;
-    int64_t start, count;
-    while (next_chunk(&job->rows, &start, &count))
-        job->fn(job->w + start * job->row_bytes, job->row_bytes, count, job->x, job->m,
-                job->y + start, job->rows.num_rows);
-}
+/* decoder_py.c */
+PyObject *py_decoder_new(PyObject *self, PyObject *args);
+PyObject *py_decoder_run(PyObject *self, PyObject *args);
 
 /* matmul(qtype, level, w, n, k, x, m, y, num_threads): y[m, n] = x[m, k] @ W[n, k]^T */
 static PyObject *py_matmul(PyObject *self, PyObject *args) {
@@ -82,27 +33,14 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
                             qtype, n, k, m);
     if (level < 0 || level > LEVEL_AVX2 || !level_supported(level))
         return PyErr_Format(PyExc_ValueError, "matmul: kernel level %d is not supported here", level);
-    act_q16 act = {.k = k};
-    size_t num_blocks = (size_t)(m * (k / QK));
-    act.qs = malloc((size_t)(m * k) * sizeof(int16_t));
-    act.d = malloc(num_blocks * sizeof(float));
-    act.s = malloc(num_blocks * sizeof(float));
-    if (!act.qs || !act.d || !act.s) {
-        free(act.qs); free(act.d); free(act.s);
-        return PyErr_NoMemory();
-    }
-    matmul_job job = {.fn = level == LEVEL_AVX2 ? dot_rows_avx2(qtype) : dot_rows_scalar(qtype),
-                      .w = (const uint8_t *)(uintptr_t)w_addr, .row_bytes = row_bytes,
-                      .m = m, .x = &act, .y = (float *)(uintptr_t)y_addr};
-    row_cursor_init(&job.rows, n, num_threads);
+    act_q16 act;
+    if (act_alloc(&act, m, k) != 0) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
-    if (level == LEVEL_AVX2)
-        quantize_act_avx2((const float *)(uintptr_t)x_addr, m, &act);
-    else
-        quantize_act_scalar((const float *)(uintptr_t)x_addr, m, &act);
-    pool_run(matmul_task, &job, num_threads);
+    quantize_act(level, (const float *)(uintptr_t)x_addr, m, &act);
+    matmul_rows(qtype, level, (const uint8_t *)(uintptr_t)w_addr, n, &act, m,
+                (float *)(uintptr_t)y_addr, n, num_threads);
     Py_END_ALLOW_THREADS
-    free(act.qs); free(act.d); free(act.s);
+    act_free(&act);
     Py_RETURN_NONE;
 }
 
@@ -136,7 +74,7 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     dequantize_job job = {.qtype = qtype, .w = (const uint8_t *)(uintptr_t)w_addr,
                           .row_bytes = row_bytes, .k = k,
                           .out = (float *)(uintptr_t)out_addr};
-    row_cursor_init(&job.rows, n, num_threads);
+    row_cursor_init(&job.rows, n, num_threads, 8);
     Py_BEGIN_ALLOW_THREADS
     pool_run(dequantize_task, &job, n < 64 ? 1 : num_threads);
     Py_END_ALLOW_THREADS
@@ -176,17 +114,18 @@ static PyObject *py_rms_norm(PyObject *self, PyObject *args) {
 }
 
 /* decode_attention(q, q_stride, k_new, k_stride, v_new, v_stride, slots, append_rows, kv_rows,
- * kv_lens, num_requests, max_kv, page_size, num_q_heads, num_kv_heads, head_dim, scale, out):
+ * kv_lens, num_requests, max_kv, page_size, num_q_heads, num_kv_heads, head_dim, scale, out,
+ * num_threads):
  * see decode_attention.h (engine/quant/kernels.py's DecodeAttention checks the tensors) */
 static PyObject *py_decode_attention(PyObject *self, PyObject *args) {
     unsigned long long q, k_new, v_new, slots, append_rows, kv_rows, kv_lens, out;
     long long q_stride, k_stride, v_stride, num_requests, max_kv, page_size;
-    int num_q_heads, num_kv_heads, head_dim;
+    int num_q_heads, num_kv_heads, head_dim, num_threads;
     float scale;
-    if (!PyArg_ParseTuple(args, "KLKLKLKKKKLLLiiifK", &q, &q_stride, &k_new, &k_stride, &v_new,
+    if (!PyArg_ParseTuple(args, "KLKLKLKKKKLLLiiifKi", &q, &q_stride, &k_new, &k_stride, &v_new,
                           &v_stride, &slots, &append_rows, &kv_rows, &kv_lens, &num_requests,
                           &max_kv, &page_size, &num_q_heads, &num_kv_heads, &head_dim, &scale,
-                          &out))
+                          &out, &num_threads))
         return NULL;
     if (num_requests < 0 || max_kv < 0 || page_size <= 0 || num_kv_heads <= 0 || head_dim <= 0
             || head_dim % 8 || num_q_heads % num_kv_heads)
@@ -205,7 +144,7 @@ static PyObject *py_decode_attention(PyObject *self, PyObject *args) {
         .out = (float *)(uintptr_t)out};
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = decode_attention(&batch);
+    status = decode_attention(&batch, num_threads);
     Py_END_ALLOW_THREADS
     if (status != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
@@ -225,6 +164,8 @@ static PyMethodDef methods[] = {
     {"levels", py_levels, METH_NOARGS, "kernel levels this CPU supports, slowest first"},
     {"decode_attention", py_decode_attention, METH_VARARGS, "paged attention of decode steps"},
     {"rms_norm", py_rms_norm, METH_VARARGS, "out = rms_norm(x (+= delta)) * weight, float32 rows"},
+    {"decoder_new", py_decoder_new, METH_VARARGS, "a fused decoder from a table of weights"},
+    {"decoder_run", py_decoder_run, METH_VARARGS, "every decoder layer of a decode pass"},
     {"row_bytes", py_row_bytes, METH_VARARGS, "bytes per row of k values of a qtype"},
     {NULL, NULL, 0, NULL},
 };

@@ -12,4 +12,29 @@ void pool_run(pool_task_fn fn, void *ctx, int nth);
 
 #define POOL_MAX_THREADS 64
 
+#include <stdatomic.h>
+#include <stdint.h>
+
+/* Rows of a job shared out in chunks: whichever thread runs takes the next one */
+typedef struct {
+    int64_t num_rows, chunk_rows;
+    atomic_llong next_row;
+} row_cursor;
+
+static inline void row_cursor_init(row_cursor *rows, int64_t num_rows, int num_threads,
+                                   int64_t min_chunk) {
+    int64_t chunk = num_rows / ((int64_t)(num_threads > 0 ? num_threads : 1) * 4);
+    rows->num_rows = num_rows;
+    rows->chunk_rows = chunk < min_chunk ? min_chunk : chunk;   /* a few chunks per thread */
+    atomic_init(&rows->next_row, 0);
+}
+
+/* 1 and the next chunk [*start, *start + *count), or 0 when every row is taken */
+static inline int next_chunk(row_cursor *rows, int64_t *start, int64_t *count) {
+    *start = atomic_fetch_add(&rows->next_row, rows->chunk_rows);
+    if (*start >= rows->num_rows) return 0;
+    *count = rows->num_rows - *start < rows->chunk_rows ? rows->num_rows - *start : rows->chunk_rows;
+    return 1;
+}
+
 #endif

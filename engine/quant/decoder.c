@@ -1,0 +1,119 @@
+/* See decoder.h. Each step is the function the torch path runs, in the same order: RMSNorm
+ * (norm.c), block matmuls (matmul.c), RoPE, paged attention (decode_attention.c), SiLU * up. */
+#include "decoder.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "decode_attention.h"
+#include "matmul.h"
+#include "norm.h"
+
+/* Per-pass buffers, all [m, width] float32 rows */
+typedef struct {
+    float *normed, *qkv, *attn, *delta, *gate_up, *act;
+    act_q16 x_blocks;            /* the activation blocks of the widest matmul input */
+} scratch;
+
+static void scratch_free(scratch *s) {
+    free(s->normed); free(s->qkv); free(s->attn); free(s->delta); free(s->gate_up); free(s->act);
+    act_free(&s->x_blocks);
+}
+
+static int scratch_alloc(scratch *s, const decoder *model, int64_t m) {
+    const decoder_layer *layer = &model->layers[0];
+    int64_t q_dim = (int64_t)model->num_q_heads * model->head_dim;
+    int64_t widest = model->hidden > model->intermediate ? model->hidden : model->intermediate;
+    if (q_dim > widest) widest = q_dim;
+    *s = (scratch){0};
+    s->normed = malloc((size_t)(m * model->hidden) * sizeof(float));
+    s->qkv = malloc((size_t)(m * layer->qkv.num_out) * sizeof(float));
+    s->attn = malloc((size_t)(m * q_dim) * sizeof(float));
+    s->delta = malloc((size_t)(m * model->hidden) * sizeof(float));
+    s->gate_up = malloc((size_t)(m * 2 * model->intermediate) * sizeof(float));
+    s->act = malloc((size_t)(m * model->intermediate) * sizeof(float));
+    int blocks_failed = act_alloc(&s->x_blocks, m, widest);
+    if (s->normed && s->qkv && s->attn && s->delta && s->gate_up && s->act && !blocks_failed)
+        return 0;
+    scratch_free(s);
+    return -1;
+}
+
+/* y[m, proj->num_out] = x[m, proj->num_cols] @ W^T, part after part */
+static void project(const decoder *model, const projection *proj, const float *x, int64_t m,
+                    act_q16 *blocks, float *y, int num_threads) {
+    blocks->k = proj->num_cols;
+    quantize_act(model->level, x, m, blocks);
+    int64_t offset = 0;
+    for (int p = 0; p < proj->num_parts; p++) {
+        matmul_rows(proj->qtypes[p], model->level, proj->blocks[p], proj->num_rows[p], blocks, m,
+                    y + offset, proj->num_out, num_threads);
+        offset += proj->num_rows[p];
+    }
+}
+
+/* HF rotate_half RoPE on the first num_heads heads of each row of qkv, in place:
+ * x[i] = x[i] cos[i] + x[(i + D/2) % D] signed_sin[i] */
+static void apply_rope(float *qkv, int64_t m, int64_t row_floats, int num_heads, int head_dim,
+                       const float *cos, const float *signed_sin) {
+    int half = head_dim / 2;
+    float rotated[head_dim];
+    for (int64_t r = 0; r < m; r++) {
+        const float *c = cos + r * head_dim, *s = signed_sin + r * head_dim;
+        for (int h = 0; h < num_heads; h++) {
+            float *x = qkv + r * row_floats + (int64_t)h * head_dim;
+            for (int i = 0; i < head_dim; i++) rotated[i] = x[i < half ? i + half : i - half];
+            for (int i = 0; i < head_dim; i++) x[i] = x[i] * c[i] + rotated[i] * s[i];
+        }
+    }
+}
+
+/* act[r] = silu(gate[r]) * up[r]; gate_up rows are [gate | up], each `width` wide */
+static void silu_mul(const float *gate_up, int64_t m, int64_t width, float *act) {
+    for (int64_t r = 0; r < m; r++) {
+        const float *gate = gate_up + r * 2 * width, *up = gate + width;
+        for (int64_t i = 0; i < width; i++)
+            act[r * width + i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    }
+}
+
+static int run_layer(const decoder *model, int index, const decode_pass *pass, scratch *s,
+                     int first) {
+    const decoder_layer *layer = &model->layers[index];
+    int64_t m = pass->m, d = model->head_dim;
+    int64_t q_dim = model->num_q_heads * d, kv_dim = model->num_kv_heads * d;
+    rms_norm_rows(pass->x, first ? NULL : s->delta, layer->input_norm, model->eps, m,
+                  model->hidden, s->normed);
+    project(model, &layer->qkv, s->normed, m, &s->x_blocks, s->qkv, pass->num_threads);
+    apply_rope(s->qkv, m, layer->qkv.num_out, model->num_q_heads + model->num_kv_heads,
+               model->head_dim, pass->cos, pass->signed_sin);
+    decode_batch batch = {
+        .q = s->qkv, .k_new = s->qkv + q_dim, .v_new = s->qkv + q_dim + kv_dim,
+        .q_stride = layer->qkv.num_out, .k_stride = layer->qkv.num_out,
+        .v_stride = layer->qkv.num_out, .slots = pass->pool + index * pass->layer_floats,
+        .append_rows = pass->append_rows, .kv_rows = pass->kv_rows, .kv_lens = pass->kv_lens,
+        .num_requests = m, .max_kv = pass->max_kv, .page_size = pass->page_size,
+        .num_q_heads = model->num_q_heads, .num_kv_heads = model->num_kv_heads,
+        .head_dim = model->head_dim, .scale = 1.0f / sqrtf((float)d), .out = s->attn};
+    if (decode_attention(&batch, pass->num_threads) != 0) return -1;
+    project(model, &layer->o, s->attn, m, &s->x_blocks, s->delta, pass->num_threads);
+    rms_norm_rows(pass->x, s->delta, layer->post_norm, model->eps, m, model->hidden, s->normed);
+    project(model, &layer->gate_up, s->normed, m, &s->x_blocks, s->gate_up, pass->num_threads);
+    silu_mul(s->gate_up, m, model->intermediate, s->act);
+    project(model, &layer->down, s->act, m, &s->x_blocks, s->delta, pass->num_threads);
+    return 0;
+}
+
+int decoder_run(const decoder *model, const decode_pass *pass) {
+    scratch s;
+    if (scratch_alloc(&s, model, pass->m) != 0) return -1;
+    int status = 0;
+    for (int i = 0; i < model->num_layers && status == 0; i++)
+        status = run_layer(model, i, pass, &s, i == 0);
+    if (status == 0) {
+        int64_t count = pass->m * model->hidden;
+        for (int64_t i = 0; i < count; i++) pass->x[i] += s.delta[i];
+    }
+    scratch_free(&s);
+    return status;
+}

@@ -1,0 +1,109 @@
+"""Every decoder layer of a plain decode pass in one C call (engine/quant/decoder.c).
+
+A decode step of the default model runs 30 layers of ~15 small operations each; from Python each
+costs 5-20 us of dispatch, together about half of a 10 ms step. `FusedDecoder` hands the whole
+stack to C at once: RMSNorm, the Q/K/V, O, gate/up and down block matmuls, RoPE, paged attention
+(appending the new K/V) and SiLU, the same functions the per-layer path computes.
+
+It applies to passes where every request adds one token with no custom mask
+(`DecodeAttention`: the checked indices) and every weight runs on the block kernels at that many
+rows (`max_rows`); the model uses its per-layer path otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from engine.quant import kernels
+from engine.quant.kernels import DecodeAttention
+from engine.quant.tensor import QuantizedTensor
+
+__all__ = ["FusedDecoder", "DecoderShape", "MAX_PARTS"]
+
+MAX_PARTS = 3                      # decoder.h MAX_PROJECTION_PARTS
+PROJECTION_FIELDS = 2 + 3 * MAX_PARTS
+LAYER_FIELDS = 2 + 4 * PROJECTION_FIELDS
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """The model dimensions the C decoder checks its weights against."""
+
+    hidden: int
+    intermediate: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    eps: float
+
+
+@dataclass(frozen=True)
+class FusedLayer:
+    """One layer's weights as the C decoder reads them: norms [hidden] float32 contiguous,
+    projections as lists of block parts stacked by rows (qkv, o, gate_up, down)."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    projections: tuple[tuple[QuantizedTensor, ...], ...]
+
+
+def _projection_fields(parts: Sequence[QuantizedTensor]) -> list[int]:
+    fields = [len(parts), parts[0].num_cols]
+    for part in parts:
+        fields += [int(part.qtype), part.blocks.data_ptr(), part.num_rows]
+    return fields + [0] * (3 * (MAX_PARTS - len(parts)))
+
+
+class FusedDecoder:
+    """The C decoder over `layers` (kept referenced: C holds their addresses)."""
+
+    def __init__(self, shape: DecoderShape, layers: Sequence[FusedLayer], max_rows: int) -> None:
+        """max_rows: passes of more tokens must not use it (the block kernels' limit)."""
+        module = kernels.require()
+        for layer in layers:
+            for norm in (layer.input_norm, layer.post_norm):
+                if (norm.dtype != torch.float32 or not norm.is_contiguous()
+                        or norm.shape != (shape.hidden,)):
+                    raise ValueError(f"FusedDecoder: norms must be contiguous float32 "
+                                     f"[{shape.hidden}]")
+            if len(layer.projections) != 4 or not all(0 < len(p) <= MAX_PARTS
+                                                      for p in layer.projections):
+                raise ValueError(f"FusedDecoder: 4 projections of 1..{MAX_PARTS} parts each")
+        self.shape = shape
+        self.layers = tuple(layers)
+        self.max_rows = max_rows
+        table = torch.tensor([[layer.input_norm.data_ptr(), layer.post_norm.data_ptr()]
+                              + [f for parts in layer.projections for f in _projection_fields(parts)]
+                              for layer in self.layers], dtype=torch.int64)  # [L, LAYER_FIELDS]
+        self._run = module.decoder_run
+        self._capsule = module.decoder_new(
+            len(self.layers), shape.hidden, shape.intermediate, shape.num_q_heads,
+            shape.num_kv_heads, shape.head_dim, float(shape.eps),
+            kernels.level_index(kernels.best_level()), table.data_ptr())
+
+    def run(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+            pool: torch.Tensor, plan: DecodeAttention, num_threads: int) -> None:
+        """x [m, hidden] float32 (the embeddings) becomes the residual stream after the last
+        layer, in place; cos / signed_sin [m, head_dim] float32 RoPE rows of the tokens'
+        positions; pool [num_layers, num_pages, 2, page_size, Hkv, D] float32 contiguous (the new
+        K/V written into it); plan: the pass's checked decode indices. ValueError for anything
+        that does not fit."""
+        shape, m = self.shape, x.shape[0]
+        if not 0 < m <= self.max_rows or plan.append_rows.shape[0] != m:
+            raise ValueError(f"FusedDecoder: {m} tokens (at most {self.max_rows}, one per request "
+                             f"of the plan's {plan.append_rows.shape[0]})")
+        for name, tensor, width in (("x", x, shape.hidden), ("cos", cos, shape.head_dim),
+                                    ("signed_sin", signed_sin, shape.head_dim)):
+            if (tensor.dtype != torch.float32 or not tensor.is_contiguous()
+                    or tensor.shape != (m, width) or tensor.device.type != "cpu"):
+                raise ValueError(f"FusedDecoder: {name} must be contiguous CPU float32 [{m}, {width}]")
+        expected = (len(self.layers), plan.num_rows // (2 * plan.page_size), 2, plan.page_size,
+                    shape.num_kv_heads, shape.head_dim)
+        if pool.dtype != torch.float32 or not pool.is_contiguous() or tuple(pool.shape) != expected:
+            raise ValueError(f"FusedDecoder: pool must be contiguous float32 {list(expected)}")
+        self._run(self._capsule, x.data_ptr(), m, cos.data_ptr(), signed_sin.data_ptr(),
+                  pool.data_ptr(), pool[0].numel(), plan.append_rows.data_ptr(),
+                  plan.kv_rows.data_ptr(), plan.kv_lens.data_ptr(), plan.kv_rows.shape[1],
+                  plan.page_size, num_threads)
