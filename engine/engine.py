@@ -21,7 +21,7 @@ from engine.dtype_choice import DtypeChoice, choose_dtype, cpu_has_native_bf16
 from engine.reference_loop import generate_greedy_batch, prompt_logits
 from engine.kv_cache import KVCache, num_pages_for
 from engine.model.llama import LlamaModel
-from engine.model.memory import release_freed_memory
+from engine.model.memory import map_large_allocations, release_freed_memory
 from engine.quant import kernels as quant_kernels
 from engine.quant.linear import BatchPlanner
 from engine.quant.tensor import QTYPE_NAMES
@@ -60,6 +60,8 @@ class Engine:
         choice = choose_device(config)
         self.config = config
         self.device = choice.device
+        if self.device.type == "cpu":
+            map_large_allocations()     # big activations go back to the OS after each pass
         self.dtype_choice = choose_dtype(config.dtype, self.device)
         self.dtype = self.dtype_choice.dtype
         self.model_config = model_config
@@ -161,7 +163,14 @@ def kernel_summary(choice: DtypeChoice, model: LlamaModel) -> str:
     return (f"GGUF blocks ({', '.join(qtypes)}) multiplied in place by the {quant_kernels.best_level()} "
             f"C kernels, float32 activations ({choice.reason}; CPU capability {capability}); "
             f"batches of up to {'/'.join(map(str, limits))} rows use them, larger ones dequantize "
-            f"+ GEMM (crossover measured at load)")
+            f"+ GEMM (crossover measured at load){_fused_summary(model)}")
+
+
+def _fused_summary(model: LlamaModel) -> str:
+    fused = model.fused_decoder
+    if fused is None:
+        return "; decode runs layer by layer (some projection is not GGUF blocks)"
+    return f"; decode passes of up to {fused.max_rows} requests run every layer in one C call"
 
 
 def load_engine(path: str | Path, *, progress: bool = True, seed: int | None = None,
