@@ -2,7 +2,7 @@
 
 The header names the CPU, its SIMD flags, torch's capability and our kernels. llama.cpp runs
 through llama-cpp-python's low-level batch API (bench/llama_cpp_baseline.py: B sequences decoded
-in one batch per step) with 2 threads; `pip install 'pie-serve[bench]'` installs it.
+in one batch per step) with 2 threads (`--threads N`: N for every side); `pip install 'pie-serve[bench]'` installs it.
 
 Rows: prefill_512 (one 512-token prompt, tok/s), decode_b1 / decode_b8 / decode_b32 (greedy decode of
 `--new-tokens` tokens after 32-token prompts, aggregate tok/s over the batch); plus our load time and
@@ -24,7 +24,7 @@ import time
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))      # bench/llama_cpp_baseline.py
-from llama_cpp_baseline import bench_llama_cpp  # noqa: E402
+from llama_cpp_baseline import DEFAULT_THREADS, bench_llama_cpp  # noqa: E402
 from engine.loaders import default_gguf_path  # noqa: E402
 
 ROWS = ("prefill_512", "decode_b1", "decode_b8", "decode_b32")
@@ -156,7 +156,8 @@ def print_table(report: dict) -> None:
           f"{machine['torch_capability']}; our kernel levels {', '.join(machine['kernel_levels']) or 'none'}")
     print(f"ours: {report['kernels']}")
     print(f"load {report['load_s']:.2f} s, peak RSS {report['peak_rss_mb']:.0f} MB "
-          f"(ours, dtype {report['dtype']}, before baselines); torch threads {report['threads']}")
+          f"(ours, dtype {report['dtype']}, before baselines); threads: ours {report['threads']}, "
+          f"llama.cpp {report['llama_cpp_threads']}")
     print(f"{'row':<13}{'ours tok/s':>11}{'hf tok/s':>10}{'ours/hf':>9}{'llama.cpp':>11}"
           f"{'ours/llama':>12}")
     for row in report["rows"]:
@@ -175,8 +176,8 @@ def main() -> None:
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     parser.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp baseline")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads for ours and transformers (default: torch's choice); "
-                             "llama.cpp always uses 2")
+                        help="threads for ours, transformers and llama.cpp (default: torch's "
+                             "choice for ours and transformers, 2 for llama.cpp)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     if args.threads:
@@ -191,12 +192,13 @@ def main() -> None:
     hf = {} if args.no_hf else bench_hf(rows, args.new_tokens, args.repeats, vocab)
     cpp = {} if args.no_llama_cpp else bench_llama_cpp(
         str(default_gguf_path()), rows, lambda row: prompts_for(row, vocab), args.new_tokens,
-        args.repeats, median_seconds)
+        args.repeats, median_seconds, args.threads or DEFAULT_THREADS)
     report = {
         "rows": [{"name": r, "ours_tok_s": ours.get(r), "hf_tok_s": hf.get(r),
                   "llama_cpp_tok_s": cpp.get(r)} for r in rows],
         "load_s": load_s, "peak_rss_mb": peak_rss_mb, "dtype": args.dtype,
         "new_tokens": args.new_tokens, "repeats": args.repeats, "threads": torch_threads(),
+        "llama_cpp_threads": args.threads or DEFAULT_THREADS,
         "machine": cpu_description(), "kernels": kernel_summary,
     }
     for row in report["rows"]:

@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-THREADS = 2
+DEFAULT_THREADS = 2
 
 
 def _call(module, *names: str) -> Callable:
@@ -23,7 +23,8 @@ def _call(module, *names: str) -> Callable:
 class LlamaCppRunner:
     """One llama.cpp model and context sized for `max_sequences` sequences of `max_tokens`."""
 
-    def __init__(self, path: str, max_sequences: int, max_tokens: int) -> None:
+    def __init__(self, path: str, max_sequences: int, max_tokens: int,
+                 num_threads: int = DEFAULT_THREADS) -> None:
         import llama_cpp
 
         self.lib = llama_cpp
@@ -37,7 +38,7 @@ class LlamaCppRunner:
         params.n_ctx = max_sequences * max_tokens
         params.n_batch = params.n_ubatch = 512
         params.n_seq_max = max_sequences
-        params.n_threads = params.n_threads_batch = THREADS
+        params.n_threads = params.n_threads_batch = num_threads
         if hasattr(params, "kv_unified"):
             params.kv_unified = True
         self.ctx = _call(llama_cpp, "llama_init_from_model", "llama_new_context_with_model")(
@@ -92,15 +93,17 @@ class LlamaCppRunner:
 
 
 def bench_llama_cpp(path: str, rows: list[str], prompts_for: Callable[[str], list[list[int]]],
-                    new_tokens: int, repeats: int, median_seconds: Callable) -> dict:
-    """tok/s per row, as bench/engine_bench.py measures ours; {} without llama-cpp-python."""
+                    new_tokens: int, repeats: int, median_seconds: Callable,
+                    num_threads: int = DEFAULT_THREADS) -> dict:
+    """tok/s per row, as bench/engine_bench.py measures ours, on num_threads threads; {} without
+    llama-cpp-python."""
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
         return {}
     max_sequences = max([int(r.removeprefix("decode_b")) for r in rows if r.startswith("decode_b")]
                         or [1])
-    runner = LlamaCppRunner(path, max_sequences, max_tokens=640)
+    runner = LlamaCppRunner(path, max_sequences, max_tokens=640, num_threads=num_threads)
     results = {}
     for row in rows:
         prompts = prompts_for(row)

@@ -81,6 +81,8 @@ class TorchPagedAttention:
         self.group_size = num_qo_heads // num_kv_heads
         self.head_dim = head_dim
         self.page_size = page_size
+        self._table: PageTable | None = None                # the planned batch
+        self._torch_planned = False                         # _padded / _long made for it
         self._append_rows: torch.Tensor | None = None       # [N] K rows of the new tokens
         self._append_rows_v: torch.Tensor | None = None     # [N] V rows
         self._padded: _PaddedGroup | None = None
@@ -88,20 +90,30 @@ class TorchPagedAttention:
 
     # ---- plan (once per forward) -------------------------------------------------------------
     def plan(self, table: PageTable) -> None:
-        """Precompute every index of this batch; the layers reuse them."""
+        """Precompute every index of this batch; the layers reuse them. A plain decode batch for
+        the C kernel gets only the C kernel's indices (the torch ones are made if ever needed)."""
         append_rows = table.append_page_ids * (2 * self.page_size) + table.append_slots
-        self._append_rows = append_rows.to(self.device)
+        self._table, self._append_rows = table, append_rows.to(self.device)
         self._append_rows_v = (append_rows + self.page_size).to(self.device)
+        self._c_attention, self._pending_kv, self._c_indices = None, None, None
+        self._padded, self._long, self._torch_planned = None, [], False
+        plain_decode = table.num_tokens == table.num_requests and table.custom_mask is None
+        if self.c_decode and plain_decode:
+            all_ids = torch.arange(table.num_requests)
+            self._c_indices = (append_rows, _kv_rows(table, all_ids, int(table.kv_lens.max())),
+                               table.kv_lens)
+        else:
+            self._plan_torch()
+
+    def _plan_torch(self) -> None:
+        """The torch path's indices: one padded group of short requests, long ones alone."""
+        table = self._table
         q_lens = table.q_lens()                                           # [B]
         short_ids = (q_lens <= MAX_PADDED_Q).nonzero().flatten()
         self._padded = self._plan_padded(table, short_ids) if len(short_ids) else None
         long_ids = (q_lens > MAX_PADDED_Q).nonzero().flatten().tolist()
         self._long = [self._plan_long(table, b) for b in long_ids]
-        self._c_attention, self._pending_kv = None, None
-        plain_decode = (self._padded is not None and self._padded.is_whole_batch
-                        and table.custom_mask is None)
-        self._c_indices = ((append_rows, self._padded.kv_rows[0], table.kv_lens)
-                           if self.c_decode and plain_decode else None)
+        self._torch_planned = True
 
     def _plan_padded(self, table: PageTable, request_ids: torch.Tensor) -> _PaddedGroup:
         q_lens = table.q_lens()[request_ids]                              # [Bs]
@@ -154,6 +166,8 @@ class TorchPagedAttention:
         if self._c_indices is not None and kv_layer.dtype == torch.float32:
             self._pending_kv = (k, v)            # run() writes them, in the same C call
             return
+        if not self._torch_planned:
+            self._plan_torch()
         slot_view = kv_layer.view(-1, self.num_kv_heads, self.head_dim)
         if k.dtype != kv_layer.dtype:
             k, v = k.to(kv_layer.dtype), v.to(kv_layer.dtype)
