@@ -14,7 +14,8 @@ from setuptools.errors import CCompilerError, CompileError, ExecError, PlatformE
 KERNEL_SOURCES = ["engine/quant/module.c", "engine/quant/pool.c", "engine/quant/kernels_scalar.c",
                   "engine/quant/kernels_avx2.c", "engine/quant/norm.c",
                   "engine/quant/decode_attention.c", "engine/quant/matmul.c",
-                  "engine/quant/decoder.c", "engine/quant/decoder_py.c"]
+                  "engine/quant/decoder.c", "engine/quant/decoder_py.c",
+                  "engine/quant/interleaved.c", "engine/quant/interleaved_avx2.c"]
 BUILD_ERRORS = (CCompilerError, CompileError, ExecError, PlatformError, OSError)
 
 

@@ -52,7 +52,7 @@ class FusedLayer:
 def _projection_fields(parts: Sequence[QuantizedTensor]) -> list[int]:
     fields = [len(parts), parts[0].num_cols]
     for part in parts:
-        fields += [int(part.qtype), part.blocks.data_ptr(), part.num_rows]
+        fields += [part.kernel_qtype, part.blocks.data_ptr(), part.num_rows]
     return fields + [0] * (3 * (MAX_PARTS - len(parts)))
 
 

@@ -10,10 +10,10 @@ import importlib
 
 import torch
 
-from engine.quant.tensor import QuantizedTensor
+from engine.quant.tensor import INTERLEAVABLE_QTYPES, INTERLEAVED_ROWS, QuantizedTensor
 
 __all__ = ["available", "unavailable_reason", "levels", "best_level", "require", "level_index",
-           "matmul", "dequantize", "PreparedMatmul", "add_rms_norm", "PreparedRmsNorm", "DecodeAttention"]
+           "matmul", "dequantize", "interleave", "PreparedMatmul", "add_rms_norm", "PreparedRmsNorm", "DecodeAttention"]
 
 
 def _load_extension():
@@ -173,7 +173,7 @@ def matmul(x: torch.Tensor, weight: QuantizedTensor, level: str | None = None,
         raise ValueError(f"out must be a contiguous float32 [{x.shape[0]}, {num_rows}] tensor")
     if x.shape[0] == 0:
         return out
-    module.matmul(int(weight.qtype), level_index(level), weight.blocks.data_ptr(),
+    module.matmul(weight.kernel_qtype, level_index(level), weight.blocks.data_ptr(),
                   num_rows, num_cols, x.data_ptr(), x.shape[0], out.data_ptr(),
                   num_threads or torch.get_num_threads())
     return out
@@ -187,7 +187,7 @@ class PreparedMatmul:
         module = require()
         self.weight = weight
         self._call = module.matmul
-        self._args = (int(weight.qtype), level_index(None), weight.blocks.data_ptr(),
+        self._args = (weight.kernel_qtype, level_index(None), weight.blocks.data_ptr(),
                       weight.num_rows, weight.num_cols)
 
     def __call__(self, x: torch.Tensor, num_threads: int | None = None) -> torch.Tensor:
@@ -209,9 +209,24 @@ def dequantize(weight: QuantizedTensor, out: torch.Tensor | None = None,
         out = torch.empty(weight.shape, dtype=torch.float32)
     elif tuple(out.shape) != weight.shape or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous float32 {list(weight.shape)} tensor")
-    module.dequantize(int(weight.qtype), weight.blocks.data_ptr(), weight.num_rows, weight.num_cols,
+    module.dequantize(weight.kernel_qtype, weight.blocks.data_ptr(), weight.num_rows, weight.num_cols,
                       out.data_ptr(), num_threads or torch.get_num_threads())
     return out
+
+
+def interleave(weight: QuantizedTensor) -> QuantizedTensor:
+    """The same Q4_0 / Q4_1 matrix with its rows interleaved 8 at a time (a new tensor of as many
+    bytes, for the kernels that compute 8 rows at once); ValueError for other types or a row
+    count that is not a multiple of 8."""
+    if weight.interleaved:
+        return weight
+    if weight.qtype not in INTERLEAVABLE_QTYPES or weight.num_rows % INTERLEAVED_ROWS:
+        raise ValueError(f"interleave: {weight.qtype.name} x {weight.num_rows} rows (Q4_0 / Q4_1, "
+                         f"rows a multiple of {INTERLEAVED_ROWS})")
+    out = torch.empty_like(weight.blocks)
+    require().interleave(int(weight.qtype), weight.blocks.data_ptr(), weight.num_rows,
+                         weight.num_cols, out.data_ptr())
+    return QuantizedTensor(out, weight.qtype, weight.num_cols, interleaved=True)
 
 
 def require():

@@ -62,7 +62,7 @@ class BatchPlanner:
 
     def block_rows_limit(self, weight: QuantizedTensor) -> int:
         """Batches of at most this many rows use the block kernel for weights of this shape."""
-        key = (int(weight.qtype), weight.num_rows, weight.num_cols)
+        key = (weight.kernel_qtype, weight.num_rows, weight.num_cols)
         if key not in self.limits:
             self.limits[key] = (self._measure(weight) if self.fixed_block_rows is None
                                 else self.fixed_block_rows)
@@ -76,7 +76,7 @@ class BatchPlanner:
     def dequantized_matmul(self, x: torch.Tensor, weight: QuantizedTensor) -> torch.Tensor:
         """x [M, K] @ W^T -> [M, N], dequantizing slabs of W's rows into the scratch buffer."""
         num_rows, num_cols = weight.shape
-        slab_rows = max(1, min(num_rows, SCRATCH_ELEMENTS // num_cols))
+        slab_rows = max(8, min(num_rows, SCRATCH_ELEMENTS // num_cols // 8 * 8))  # whole 8-row groups
         if slab_rows == num_rows:
             dense = kernels.dequantize(weight, out=self.scratch_for(num_rows * num_cols)
                                        .view(num_rows, num_cols))

@@ -12,6 +12,12 @@ void pool_run(pool_task_fn fn, void *ctx, int nth);
 
 #define POOL_MAX_THREADS 64
 
+/* While held (pool_hold(1) ... pool_hold(0), nestable), idle workers wait for the next job by
+ * yielding the CPU in a loop instead of sleeping: a burst of many short jobs (a decode pass: ~120
+ * matmuls) then starts each without a wake-up (tens of us), and a busy core still runs its other
+ * threads. */
+void pool_hold(int on);
+
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -25,7 +31,8 @@ static inline void row_cursor_init(row_cursor *rows, int64_t num_rows, int num_t
                                    int64_t min_chunk) {
     int64_t chunk = num_rows / ((int64_t)(num_threads > 0 ? num_threads : 1) * 4);
     rows->num_rows = num_rows;
-    rows->chunk_rows = chunk < min_chunk ? min_chunk : chunk;   /* a few chunks per thread */
+    /* a few chunks per thread, each a multiple of min_chunk (so 8-row groups stay whole) */
+    rows->chunk_rows = chunk < min_chunk ? min_chunk : chunk / min_chunk * min_chunk;
     atomic_init(&rows->next_row, 0);
 }
 

@@ -7,10 +7,16 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.constants import GGML_QUANT_SIZES
 
-__all__ = ["KERNEL_QTYPES", "QTYPE_NAMES", "QuantizedTensor"]
+__all__ = ["KERNEL_QTYPES", "INTERLEAVABLE_QTYPES", "INTERLEAVED_ROWS", "QTYPE_NAMES",
+           "QuantizedTensor"]
 
 KERNEL_QTYPES = frozenset((Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K))   # types the C kernels read
-QTYPE_NAMES = {int(q): q.name for q in KERNEL_QTYPES}
+INTERLEAVABLE_QTYPES = frozenset((Q.Q4_0, Q.Q4_1))
+INTERLEAVED_ROWS = 8
+# the C side's ids of interleaved matrices (formats.h QTYPE_Q4_0_X8, QTYPE_Q4_1_X8)
+_INTERLEAVED_KERNEL_QTYPES = {Q.Q4_0: 256, Q.Q4_1: 257}
+QTYPE_NAMES = {int(q): q.name for q in KERNEL_QTYPES} | {
+    code: f"{q.name}x{INTERLEAVED_ROWS}" for q, code in _INTERLEAVED_KERNEL_QTYPES.items()}
 
 
 @dataclass(frozen=True, eq=False)
@@ -18,11 +24,15 @@ class QuantizedTensor:
     """An [num_rows, num_cols] matrix of GGUF blocks.
 
     blocks: [num_rows, row_bytes] uint8, contiguous; row i holds num_cols values of `qtype`.
+    interleaved: the rows of each group of 8 are interleaved per block (engine/quant/formats.h,
+    the _X8 layout: same bytes, read by kernels that compute 8 rows at once); then only whole
+    groups can be sliced and no single row can be read.
     """
 
     blocks: torch.Tensor
     qtype: Q
     num_cols: int
+    interleaved: bool = False
 
     def __post_init__(self) -> None:
         if self.qtype not in KERNEL_QTYPES:
@@ -33,6 +43,10 @@ class QuantizedTensor:
                              f"{tuple(self.blocks.shape)}")
         if not self.blocks.is_contiguous():
             raise ValueError("blocks must be contiguous")
+        if self.interleaved and (self.qtype not in INTERLEAVABLE_QTYPES
+                                 or self.blocks.shape[0] % INTERLEAVED_ROWS):
+            raise ValueError(f"only Q4_0 / Q4_1 matrices of whole {INTERLEAVED_ROWS}-row groups "
+                             f"are interleaved, not {self.qtype.name} x {self.blocks.shape[0]} rows")
         expected = row_bytes(self.qtype, self.num_cols)
         if self.blocks.shape[1] != expected:
             raise ValueError(f"{self.qtype.name} rows of {self.num_cols} values take {expected} "
@@ -46,21 +60,32 @@ class QuantizedTensor:
     def num_rows(self) -> int:
         return self.blocks.shape[0]
 
+    @property
+    def kernel_qtype(self) -> int:
+        """The type id the C kernels are given (a GGML id, or an interleaved layout's)."""
+        return _INTERLEAVED_KERNEL_QTYPES[self.qtype] if self.interleaved else int(self.qtype)
+
     def rows(self, row_ids: torch.Tensor) -> QuantizedTensor:
         """The rows at row_ids [n] (int64) as a new QuantizedTensor (an embedding lookup)."""
+        if self.interleaved:
+            raise ValueError("an interleaved matrix has no single rows to look up")
         return QuantizedTensor(self.blocks.index_select(0, row_ids), self.qtype, self.num_cols)
 
     def row_slice(self, start: int, end: int) -> QuantizedTensor:
-        """Rows [start, end) as a view of the same blocks."""
-        return QuantizedTensor(self.blocks[start:end], self.qtype, self.num_cols)
+        """Rows [start, end) as a view of the same blocks (interleaved: whole 8-row groups)."""
+        if self.interleaved and (start % INTERLEAVED_ROWS or (end - start) % INTERLEAVED_ROWS):
+            raise ValueError(f"an interleaved matrix slices at multiples of {INTERLEAVED_ROWS} rows")
+        return QuantizedTensor(self.blocks[start:end], self.qtype, self.num_cols, self.interleaved)
 
     @staticmethod
     def concat(parts: list[QuantizedTensor]) -> QuantizedTensor:
         """Rows of all parts, in order; they must share qtype and num_cols."""
         first = parts[0]
-        if any(p.qtype != first.qtype or p.num_cols != first.num_cols for p in parts):
-            raise ValueError("only tensors of one quantization type and width concatenate")
-        return QuantizedTensor(torch.cat([p.blocks for p in parts]), first.qtype, first.num_cols)
+        if any((p.qtype, p.num_cols, p.interleaved) != (first.qtype, first.num_cols,
+                                                         first.interleaved) for p in parts):
+            raise ValueError("only tensors of one quantization type, width and layout concatenate")
+        return QuantizedTensor(torch.cat([p.blocks for p in parts]), first.qtype, first.num_cols,
+                               first.interleaved)
 
 
 def row_bytes(qtype: Q, num_cols: int) -> int:
