@@ -171,6 +171,9 @@ class LlamaModel:
         else:
             raise ValueError("weight lm_head.weight is missing and the embeddings are not tied")
         self.lm_head = make_linear([lm_head], allow_int4, self.planner)   # [vocab, hidden]
+        if lm_head is self.embed and isinstance(getattr(self.lm_head, "weight", None),
+                                                QuantizedTensor):
+            self.embed = self.lm_head.weight     # tied and relaid out: one copy serves both
         self.rope_cos, self.rope_signed_sin = rope_tables(config, dtype)  # [max_position, D]
         self.rope_cos = self.rope_cos.to(device)
         self.rope_signed_sin = self.rope_signed_sin.to(device)
@@ -250,5 +253,5 @@ class LlamaModel:
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [N] -> float32 [N, hidden] (blocks: only the N rows are dequantized)."""
         if isinstance(self.embed, QuantizedTensor):
-            return quant_kernels.dequantize(self.embed.rows(input_ids))
+            return quant_kernels.dequantize_rows(self.embed, input_ids)
         return F.embedding(input_ids, self.embed).float()

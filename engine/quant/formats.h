@@ -8,12 +8,13 @@
 /* GGML type ids, as stored in a GGUF file */
 enum { QTYPE_Q4_0 = 2, QTYPE_Q4_1 = 3, QTYPE_Q8_0 = 8, QTYPE_Q4_K = 12, QTYPE_Q6_K = 14 };
 
-/* Not GGML types: Q4_0 / Q4_1 matrices whose rows are interleaved 8 at a time (interleaved.c),
- * made at load for the AVX2 kernels, the same bytes per row as their source type. A tile is 8
- * rows x one block of 32 values: d[8] (Q4_1: then m[8]) as fp16, then qs[128] as 4 chunks of
- * 16 uint16 lanes: nibble v of lane 2 j + e of chunk c is row j's value k = 8 c + 2 v + e, so a
- * shift and a mask give the 16 int16 (row, k) of a pair of values of the 8 rows. */
-enum { QTYPE_Q4_0_X8 = 256, QTYPE_Q4_1_X8 = 257 };
+/* Not GGML types: Q4_0 / Q4_1 / Q8_0 matrices whose rows are interleaved 8 at a time
+ * (interleaved.c), made at load for the AVX2 kernels, the same bytes per row as their source
+ * type. A tile is 8 rows x one block of 32 values: d[8] (Q4_1: then m[8]) as fp16, then the
+ * quants. Q4: qs[128] as 4 chunks of 16 uint16 lanes: nibble v of lane 2 j + e of chunk c is row
+ * j's value k = 8 c + 2 v + e, so a shift and a mask give the 16 int16 (row, k) of a pair of
+ * values of the 8 rows. Q8_0: qs[256] int8, byte 16 p + 2 j + e is row j's value k = 2 p + e. */
+enum { QTYPE_Q4_0_X8 = 256, QTYPE_Q4_1_X8 = 257, QTYPE_Q8_0_X8 = 258 };
 #define X8_ROWS 8
 
 #define QK 32        /* values per Q4_0 / Q4_1 / Q8_0 block, and per activation block */
@@ -75,6 +76,7 @@ static inline int64_t qtype_row_bytes(int qtype, int64_t k) {
     case QTYPE_Q4_1: return k % QK ? 0 : k / QK * (int64_t)sizeof(block_q4_1);
     case QTYPE_Q4_0_X8: return k % QK ? 0 : k / QK * (int64_t)sizeof(block_q4_0);
     case QTYPE_Q4_1_X8: return k % QK ? 0 : k / QK * (int64_t)sizeof(block_q4_1);
+    case QTYPE_Q8_0_X8: return k % QK ? 0 : k / QK * (int64_t)sizeof(block_q8_0);
     case QTYPE_Q8_0: return k % QK ? 0 : k / QK * (int64_t)sizeof(block_q8_0);
     case QTYPE_Q4_K: return k % QK_K ? 0 : k / QK_K * (int64_t)sizeof(block_q4_k);
     case QTYPE_Q6_K: return k % QK_K ? 0 : k / QK_K * (int64_t)sizeof(block_q6_k);
@@ -91,7 +93,7 @@ void quantize_act_scalar(const float *x, int64_t m, act_q16 *out);
 dot_rows_fn dot_rows_scalar(int qtype);
 void dequantize_rows(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, float *out);
 
-/* interleaved.c: src rows of Q4_0 / Q4_1 (num_rows a multiple of 8) -> the _X8 layout in dst
+/* interleaved.c: src rows of Q4_0 / Q4_1 / Q8_0 (num_rows a multiple of 8) -> the _X8 layout in dst
  * (as many bytes); 0, or -1 for another type or row count. Scalar kernels and dequantization of
  * the _X8 types (dot_rows_scalar / dequantize_rows dispatch to them). */
 int interleave_rows(int qtype, const uint8_t *src, int64_t num_rows, int64_t k, uint8_t *dst);

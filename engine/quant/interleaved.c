@@ -1,39 +1,63 @@
-/* Q4_0 / Q4_1 rows interleaved 8 at a time (the _X8 types of formats.h): the repacking done at
- * load, and the portable kernel and dequantization of that layout (the reference the AVX2 kernel
- * in interleaved_avx2.c is tested against). The AVX2 kernel multiplies one unpacked vector of
- * 8 rows x 2 values by a broadcast pair of activations, so the per-block scale work is shared
- * by 8 output rows instead of done per row. */
+/* Q4_0 / Q4_1 / Q8_0 rows interleaved 8 at a time (the _X8 types of formats.h): the repacking
+ * done at load, and the portable kernel and dequantization of that layout (the reference the
+ * AVX2 kernels in interleaved_avx2.c are tested against). The AVX2 kernels multiply one
+ * unpacked vector of 8 rows x 2 values by a broadcast pair of activations, so the per-block
+ * scale work is shared by 8 output rows instead of done per row. */
 #include "formats.h"
 
-static int64_t tile_bytes(int is_q4_1) { return X8_ROWS * (is_q4_1 ? 20 : 18); }
+/* the source GGML type of an _X8 type (or of itself) */
+static int source_qtype(int qtype) {
+    switch (qtype) {
+    case QTYPE_Q4_0_X8: return QTYPE_Q4_0;
+    case QTYPE_Q4_1_X8: return QTYPE_Q4_1;
+    case QTYPE_Q8_0_X8: return QTYPE_Q8_0;
+    default: return qtype;
+    }
+}
 
-/* byte and shift holding value k (0..31) of row j in a tile's qs: value pair p = k / 2 of the
- * 8 rows is nibble p % 4 of the 16 uint16 lanes of 32-byte chunk p / 4, lane 2 j + k % 2 */
-static inline void x8_position(int j, int k, int *byte, int *shift) {
+static int64_t block_bytes(int qtype) { return qtype_row_bytes(source_qtype(qtype), QK); }
+
+/* bytes before a tile's quants: d[8], and m[8] for Q4_1 */
+static int scales_bytes(int qtype) { return source_qtype(qtype) == QTYPE_Q4_1 ? 32 : 16; }
+
+/* byte and shift of value k (0..31) of row j in a tile's quants */
+static inline void x8_position(int qtype, int j, int k, int *byte, int *shift) {
+    if (source_qtype(qtype) == QTYPE_Q8_0) {
+        *byte = 16 * (k / 2) + 2 * j + k % 2;
+        *shift = 0;
+        return;
+    }
     int pair = k / 2, nibble = pair % 4, lane = 2 * j + k % 2;
     *byte = 32 * (pair / 4) + 2 * lane + nibble / 2;
     *shift = 4 * (nibble % 2);
 }
 
+/* quant i (0..31) of one source block */
+static int source_quant(int qtype, const uint8_t *block, int i) {
+    if (qtype == QTYPE_Q8_0) return (int8_t)block[2 + i];
+    const uint8_t *nibbles = block + block_bytes(qtype) - QK / 2;
+    return i < 16 ? nibbles[i] & 0xF : nibbles[i - 16] >> 4;
+}
+
 int interleave_rows(int qtype, const uint8_t *src, int64_t num_rows, int64_t k, uint8_t *dst) {
-    if ((qtype != QTYPE_Q4_0 && qtype != QTYPE_Q4_1) || num_rows % X8_ROWS || k % QK) return -1;
-    int is_q4_1 = qtype == QTYPE_Q4_1;
-    int64_t num_blocks = k / QK, block_bytes = is_q4_1 ? 20 : 18, row_bytes = num_blocks * block_bytes;
-    int64_t scales_bytes = is_q4_1 ? 32 : 16;
+    if ((qtype != QTYPE_Q4_0 && qtype != QTYPE_Q4_1 && qtype != QTYPE_Q8_0) || num_rows % X8_ROWS
+            || k % QK)
+        return -1;
+    int64_t num_blocks = k / QK, row_bytes = num_blocks * block_bytes(qtype);
+    int64_t tile_bytes = X8_ROWS * block_bytes(qtype), quant_bytes = tile_bytes - scales_bytes(qtype);
     for (int64_t group = 0; group < num_rows / X8_ROWS; group++) {
         for (int64_t b = 0; b < num_blocks; b++) {
-            uint8_t *tile = dst + (group * num_blocks + b) * tile_bytes(is_q4_1);
-            uint8_t *qs = tile + scales_bytes;
-            memset(qs, 0, 128);
+            uint8_t *tile = dst + (group * num_blocks + b) * tile_bytes;
+            uint8_t *qs = tile + scales_bytes(qtype);
+            memset(qs, 0, (size_t)quant_bytes);
             for (int j = 0; j < X8_ROWS; j++) {
-                const uint8_t *block = src + (group * X8_ROWS + j) * row_bytes + b * block_bytes;
+                const uint8_t *block = src + (group * X8_ROWS + j) * row_bytes + b * block_bytes(qtype);
                 memcpy(tile + 2 * j, block, 2);                               /* d */
-                if (is_q4_1) memcpy(tile + 16 + 2 * j, block + 2, 2);         /* m */
-                const uint8_t *nibbles = block + block_bytes - QK / 2;
+                if (qtype == QTYPE_Q4_1) memcpy(tile + 16 + 2 * j, block + 2, 2);   /* m */
                 for (int i = 0; i < QK; i++) {
-                    int value = i < 16 ? nibbles[i] & 0xF : nibbles[i - 16] >> 4, byte, shift;
-                    x8_position(j, i, &byte, &shift);
-                    qs[byte] |= (uint8_t)(value << shift);
+                    int byte, shift;
+                    x8_position(qtype, j, i, &byte, &shift);
+                    qs[byte] |= (uint8_t)(source_quant(qtype, block, i) << shift);
                 }
             }
         }
@@ -41,51 +65,55 @@ int interleave_rows(int qtype, const uint8_t *src, int64_t num_rows, int64_t k, 
     return 0;
 }
 
-/* row j's scale d and offset m (w = d q + m) and its 32 quants in one tile */
-static void x8_unpack(const uint8_t *tile, int is_q4_1, int j, float *d, float *m, int q[QK]) {
+/* row j's scale d and offset m (w = d q + m) and its 32 quants in one tile of an _X8 type */
+static void x8_unpack(int qtype, const uint8_t *tile, int j, float *d, float *m, int q[QK]) {
     uint16_t h;
     memcpy(&h, tile + 2 * j, 2);
     *d = fp16_to_fp32(h);
-    if (is_q4_1) {
+    int source = source_qtype(qtype);
+    *m = source == QTYPE_Q4_0 ? -8.0f * *d : 0.0f;
+    if (source == QTYPE_Q4_1) {
         memcpy(&h, tile + 16 + 2 * j, 2);
         *m = fp16_to_fp32(h);
-    } else {
-        *m = -8.0f * *d;
     }
-    const uint8_t *qs = tile + (is_q4_1 ? 32 : 16);
+    const uint8_t *qs = tile + scales_bytes(qtype);
     for (int i = 0; i < QK; i++) {
         int byte, shift;
-        x8_position(j, i, &byte, &shift);
-        q[i] = (qs[byte] >> shift) & 0xF;
+        x8_position(qtype, j, i, &byte, &shift);
+        q[i] = source == QTYPE_Q8_0 ? (int8_t)qs[byte] : (qs[byte] >> shift) & 0xF;
     }
 }
 
+/* the tile of block b of the group holding row `row` */
+static const uint8_t *x8_tile(int qtype, const uint8_t *w, int64_t num_blocks, int64_t row,
+                              int64_t b) {
+    return w + ((row / X8_ROWS) * num_blocks + b) * X8_ROWS * block_bytes(qtype);
+}
+
 void dequantize_x8(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, float *out) {
-    int is_q4_1 = qtype == QTYPE_Q4_1_X8;
     int64_t num_blocks = k / QK;
     for (int64_t row = 0; row < num_rows; row++) {
-        const uint8_t *group = w + (row / X8_ROWS) * num_blocks * tile_bytes(is_q4_1);
         for (int64_t b = 0; b < num_blocks; b++) {
             float d, m;
             int q[QK];
-            x8_unpack(group + b * tile_bytes(is_q4_1), is_q4_1, (int)(row % X8_ROWS), &d, &m, q);
+            x8_unpack(qtype, x8_tile(qtype, w, num_blocks, row, b), (int)(row % X8_ROWS), &d, &m, q);
             for (int i = 0; i < QK; i++) out[row * k + b * QK + i] = q[i] * d + m;
         }
     }
 }
 
-/* rows [0, num_rows) of w (num_rows and w's first row a multiple of 8 rows in) */
-static void dot_x8(int is_q4_1, const uint8_t *w, int64_t num_rows, const act_q16 *x, int64_t m,
+/* rows [0, num_rows) of w (w's first row the first of a group) */
+static void dot_x8(int qtype, const uint8_t *w, int64_t num_rows, const act_q16 *x, int64_t m,
                    float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK;
     for (int64_t row = 0; row < num_rows; row++) {
-        const uint8_t *group = w + (row / X8_ROWS) * num_blocks * tile_bytes(is_q4_1);
         for (int64_t r = 0; r < m; r++) {
             float acc = 0.0f;
             for (int64_t b = 0; b < num_blocks; b++) {
                 float d, low;
                 int q[QK], dot = 0;
-                x8_unpack(group + b * tile_bytes(is_q4_1), is_q4_1, (int)(row % X8_ROWS), &d, &low, q);
+                x8_unpack(qtype, x8_tile(qtype, w, num_blocks, row, b), (int)(row % X8_ROWS), &d,
+                          &low, q);
                 const int16_t *xq = x->qs + r * x->k + b * QK;
                 for (int i = 0; i < QK; i++) dot += q[i] * xq[i];
                 acc += d * x->d[r * num_blocks + b] * (float)dot + low * x->s[r * num_blocks + b];
@@ -95,16 +123,20 @@ static void dot_x8(int is_q4_1, const uint8_t *w, int64_t num_rows, const act_q1
     }
 }
 
-static void dot_q4_0_x8(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q16 *x,
-                        int64_t m, float *y, int64_t ldy) {
-    dot_x8(0, w, num_rows, x, m, y, ldy);
-}
-
-static void dot_q4_1_x8(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q16 *x,
-                        int64_t m, float *y, int64_t ldy) {
-    dot_x8(1, w, num_rows, x, m, y, ldy);
-}
+#define X8_SCALAR(name, qtype)                                                                 \
+    static void name(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q16 *x,  \
+                     int64_t m, float *y, int64_t ldy) {                                       \
+        dot_x8(qtype, w, num_rows, x, m, y, ldy);                                              \
+    }
+X8_SCALAR(dot_q4_0_x8, QTYPE_Q4_0_X8)
+X8_SCALAR(dot_q4_1_x8, QTYPE_Q4_1_X8)
+X8_SCALAR(dot_q8_0_x8, QTYPE_Q8_0_X8)
 
 dot_rows_fn dot_rows_x8_scalar(int qtype) {
-    return qtype == QTYPE_Q4_0_X8 ? dot_q4_0_x8 : qtype == QTYPE_Q4_1_X8 ? dot_q4_1_x8 : NULL;
+    switch (qtype) {
+    case QTYPE_Q4_0_X8: return dot_q4_0_x8;
+    case QTYPE_Q4_1_X8: return dot_q4_1_x8;
+    case QTYPE_Q8_0_X8: return dot_q8_0_x8;
+    default: return NULL;
+    }
 }

@@ -13,7 +13,7 @@ import torch
 from engine.quant.tensor import INTERLEAVABLE_QTYPES, INTERLEAVED_ROWS, QuantizedTensor
 
 __all__ = ["available", "unavailable_reason", "levels", "best_level", "require", "level_index",
-           "matmul", "dequantize", "interleave", "PreparedMatmul", "add_rms_norm", "PreparedRmsNorm", "DecodeAttention"]
+           "matmul", "dequantize", "dequantize_rows", "interleave", "PreparedMatmul", "add_rms_norm", "PreparedRmsNorm", "DecodeAttention"]
 
 
 def _load_extension():
@@ -214,14 +214,27 @@ def dequantize(weight: QuantizedTensor, out: torch.Tensor | None = None,
     return out
 
 
+def dequantize_rows(weight: QuantizedTensor, row_ids: torch.Tensor) -> torch.Tensor:
+    """The float32 values [n, K] of rows row_ids [n] (int64): an embedding lookup. Interleaved
+    matrices dequantize each id's 8-row group and keep its row."""
+    if not weight.interleaved:
+        return dequantize(weight.rows(row_ids))
+    group_bytes = INTERLEAVED_ROWS * weight.blocks.shape[1]
+    groups = weight.blocks.view(-1, group_bytes).index_select(0, row_ids // INTERLEAVED_ROWS)
+    gathered = QuantizedTensor(groups.view(-1, weight.blocks.shape[1]), weight.qtype,
+                               weight.num_cols, interleaved=True)
+    values = dequantize(gathered).view(len(row_ids), INTERLEAVED_ROWS, weight.num_cols)
+    return values[torch.arange(len(row_ids)), row_ids % INTERLEAVED_ROWS]     # [n, K]
+
+
 def interleave(weight: QuantizedTensor) -> QuantizedTensor:
-    """The same Q4_0 / Q4_1 matrix with its rows interleaved 8 at a time (a new tensor of as many
+    """The same Q4_0 / Q4_1 / Q8_0 matrix with its rows interleaved 8 at a time (a new tensor of as many
     bytes, for the kernels that compute 8 rows at once); ValueError for other types or a row
     count that is not a multiple of 8."""
     if weight.interleaved:
         return weight
     if weight.qtype not in INTERLEAVABLE_QTYPES or weight.num_rows % INTERLEAVED_ROWS:
-        raise ValueError(f"interleave: {weight.qtype.name} x {weight.num_rows} rows (Q4_0 / Q4_1, "
+        raise ValueError(f"interleave: {weight.qtype.name} x {weight.num_rows} rows (Q4_0 / Q4_1 / Q8_0, "
                          f"rows a multiple of {INTERLEAVED_ROWS})")
     out = torch.empty_like(weight.blocks)
     require().interleave(int(weight.qtype), weight.blocks.data_ptr(), weight.num_rows,

@@ -227,7 +227,7 @@ dot_rows_fn dot_rows_avx2(int qtype) {
     case QTYPE_Q8_0: return dot_q8_0_avx2;
     case QTYPE_Q4_K: return dot_q4_k_avx2;
     case QTYPE_Q6_K: return dot_q6_k_avx2;
-    case QTYPE_Q4_0_X8: case QTYPE_Q4_1_X8: return dot_rows_x8_avx2(qtype);
+    case QTYPE_Q4_0_X8: case QTYPE_Q4_1_X8: case QTYPE_Q8_0_X8: return dot_rows_x8_avx2(qtype);
     default: return NULL;
     }
 }

@@ -157,13 +157,13 @@ dot_rows_fn dot_rows_scalar(int qtype) {
     case QTYPE_Q8_0: return dot_q8_0;
     case QTYPE_Q4_K: return dot_q4_k;
     case QTYPE_Q6_K: return dot_q6_k;
-    case QTYPE_Q4_0_X8: case QTYPE_Q4_1_X8: return dot_rows_x8_scalar(qtype);
+    case QTYPE_Q4_0_X8: case QTYPE_Q4_1_X8: case QTYPE_Q8_0_X8: return dot_rows_x8_scalar(qtype);
     default: return NULL;
     }
 }
 
 void dequantize_rows(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, float *out) {
-    if (qtype == QTYPE_Q4_0_X8 || qtype == QTYPE_Q4_1_X8) {
+    if (qtype == QTYPE_Q4_0_X8 || qtype == QTYPE_Q4_1_X8 || qtype == QTYPE_Q8_0_X8) {
         dequantize_x8(qtype, w, num_rows, k, out);
         return;
     }

@@ -81,7 +81,7 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* interleave(qtype, src, num_rows, k, dst): Q4_0 / Q4_1 rows -> the _X8 layout (formats.h) */
+/* interleave(qtype, src, num_rows, k, dst): Q4_0 / Q4_1 / Q8_0 rows -> the _X8 layout (formats.h) */
 static PyObject *py_interleave(PyObject *self, PyObject *args) {
     int qtype;
     unsigned long long src, dst;
@@ -94,7 +94,7 @@ static PyObject *py_interleave(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     if (status != 0)
         return PyErr_Format(PyExc_ValueError, "interleave: qtype %d with %lld rows of %lld "
-                            "(Q4_0 / Q4_1, rows a multiple of 8)", qtype, num_rows, k);
+                            "(Q4_0 / Q4_1 / Q8_0, rows a multiple of 8)", qtype, num_rows, k);
     Py_RETURN_NONE;
 }
 
@@ -178,7 +178,7 @@ static PyObject *py_row_bytes(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS, "y[m, n] = x[m, k] @ W[n, k]^T from GGUF blocks"},
     {"dequantize", py_dequantize, METH_VARARGS, "out[n, k] float32 from GGUF blocks"},
-    {"interleave", py_interleave, METH_VARARGS, "Q4_0 / Q4_1 rows interleaved 8 at a time"},
+    {"interleave", py_interleave, METH_VARARGS, "Q4_0 / Q4_1 / Q8_0 rows interleaved 8 at a time"},
     {"levels", py_levels, METH_NOARGS, "kernel levels this CPU supports, slowest first"},
     {"decode_attention", py_decode_attention, METH_VARARGS, "paged attention of decode steps"},
     {"rms_norm", py_rms_norm, METH_VARARGS, "out = rms_norm(x (+= delta)) * weight, float32 rows"},

@@ -1,4 +1,4 @@
-"""Q4_0 / Q4_1 matrices with rows interleaved 8 at a time (engine/quant/interleaved*.c): the same
+"""Q4_0 / Q4_1 / Q8_0 matrices with rows interleaved 8 at a time (engine/quant/interleaved*.c): the same
 values as the GGUF blocks (gguf's own dequantizer is the oracle), the same products at every
 kernel level and thread count, and refusals for what the layout cannot hold."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tests.engine.test_quant_kernels import (ACTIVATION_ROUNDING_TOLERANCE, rand
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.unavailable_reason())
 
-QTYPES = (Q.Q4_0, Q.Q4_1)
+QTYPES = (Q.Q4_0, Q.Q4_1, Q.Q8_0)
 
 
 def weights(qtype: Q, num_rows: int, num_cols: int, seed: int):
@@ -55,11 +55,20 @@ def test_levels_agree_with_the_row_kernels(qtype: Q) -> None:
                                    rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+def test_an_embedding_lookup_reads_the_rows_it_names(qtype: Q) -> None:
+    weight, interleaved, reference = weights(qtype, 48, 64, seed=4)
+    row_ids = torch.tensor([0, 7, 8, 47, 13, 13])
+    looked_up = kernels.dequantize_rows(interleaved, row_ids)
+    assert torch.equal(looked_up, kernels.dequantize_rows(weight, row_ids))
+    torch.testing.assert_close(looked_up, reference[row_ids], rtol=1e-6, atol=1e-7)
+
+
 def test_what_the_layout_cannot_hold_is_refused() -> None:
     q8, _, _ = weights(Q.Q4_1, 16, 64, seed=3)
-    blocks = random_blocks(Q.Q8_0, 16, 64, seed=3)
-    with pytest.raises(ValueError, match="Q4_0 / Q4_1"):
-        kernels.interleave(QuantizedTensor(torch.from_numpy(blocks), Q.Q8_0, 64))
+    blocks = random_blocks(Q.Q4_K, 16, 256, seed=3)
+    with pytest.raises(ValueError, match="Q4_0 / Q4_1 / Q8_0"):
+        kernels.interleave(QuantizedTensor(torch.from_numpy(blocks), Q.Q4_K, 256))
     odd = QuantizedTensor(q8.blocks[:12].contiguous(), Q.Q4_1, 64)
     with pytest.raises(ValueError, match="multiple of 8"):
         kernels.interleave(odd)
