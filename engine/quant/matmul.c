@@ -53,15 +53,12 @@ typedef struct {
     int64_t row_bytes, m, ldy;
     const act_q16 *x;
     float *y;
-    row_cursor rows;
 } matmul_job;
 
-static void matmul_task(void *ctx) {
-    matmul_job *job = ctx;
-    int64_t start, count;
-    while (next_chunk(&job->rows, &start, &count))
-        job->fn(job->w + start * job->row_bytes, job->row_bytes, count, job->x, job->m,
-                job->y + start, job->ldy);
+static void matmul_chunk(void *ctx, int64_t start, int64_t count) {
+    const matmul_job *job = ctx;
+    job->fn(job->w + start * job->row_bytes, job->row_bytes, count, job->x, job->m,
+            job->y + start, job->ldy);
 }
 
 void matmul_rows(int qtype, int level, const uint8_t *w, int64_t n, const act_q16 *x, int64_t m,
@@ -69,6 +66,5 @@ void matmul_rows(int qtype, int level, const uint8_t *w, int64_t n, const act_q1
     matmul_job job = {.fn = level == LEVEL_AVX2 ? dot_rows_avx2(qtype) : dot_rows_scalar(qtype),
                       .w = w, .row_bytes = qtype_row_bytes(qtype, x->k), .m = m, .ldy = ldy,
                       .x = x, .y = y};
-    row_cursor_init(&job.rows, n, num_threads, MIN_CHUNK_ROWS);
-    pool_run(matmul_task, &job, num_threads);
+    pool_run_rows(matmul_chunk, &job, n, MIN_CHUNK_ROWS, num_threads);
 }

@@ -49,15 +49,12 @@ typedef struct {
     const uint8_t *w;
     int64_t row_bytes, k;
     float *out;
-    row_cursor rows;
 } dequantize_job;
 
-static void dequantize_task(void *ctx) {
-    dequantize_job *job = ctx;
-    int64_t start, count;
-    while (next_chunk(&job->rows, &start, &count))
-        dequantize_rows(job->qtype, job->w + start * job->row_bytes, count, job->k,
-                        job->out + start * job->k);
+static void dequantize_chunk(void *ctx, int64_t start, int64_t count) {
+    const dequantize_job *job = ctx;
+    dequantize_rows(job->qtype, job->w + start * job->row_bytes, count, job->k,
+                    job->out + start * job->k);
 }
 
 /* dequantize(qtype, w, n, k, out, num_threads): out[n, k] float32 = the blocks' values */
@@ -74,9 +71,8 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     dequantize_job job = {.qtype = qtype, .w = (const uint8_t *)(uintptr_t)w_addr,
                           .row_bytes = row_bytes, .k = k,
                           .out = (float *)(uintptr_t)out_addr};
-    row_cursor_init(&job.rows, n, num_threads, 8);
     Py_BEGIN_ALLOW_THREADS
-    pool_run(dequantize_task, &job, n < 64 ? 1 : num_threads);
+    pool_run_rows(dequantize_chunk, &job, n, 8, n < 64 ? 1 : num_threads);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }

@@ -113,3 +113,21 @@ void pool_run(pool_task_fn fn, void *ctx, int nth) {
     }
     pthread_mutex_unlock(&pool_mutex);
 }
+
+typedef struct {
+    pool_rows_fn fn;
+    void *ctx;
+    row_cursor rows;
+} rows_job;
+
+static void rows_task(void *ctx) {
+    rows_job *job = ctx;
+    int64_t start, count;
+    while (next_chunk(&job->rows, &start, &count)) job->fn(job->ctx, start, count);
+}
+
+void pool_run_rows(pool_rows_fn fn, void *ctx, int64_t num_rows, int64_t min_chunk, int nth) {
+    rows_job job = {.fn = fn, .ctx = ctx};
+    row_cursor_init(&job.rows, num_rows, nth, min_chunk);
+    pool_run(rows_task, &job, nth);
+}
