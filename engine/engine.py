@@ -21,7 +21,7 @@ from engine.dtype_choice import DtypeChoice, choose_dtype, cpu_has_native_bf16
 from engine.reference_loop import generate_greedy_batch, prompt_logits
 from engine.kv_cache import KVCache, num_pages_for
 from engine.model.llama import LlamaModel
-from engine.model.memory import map_large_allocations, release_freed_memory
+from engine.model.memory import release_freed_memory
 from engine.quant import kernels as quant_kernels
 from engine.quant.linear import BatchPlanner
 from engine.quant.tensor import QTYPE_NAMES
@@ -60,8 +60,6 @@ class Engine:
         choice = choose_device(config)
         self.config = config
         self.device = choice.device
-        if self.device.type == "cpu":
-            map_large_allocations()     # big activations go back to the OS after each pass
         self.dtype_choice = choose_dtype(config.dtype, self.device)
         self.dtype = self.dtype_choice.dtype
         self.model_config = model_config

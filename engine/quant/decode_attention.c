@@ -9,8 +9,9 @@
 #include "decode_attention.h"
 #include "pool.h"
 
-/* below this many q.k products a batch runs on the calling thread (a pool job costs ~5-20 us) */
-#define PARALLEL_MIN_SCORES 65536
+/* below this many q.k products a batch runs on the calling thread (a pool job costs ~5-20 us;
+ * a q.k product and its share of the weighted V sum ~30 ns) */
+#define PARALLEL_MIN_SCORES 2048
 
 static void append_new_tokens(const decode_batch *batch) {
     int64_t row_floats = (int64_t)batch->num_kv_heads * batch->head_dim;
@@ -24,7 +25,7 @@ static void append_new_tokens(const decode_batch *batch) {
 
 /* q . k over head_dim values (a multiple of 8): eight partial sums, so that the compiler can
  * vectorize without reordering one float sum */
-static inline float dot_product(const float *q, const float *k, int d_len) {
+static inline float dot_product(const float *restrict q, const float *restrict k, int d_len) {
     float partial[8] = {0.0f};
     for (int d = 0; d < d_len; d += 8)
         for (int i = 0; i < 8; i++) partial[i] += q[d + i] * k[d + i];
@@ -33,7 +34,7 @@ static inline float dot_product(const float *q, const float *k, int d_len) {
 }
 
 /* One query head of one request: out[d] = sum_j p_j V[j][d] */
-static void attend_head(const decode_batch *batch, int64_t b, int head, float *scores) {
+VECTOR_CLONES static void attend_head(const decode_batch *batch, int64_t b, int head, float *scores) {
     int d_len = batch->head_dim;
     int kv_head = head / (batch->num_q_heads / batch->num_kv_heads);
     int64_t row_floats = (int64_t)batch->num_kv_heads * d_len, kv_len = batch->kv_lens[b];
@@ -46,17 +47,17 @@ static void attend_head(const decode_batch *batch, int64_t b, int head, float *s
         scores[j] = dot_product(q, k, d_len) * batch->scale;
         if (scores[j] > max_score) max_score = scores[j];
     }
-    for (int d = 0; d < d_len; d++) out[d] = 0.0f;
-    float total = 0.0f;
+    float acc[d_len], total = 0.0f;          /* local: no aliasing with the pool's rows */
+    for (int d = 0; d < d_len; d++) acc[d] = 0.0f;
     for (int64_t j = 0; j < kv_len; j++) {
         float weight = expf(scores[j] - max_score);
-        const float *v = batch->slots + (rows[j] + batch->page_size) * row_floats
-                         + (int64_t)kv_head * d_len;
+        const float *restrict v = batch->slots + (rows[j] + batch->page_size) * row_floats
+                                  + (int64_t)kv_head * d_len;
         total += weight;
-        for (int d = 0; d < d_len; d++) out[d] += weight * v[d];
+        for (int d = 0; d < d_len; d++) acc[d] += weight * v[d];
     }
     float inverse = kv_len > 0 ? 1.0f / total : 0.0f;
-    for (int d = 0; d < d_len; d++) out[d] *= inverse;
+    for (int d = 0; d < d_len; d++) out[d] = acc[d] * inverse;
 }
 
 typedef struct {

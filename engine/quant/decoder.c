@@ -10,6 +10,8 @@
 #include "norm.h"
 #include "pool.h"
 
+#define SILU_CHUNK 1024      /* elements per chunk of the SiLU job (~4 us) */
+
 /* Per-pass buffers, all [m, width] float32 rows */
 typedef struct {
     float *normed, *qkv, *attn, *delta, *gate_up, *act;
@@ -69,13 +71,26 @@ static void apply_rope(float *qkv, int64_t m, int64_t row_floats, int num_heads,
     }
 }
 
-/* act[r] = silu(gate[r]) * up[r]; gate_up rows are [gate | up], each `width` wide */
-static void silu_mul(const float *gate_up, int64_t m, int64_t width, float *act) {
-    for (int64_t r = 0; r < m; r++) {
-        const float *gate = gate_up + r * 2 * width, *up = gate + width;
-        for (int64_t i = 0; i < width; i++)
-            act[r * width + i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+typedef struct {
+    const float *gate_up;
+    int64_t width;
+    float *act;
+} silu_job;
+
+/* act[r][i] = silu(gate[r][i]) * up[r][i] for the flat elements [start, start + count) */
+VECTOR_CLONES static void silu_chunk(void *ctx, int64_t start, int64_t count) {
+    const silu_job *job = ctx;
+    for (int64_t e = start; e < start + count; e++) {
+        int64_t r = e / job->width, i = e % job->width;
+        float gate = job->gate_up[r * 2 * job->width + i], up = job->gate_up[(r * 2 + 1) * job->width + i];
+        job->act[e] = gate / (1.0f + expf(-gate)) * up;
     }
+}
+
+/* act[r] = silu(gate[r]) * up[r]; gate_up rows are [gate | up], each `width` wide */
+static void silu_mul(const float *gate_up, int64_t m, int64_t width, float *act, int num_threads) {
+    silu_job job = {.gate_up = gate_up, .width = width, .act = act};
+    pool_run_rows(silu_chunk, &job, m * width, SILU_CHUNK, m * width >= 2 * SILU_CHUNK ? num_threads : 1);
 }
 
 static int run_layer(const decoder *model, int index, const decode_pass *pass, scratch *s,
@@ -100,7 +115,7 @@ static int run_layer(const decoder *model, int index, const decode_pass *pass, s
     project(model, &layer->o, s->attn, m, &s->x_blocks, s->delta, pass->num_threads);
     rms_norm_rows(pass->x, s->delta, layer->post_norm, model->eps, m, model->hidden, s->normed);
     project(model, &layer->gate_up, s->normed, m, &s->x_blocks, s->gate_up, pass->num_threads);
-    silu_mul(s->gate_up, m, model->intermediate, s->act);
+    silu_mul(s->gate_up, m, model->intermediate, s->act, pass->num_threads);
     project(model, &layer->down, s->act, m, &s->x_blocks, s->delta, pass->num_threads);
     return 0;
 }

@@ -90,16 +90,42 @@ static const uint8_t *x8_tile(int qtype, const uint8_t *w, int64_t num_blocks, i
     return w + ((row / X8_ROWS) * num_blocks + b) * X8_ROWS * block_bytes(qtype);
 }
 
-void dequantize_x8(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, float *out) {
-    int64_t num_blocks = k / QK;
-    for (int64_t row = 0; row < num_rows; row++) {
-        for (int64_t b = 0; b < num_blocks; b++) {
-            float d, m;
-            int q[QK];
-            x8_unpack(qtype, x8_tile(qtype, w, num_blocks, row, b), (int)(row % X8_ROWS), &d, &m, q);
-            for (int i = 0; i < QK; i++) out[row * k + b * QK + i] = q[i] * d + m;
+/* out[j][b * 32 + i] for the 8 rows j of one tile (row stride k floats) */
+static void dequantize_tile(int qtype, const uint8_t *tile, int64_t b, int64_t k, float *out) {
+    float d[X8_ROWS], m[X8_ROWS];
+    int source = source_qtype(qtype);
+    for (int j = 0; j < X8_ROWS; j++) {
+        uint16_t h;
+        memcpy(&h, tile + 2 * j, 2);
+        d[j] = fp16_to_fp32(h);
+        m[j] = source == QTYPE_Q4_0 ? -8.0f * d[j] : 0.0f;
+        if (source == QTYPE_Q4_1) {
+            memcpy(&h, tile + 16 + 2 * j, 2);
+            m[j] = fp16_to_fp32(h);
         }
     }
+    const uint8_t *qs = tile + scales_bytes(qtype);
+    for (int pair = 0; pair < QK / 2; pair++) {
+        for (int lane = 0; lane < 2 * X8_ROWS; lane++) {     /* lane 2 j + e: row j, k = 2 pair + e */
+            int j = lane / 2, q;
+            if (source == QTYPE_Q8_0) {
+                q = (int8_t)qs[16 * pair + lane];
+            } else {
+                const uint8_t *lane_bytes = qs + 32 * (pair / 4) + 2 * lane;
+                uint16_t bits = (uint16_t)(lane_bytes[0] | lane_bytes[1] << 8);
+                q = (bits >> (4 * (pair % 4))) & 0xF;
+            }
+            out[j * k + b * QK + 2 * pair + lane % 2] = q * d[j] + m[j];
+        }
+    }
+}
+
+void dequantize_x8(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, float *out) {
+    int64_t num_blocks = k / QK;
+    for (int64_t group = 0; group < num_rows / X8_ROWS; group++)
+        for (int64_t b = 0; b < num_blocks; b++)
+            dequantize_tile(qtype, x8_tile(qtype, w, num_blocks, group * X8_ROWS, b), b, k,
+                            out + group * X8_ROWS * k);
 }
 
 /* rows [0, num_rows) of w (w's first row the first of a group) */

@@ -141,7 +141,7 @@ static PyObject *py_decode_attention(PyObject *self, PyObject *args) {
                           &out, &num_threads))
         return NULL;
     if (num_requests < 0 || max_kv < 0 || page_size <= 0 || num_kv_heads <= 0 || head_dim <= 0
-            || head_dim % 8 || num_q_heads % num_kv_heads)
+            || head_dim % 8 || head_dim > 1024 || num_q_heads % num_kv_heads)
         return PyErr_Format(PyExc_ValueError, "decode_attention: bad shape (requests %lld, "
                             "max_kv %lld, heads %d/%d, head_dim %d)", num_requests, max_kv,
                             num_q_heads, num_kv_heads, head_dim);

@@ -12,6 +12,14 @@ void pool_run(pool_task_fn fn, void *ctx, int nth);
 
 #define POOL_MAX_THREADS 64
 
+/* Plain-C loops that -O3 vectorizes: an AVX2 clone beside the baseline one, picked at load by
+ * the CPU (an ifunc; no -march flag). */
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__clang__)
+#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
 /* While held (pool_hold(1) ... pool_hold(0), nestable), idle workers wait for the next job by
  * yielding the CPU in a loop instead of sleeping: a burst of many short jobs (a decode pass: ~120
  * matmuls) then starts each without a wake-up (tens of us), and a busy core still runs its other
