@@ -1,12 +1,14 @@
 /* Decode-step attention straight from the paged KV pool: one call per layer instead of torch's
  * index_copy + index_select + SDPA (+ views), ~60 us of op dispatch per layer for a 1-token query.
- * Plain C; -O3 vectorizes the head_dim loops for whatever the target is. Scores are kept per
+ * Plain C, with AVX2 + FMA inner loops where the CPU has them. Scores are kept per
  * query head (two passes: max, then exp-sum and the weighted sum of V), in float32 like SDPA. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "decode_attention.h"
+#include "fast_exp.h"
+#include "matmul.h"
 #include "pool.h"
 
 /* below this many q.k products a batch runs on the calling thread (a pool job costs ~5-20 us;
@@ -23,9 +25,8 @@ static void append_new_tokens(const decode_batch *batch) {
     }
 }
 
-/* q . k over head_dim values (a multiple of 8): eight partial sums, so that the compiler can
- * vectorize without reordering one float sum */
-static inline float dot_product(const float *restrict q, const float *restrict k, int d_len) {
+/* q . k over head_dim values (a multiple of 8): eight partial sums */
+static float attention_dot(const float *q, const float *k, int d_len) {
     float partial[8] = {0.0f};
     for (int d = 0; d < d_len; d += 8)
         for (int i = 0; i < 8; i++) partial[i] += q[d + i] * k[d + i];
@@ -33,8 +34,18 @@ static inline float dot_product(const float *restrict q, const float *restrict k
            + ((partial[2] + partial[6]) + (partial[3] + partial[7]));
 }
 
+static void attention_axpy(float *acc, float weight, const float *v, int d_len) {
+    for (int d = 0; d < d_len; d++) acc[d] += weight * v[d];
+}
+
+typedef struct {
+    float (*dot)(const float *q, const float *k, int d_len);
+    void (*axpy)(float *acc, float weight, const float *v, int d_len);
+} attention_loops;
+
 /* One query head of one request: out[d] = sum_j p_j V[j][d] */
-VECTOR_CLONES static void attend_head(const decode_batch *batch, int64_t b, int head, float *scores) {
+static void attend_head(const decode_batch *batch, const attention_loops *loops, int64_t b,
+                        int head, float *scores) {
     int d_len = batch->head_dim;
     int kv_head = head / (batch->num_q_heads / batch->num_kv_heads);
     int64_t row_floats = (int64_t)batch->num_kv_heads * d_len, kv_len = batch->kv_lens[b];
@@ -44,17 +55,18 @@ VECTOR_CLONES static void attend_head(const decode_batch *batch, int64_t b, int 
     float max_score = -INFINITY;
     for (int64_t j = 0; j < kv_len; j++) {
         const float *k = batch->slots + rows[j] * row_floats + (int64_t)kv_head * d_len;
-        scores[j] = dot_product(q, k, d_len) * batch->scale;
+        scores[j] = loops->dot(q, k, d_len) * batch->scale;
         if (scores[j] > max_score) max_score = scores[j];
     }
     float acc[d_len], total = 0.0f;          /* local: no aliasing with the pool's rows */
     for (int d = 0; d < d_len; d++) acc[d] = 0.0f;
+    for (int64_t j = 0; j < kv_len; j++) scores[j] = exp_approx(scores[j] - max_score);
     for (int64_t j = 0; j < kv_len; j++) {
-        float weight = expf(scores[j] - max_score);
-        const float *restrict v = batch->slots + (rows[j] + batch->page_size) * row_floats
-                                  + (int64_t)kv_head * d_len;
+        float weight = scores[j];
+        const float *v = batch->slots + (rows[j] + batch->page_size) * row_floats
+                         + (int64_t)kv_head * d_len;
         total += weight;
-        for (int d = 0; d < d_len; d++) acc[d] += weight * v[d];
+        loops->axpy(acc, weight, v, d_len);
     }
     float inverse = kv_len > 0 ? 1.0f / total : 0.0f;
     for (int d = 0; d < d_len; d++) out[d] = acc[d] * inverse;
@@ -62,6 +74,7 @@ VECTOR_CLONES static void attend_head(const decode_batch *batch, int64_t b, int 
 
 typedef struct {
     const decode_batch *batch;
+    attention_loops loops;
     row_cursor units;            /* unit u: request u / num_q_heads, head u % num_q_heads */
 } attention_job;
 
@@ -73,7 +86,7 @@ static void attention_task(void *ctx) {
     int64_t start, count;
     while (next_chunk(&job->units, &start, &count))
         for (int64_t u = start; u < start + count; u++)
-            attend_head(batch, u / batch->num_q_heads, (int)(u % batch->num_q_heads), scores);
+            attend_head(batch, &job->loops, u / batch->num_q_heads, (int)(u % batch->num_q_heads), scores);
     free(scores);
 }
 
@@ -82,7 +95,9 @@ int decode_attention(const decode_batch *batch, int num_threads) {
     int64_t num_units = batch->num_requests * batch->num_q_heads, total_kv = 0;
     for (int64_t b = 0; b < batch->num_requests; b++) total_kv += batch->kv_lens[b];
     if (total_kv * batch->num_q_heads < PARALLEL_MIN_SCORES) num_threads = 1;
-    attention_job job = {.batch = batch};
+    attention_job job = {.batch = batch, .loops = {attention_dot, attention_axpy}};
+    if (level_supported(LEVEL_AVX2))
+        job.loops = (attention_loops){attention_dot_avx2, attention_axpy_avx2};
     row_cursor_init(&job.units, num_units, num_threads, 1);
     pool_run(attention_task, &job, num_threads);
     /* every unit was taken unless the caller's own scratch allocation failed */

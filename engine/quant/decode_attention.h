@@ -27,4 +27,8 @@ typedef struct {
  * success, -1 when no thread could allocate its scratch row of scores. */
 int decode_attention(const decode_batch *batch, int num_threads);
 
+/* decode_attention_avx2.c (call only when the CPU has AVX2 + FMA; d_len a multiple of 8) */
+float attention_dot_avx2(const float *q, const float *k, int d_len);
+void attention_axpy_avx2(float *acc, float weight, const float *v, int d_len);
+
 #endif

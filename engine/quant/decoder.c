@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "decode_attention.h"
+#include "fast_exp.h"
 #include "matmul.h"
 #include "norm.h"
 #include "pool.h"
@@ -80,10 +81,14 @@ typedef struct {
 /* act[r][i] = silu(gate[r][i]) * up[r][i] for the flat elements [start, start + count) */
 VECTOR_CLONES static void silu_chunk(void *ctx, int64_t start, int64_t count) {
     const silu_job *job = ctx;
-    for (int64_t e = start; e < start + count; e++) {
-        int64_t r = e / job->width, i = e % job->width;
-        float gate = job->gate_up[r * 2 * job->width + i], up = job->gate_up[(r * 2 + 1) * job->width + i];
-        job->act[e] = gate / (1.0f + expf(-gate)) * up;
+    int64_t width = job->width;
+    for (int64_t e = start; e < start + count;) {      /* the part of one row in the chunk */
+        int64_t r = e / width, i = e % width, n = width - i;
+        if (n > start + count - e) n = start + count - e;
+        const float *restrict gate = job->gate_up + r * 2 * width + i, *restrict up = gate + width;
+        float *restrict act = job->act + e;
+        for (int64_t t = 0; t < n; t++) act[t] = gate[t] / (1.0f + exp_approx(-gate[t])) * up[t];
+        e += n;
     }
 }
 
