@@ -129,11 +129,8 @@ int decoder_run(const decoder *model, const decode_pass *pass) {
     scratch s;
     if (scratch_alloc(&s, model, pass->m) != 0) return -1;
     int status = 0;
-    int hold = pass->num_threads > 1;        /* ~120 short jobs: workers yield, never sleep */
-    if (hold) pool_hold(1);
     for (int i = 0; i < model->num_layers && status == 0; i++)
         status = run_layer(model, i, pass, &s, i == 0);
-    if (hold) pool_hold(0);
     if (status == 0) {
         int64_t count = pass->m * model->hidden;
         for (int64_t i = 0; i < count; i++) pass->x[i] += s.delta[i];

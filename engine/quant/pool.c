@@ -20,7 +20,6 @@ static pthread_cond_t wake_cond = PTHREAD_COND_INITIALIZER;
 static int num_workers;                      /* started so far (threads 1..num_workers) */
 static atomic_int generation;                /* bumped once per job */
 static atomic_int job_state = CLOSED;        /* workers inside the job, | CLOSED once closed */
-static atomic_int num_holds;                 /* pool_hold(1) minus pool_hold(0) calls */
 static pool_task_fn job_fn;
 static int job_nth;                          /* threads asked for, the caller included */
 static void *job_ctx;
@@ -49,10 +48,6 @@ static void wait_for_job(int seen) {
         if (atomic_load_explicit(&generation, memory_order_acquire) != seen) return;
         cpu_relax();
     }
-    while (atomic_load_explicit(&num_holds, memory_order_acquire) > 0) {  /* a held pool */
-        if (atomic_load_explicit(&generation, memory_order_acquire) != seen) return;
-        sched_yield();
-    }
     pthread_mutex_lock(&wake_mutex);
     while (atomic_load_explicit(&generation, memory_order_acquire) == seen)
         pthread_cond_wait(&wake_cond, &wake_mutex);
@@ -80,14 +75,6 @@ static void start_workers(int nth) {
         pthread_detach(thread);
         num_workers++;
     }
-}
-
-void pool_hold(int on) {
-    if (on) {
-        atomic_fetch_add_explicit(&num_holds, 1, memory_order_acq_rel);
-        return;
-    }
-    atomic_fetch_sub_explicit(&num_holds, 1, memory_order_acq_rel);   /* yielders go to sleep */
 }
 
 void pool_run(pool_task_fn fn, void *ctx, int nth) {

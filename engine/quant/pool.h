@@ -18,13 +18,7 @@ void pool_run(pool_task_fn fn, void *ctx, int nth);
 #define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define VECTOR_CLONES
-#endif
 
-/* While held (pool_hold(1) ... pool_hold(0), nestable), idle workers wait for the next job by
- * yielding the CPU in a loop instead of sleeping: a burst of many short jobs (a decode pass: ~120
- * matmuls) then starts each without a wake-up (tens of us), and a busy core still runs its other
- * threads. */
-void pool_hold(int on);
 
 #include <stdatomic.h>
 #include <stdint.h>
