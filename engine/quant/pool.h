@@ -18,7 +18,7 @@ void pool_run(pool_task_fn fn, void *ctx, int nth);
 #define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define VECTOR_CLONES
-
+#endif
 
 #include <stdatomic.h>
 #include <stdint.h>
