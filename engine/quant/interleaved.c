@@ -4,6 +4,7 @@
  * unpacked vector of 8 rows x 2 values by a broadcast pair of activations, so the per-block
  * scale work is shared by 8 output rows instead of done per row. */
 #include "formats.h"
+#include "pool.h"
 
 /* the source GGML type of an _X8 type (or of itself) */
 static int source_qtype(int qtype) {
@@ -39,19 +40,27 @@ static int source_quant(int qtype, const uint8_t *block, int i) {
     return i < 16 ? nibbles[i] & 0xF : nibbles[i - 16] >> 4;
 }
 
-int interleave_rows(int qtype, const uint8_t *src, int64_t num_rows, int64_t k, uint8_t *dst) {
-    if ((qtype != QTYPE_Q4_0 && qtype != QTYPE_Q4_1 && qtype != QTYPE_Q8_0) || num_rows % X8_ROWS
-            || k % QK)
-        return -1;
-    int64_t num_blocks = k / QK, row_bytes = num_blocks * block_bytes(qtype);
+typedef struct {
+    int qtype;
+    const uint8_t *src;
+    int64_t num_blocks;
+    uint8_t *dst;
+} interleave_job;
+
+/* the tiles of 8-row groups [start, start + count) */
+static void interleave_groups(void *ctx, int64_t start, int64_t count) {
+    const interleave_job *job = ctx;
+    int qtype = job->qtype;
+    int64_t num_blocks = job->num_blocks, row_bytes = num_blocks * block_bytes(qtype);
     int64_t tile_bytes = X8_ROWS * block_bytes(qtype), quant_bytes = tile_bytes - scales_bytes(qtype);
-    for (int64_t group = 0; group < num_rows / X8_ROWS; group++) {
+    for (int64_t group = start; group < start + count; group++) {
         for (int64_t b = 0; b < num_blocks; b++) {
-            uint8_t *tile = dst + (group * num_blocks + b) * tile_bytes;
+            uint8_t *tile = job->dst + (group * num_blocks + b) * tile_bytes;
             uint8_t *qs = tile + scales_bytes(qtype);
             memset(qs, 0, (size_t)quant_bytes);
             for (int j = 0; j < X8_ROWS; j++) {
-                const uint8_t *block = src + (group * X8_ROWS + j) * row_bytes + b * block_bytes(qtype);
+                const uint8_t *block = job->src + (group * X8_ROWS + j) * row_bytes
+                                       + b * block_bytes(qtype);
                 memcpy(tile + 2 * j, block, 2);                               /* d */
                 if (qtype == QTYPE_Q4_1) memcpy(tile + 16 + 2 * j, block + 2, 2);   /* m */
                 for (int i = 0; i < QK; i++) {
@@ -62,6 +71,15 @@ int interleave_rows(int qtype, const uint8_t *src, int64_t num_rows, int64_t k, 
             }
         }
     }
+}
+
+int interleave_rows(int qtype, const uint8_t *src, int64_t num_rows, int64_t k, uint8_t *dst,
+                    int num_threads) {
+    if ((qtype != QTYPE_Q4_0 && qtype != QTYPE_Q4_1 && qtype != QTYPE_Q8_0) || num_rows % X8_ROWS
+            || k % QK)
+        return -1;
+    interleave_job job = {.qtype = qtype, .src = src, .num_blocks = k / QK, .dst = dst};
+    pool_run_rows(interleave_groups, &job, num_rows / X8_ROWS, 1, num_threads);
     return 0;
 }
 

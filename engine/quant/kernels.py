@@ -227,7 +227,7 @@ def dequantize_rows(weight: QuantizedTensor, row_ids: torch.Tensor) -> torch.Ten
     return values[torch.arange(len(row_ids)), row_ids % INTERLEAVED_ROWS]     # [n, K]
 
 
-def interleave(weight: QuantizedTensor) -> QuantizedTensor:
+def interleave(weight: QuantizedTensor, num_threads: int | None = None) -> QuantizedTensor:
     """The same Q4_0 / Q4_1 / Q8_0 matrix with its rows interleaved 8 at a time (a new tensor of as many
     bytes, for the kernels that compute 8 rows at once); ValueError for other types or a row
     count that is not a multiple of 8."""
@@ -238,7 +238,7 @@ def interleave(weight: QuantizedTensor) -> QuantizedTensor:
                          f"rows a multiple of {INTERLEAVED_ROWS})")
     out = torch.empty_like(weight.blocks)
     require().interleave(int(weight.qtype), weight.blocks.data_ptr(), weight.num_rows,
-                         weight.num_cols, out.data_ptr())
+                         weight.num_cols, out.data_ptr(), num_threads or torch.get_num_threads())
     return QuantizedTensor(out, weight.qtype, weight.num_cols, interleaved=True)
 
 

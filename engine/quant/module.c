@@ -77,16 +77,18 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* interleave(qtype, src, num_rows, k, dst): Q4_0 / Q4_1 / Q8_0 rows -> the _X8 layout (formats.h) */
+/* interleave(qtype, src, num_rows, k, dst, num_threads): Q4_0 / Q4_1 / Q8_0 rows -> the _X8
+ * layout (formats.h) */
 static PyObject *py_interleave(PyObject *self, PyObject *args) {
-    int qtype;
+    int qtype, num_threads;
     unsigned long long src, dst;
     long long num_rows, k;
-    if (!PyArg_ParseTuple(args, "iKLLK", &qtype, &src, &num_rows, &k, &dst)) return NULL;
+    if (!PyArg_ParseTuple(args, "iKLLKi", &qtype, &src, &num_rows, &k, &dst, &num_threads))
+        return NULL;
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = interleave_rows(qtype, (const uint8_t *)(uintptr_t)src, num_rows, k,
-                             (uint8_t *)(uintptr_t)dst);
+                             (uint8_t *)(uintptr_t)dst, num_threads);
     Py_END_ALLOW_THREADS
     if (status != 0)
         return PyErr_Format(PyExc_ValueError, "interleave: qtype %d with %lld rows of %lld "
