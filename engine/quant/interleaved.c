@@ -83,8 +83,8 @@ int interleave_rows(int qtype, const uint8_t *src, int64_t num_rows, int64_t k, 
     return 0;
 }
 
-/* row j's scale d and offset m (w = d q + m) and its 32 quants in one tile of an _X8 type */
-static void x8_unpack(int qtype, const uint8_t *tile, int j, float *d, float *m, int q[QK]) {
+/* row j's scale d and offset m (w = d q + m) in one tile of an _X8 type */
+static void x8_scale(int qtype, const uint8_t *tile, int j, float *d, float *m) {
     uint16_t h;
     memcpy(&h, tile + 2 * j, 2);
     *d = fp16_to_fp32(h);
@@ -94,6 +94,12 @@ static void x8_unpack(int qtype, const uint8_t *tile, int j, float *d, float *m,
         memcpy(&h, tile + 16 + 2 * j, 2);
         *m = fp16_to_fp32(h);
     }
+}
+
+/* row j's scale, offset and 32 quants in one tile of an _X8 type */
+static void x8_unpack(int qtype, const uint8_t *tile, int j, float *d, float *m, int q[QK]) {
+    x8_scale(qtype, tile, j, d, m);
+    int source = source_qtype(qtype);
     const uint8_t *qs = tile + scales_bytes(qtype);
     for (int i = 0; i < QK; i++) {
         int byte, shift;
@@ -112,16 +118,7 @@ static const uint8_t *x8_tile(int qtype, const uint8_t *w, int64_t num_blocks, i
 static void dequantize_tile(int qtype, const uint8_t *tile, int64_t b, int64_t k, float *out) {
     float d[X8_ROWS], m[X8_ROWS];
     int source = source_qtype(qtype);
-    for (int j = 0; j < X8_ROWS; j++) {
-        uint16_t h;
-        memcpy(&h, tile + 2 * j, 2);
-        d[j] = fp16_to_fp32(h);
-        m[j] = source == QTYPE_Q4_0 ? -8.0f * d[j] : 0.0f;
-        if (source == QTYPE_Q4_1) {
-            memcpy(&h, tile + 16 + 2 * j, 2);
-            m[j] = fp16_to_fp32(h);
-        }
-    }
+    for (int j = 0; j < X8_ROWS; j++) x8_scale(qtype, tile, j, d + j, m + j);
     const uint8_t *qs = tile + scales_bytes(qtype);
     for (int pair = 0; pair < QK / 2; pair++) {
         for (int lane = 0; lane < 2 * X8_ROWS; lane++) {     /* lane 2 j + e: row j, k = 2 pair + e */

@@ -10,10 +10,11 @@ import importlib
 
 import torch
 
-from engine.quant.tensor import INTERLEAVABLE_QTYPES, INTERLEAVED_ROWS, QuantizedTensor
+from engine.quant.tensor import INTERLEAVED_ROWS, QuantizedTensor
 
 __all__ = ["available", "unavailable_reason", "levels", "best_level", "require", "level_index",
-           "matmul", "dequantize", "dequantize_rows", "interleave", "PreparedMatmul", "add_rms_norm", "PreparedRmsNorm", "DecodeAttention"]
+           "matmul", "dequantize", "dequantize_rows", "interleave", "PreparedMatmul",
+           "add_rms_norm", "PreparedRmsNorm", "DecodeAttention"]
 
 
 def _load_extension():
@@ -228,14 +229,14 @@ def dequantize_rows(weight: QuantizedTensor, row_ids: torch.Tensor) -> torch.Ten
 
 
 def interleave(weight: QuantizedTensor, num_threads: int | None = None) -> QuantizedTensor:
-    """The same Q4_0 / Q4_1 / Q8_0 matrix with its rows interleaved 8 at a time (a new tensor of as many
-    bytes, for the kernels that compute 8 rows at once); ValueError for other types or a row
-    count that is not a multiple of 8."""
+    """The same Q4_0 / Q4_1 / Q8_0 matrix with its rows interleaved 8 at a time (a new tensor of
+    as many bytes, for the kernels that compute 8 rows at once); ValueError for other types or a
+    row count that is not a multiple of 8."""
     if weight.interleaved:
         return weight
-    if weight.qtype not in INTERLEAVABLE_QTYPES or weight.num_rows % INTERLEAVED_ROWS:
-        raise ValueError(f"interleave: {weight.qtype.name} x {weight.num_rows} rows (Q4_0 / Q4_1 / Q8_0, "
-                         f"rows a multiple of {INTERLEAVED_ROWS})")
+    if not weight.can_interleave:
+        raise ValueError(f"interleave: {weight.qtype.name} x {weight.num_rows} rows "
+                         f"(Q4_0 / Q4_1 / Q8_0, rows a multiple of {INTERLEAVED_ROWS})")
     out = torch.empty_like(weight.blocks)
     require().interleave(int(weight.qtype), weight.blocks.data_ptr(), weight.num_rows,
                          weight.num_cols, out.data_ptr(), num_threads or torch.get_num_threads())

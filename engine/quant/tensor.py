@@ -13,7 +13,7 @@ __all__ = ["KERNEL_QTYPES", "INTERLEAVABLE_QTYPES", "INTERLEAVED_ROWS", "QTYPE_N
 KERNEL_QTYPES = frozenset((Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K))   # types the C kernels read
 INTERLEAVABLE_QTYPES = frozenset((Q.Q4_0, Q.Q4_1, Q.Q8_0))
 INTERLEAVED_ROWS = 8
-# the C side's ids of interleaved matrices (formats.h QTYPE_Q4_0_X8, QTYPE_Q4_1_X8)
+# the C side's ids of interleaved matrices (formats.h QTYPE_Q4_0_X8, _Q4_1_X8, _Q8_0_X8)
 _INTERLEAVED_KERNEL_QTYPES = {Q.Q4_0: 256, Q.Q4_1: 257, Q.Q8_0: 258}
 QTYPE_NAMES = {int(q): q.name for q in KERNEL_QTYPES} | {
     code: f"{q.name}x{INTERLEAVED_ROWS}" for q, code in _INTERLEAVED_KERNEL_QTYPES.items()}
@@ -43,8 +43,7 @@ class QuantizedTensor:
                              f"{tuple(self.blocks.shape)}")
         if not self.blocks.is_contiguous():
             raise ValueError("blocks must be contiguous")
-        if self.interleaved and (self.qtype not in INTERLEAVABLE_QTYPES
-                                 or self.blocks.shape[0] % INTERLEAVED_ROWS):
+        if self.interleaved and not self.can_interleave:
             raise ValueError(f"only Q4_0 / Q4_1 / Q8_0 matrices of whole {INTERLEAVED_ROWS}-row groups "
                              f"are interleaved, not {self.qtype.name} x {self.blocks.shape[0]} rows")
         expected = row_bytes(self.qtype, self.num_cols)
@@ -59,6 +58,11 @@ class QuantizedTensor:
     @property
     def num_rows(self) -> int:
         return self.blocks.shape[0]
+
+    @property
+    def can_interleave(self) -> bool:
+        """Whether the interleaved layout can hold this matrix (its type, whole 8-row groups)."""
+        return self.qtype in INTERLEAVABLE_QTYPES and self.num_rows % INTERLEAVED_ROWS == 0
 
     @property
     def kernel_qtype(self) -> int:
