@@ -144,6 +144,10 @@ def main() -> None:
     parser.add_argument("--t-ms", type=float, default=2.0)
     parser.add_argument("--no-run-on-waiter", action="store_true",
                         help="adaptive: every batch on the engine thread (the old behaviour)")
+    parser.add_argument("--max-hold-ms", type=float, default=SchedulerPolicy.max_hold_ms,
+                        help="adaptive: the longest hold after a batch")
+    parser.add_argument("--hold-fraction", type=float, default=SchedulerPolicy.hold_fraction,
+                        help="adaptive: the hold's bound as a fraction of the batch's engine time")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="sys.setswitchinterval for this process (GIL hand-off latency)")
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "pie-bench")
@@ -154,7 +158,8 @@ def main() -> None:
     completion_path, _ = build_cached(REPO / "inferlets/examples/text_completion.py", builds)
     parallel_path, _ = build_cached(REPO / "inferlets/examples/parallel_generation.py", builds)
     engine = load_default_engine(progress=False, dtype=opts.dtype)
-    policy = SchedulerPolicy(opts.policy, k=8, t_ms=opts.t_ms,
+    policy = SchedulerPolicy(opts.policy, k=8, t_ms=opts.t_ms, max_hold_ms=opts.max_hold_ms,
+                             hold_fraction=opts.hold_fraction,
                              run_on_waiter=not opts.no_run_on_waiter)
     out = sys.stderr if opts.json else sys.stdout       # --json: stdout holds the object alone
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "

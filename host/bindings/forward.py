@@ -126,8 +126,15 @@ def _entry(ctx: BindingContext, store: Any, handle: Any, call: str) -> ForwardFu
 
 def _spec(ctx: BindingContext, call: str, index: int, sampler: Record,
           options: Record | None) -> SamplerSpec:
-    """The engine's SamplerSpec of a WIT sampler and its options; traps naming the sampler."""
-    base = _sampler_spec(call, index, sampler, ctx.services.model_info.vocab_size)
+    """The engine's SamplerSpec of a WIT sampler and its options; traps naming the sampler.
+    A sampler record seen before (same fields) is not checked again (the instance's cache)."""
+    fields = (sampler.kind, sampler.temperature, getattr(sampler, "top-k"),
+              getattr(sampler, "top-p"), getattr(sampler, "min-p"), sampler.seed,
+              getattr(sampler, "num-top"))
+    base = ctx.tables.samplers.get(fields)
+    if base is None:
+        base = _sampler_spec(call, index, sampler, ctx.services.model_info.vocab_size)
+        ctx.tables.samplers.put(fields, base)
     try:
         return base if options is None else _with_options(ctx, call, index, base, options)
     except ValueError as exc:

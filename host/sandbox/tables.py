@@ -4,6 +4,8 @@
 - futures: forward-future resource rep -> the scheduler future and its lowered result
 - pages:   local page / sequence ids -> physical pages (host.kv.InstancePages)
 - generations: generation ids -> host-kept sampling state (grammar matcher, tokens for penalties)
+- samplers: sampler records already checked -> their engine SamplerSpec (a decode loop submits
+  the same sampler every step)
 
 Only the instance's own thread touches `queues` and `futures` (its host calls run there); the
 runtime clears them with `clear()` once the instance has ended. `pages` is thread-safe by itself.
@@ -20,11 +22,13 @@ from host.errors import TrapError
 from host.kv import InstancePages
 
 __all__ = ["InstanceTables", "QueueTable", "FutureTable", "ForwardFutureEntry", "GenerationTable",
-           "MAX_QUEUES", "MAX_LIVE_FUTURES", "MAX_GENERATIONS"]
+           "SamplerCache", "MAX_QUEUES", "MAX_LIVE_FUTURES", "MAX_GENERATIONS",
+           "MAX_CACHED_SAMPLERS"]
 
 MAX_QUEUES = 4096          # per instance, at once
 MAX_LIVE_FUTURES = 65536   # per instance
 MAX_GENERATIONS = 4096     # per instance, at once
+MAX_CACHED_SAMPLERS = 64   # per instance: checked sampler records kept (emptied when full)
 
 
 class QueueTable:
@@ -131,6 +135,22 @@ class GenerationTable:
                 raise TrapError(f"{call}: unknown generation {generation_id}")
 
 
+class SamplerCache:
+    """The fields of a sampler record already checked -> its SamplerSpec. Bounded: emptied when
+    it holds MAX_CACHED_SAMPLERS (a guest cycling through many samplers only re-checks them)."""
+
+    def __init__(self) -> None:
+        self._specs: dict[tuple, Any] = {}
+
+    def get(self, fields: tuple) -> Any:
+        return self._specs.get(fields)
+
+    def put(self, fields: tuple, spec: Any) -> None:
+        if len(self._specs) >= MAX_CACHED_SAMPLERS:
+            self._specs.clear()
+        self._specs[fields] = spec
+
+
 class InstanceTables:
     """The tables of one instance."""
 
@@ -139,6 +159,7 @@ class InstanceTables:
         self.futures = FutureTable()
         self.pages = pages
         self.generations = GenerationTable()
+        self.samplers = SamplerCache()
 
     def clear(self) -> None:
         """At the instance's end: every page reference back, queues and futures forgotten."""

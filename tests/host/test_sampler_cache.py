@@ -1,0 +1,52 @@
+"""forward.submit checks a sampler record once per instance: the cache behind it."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from wasmtime.component import Record
+
+from host.bindings import forward
+from host.errors import TrapError
+from host.sandbox.tables import MAX_CACHED_SAMPLERS, SamplerCache
+
+
+def _sampler(kind: str = "sample", temperature: float = 0.7, top_k: int = 0, seed=None) -> Record:
+    record = Record()
+    record.kind, record.temperature, record.seed = kind, temperature, seed
+    for name, value in (("top-k", top_k), ("top-p", 1.0), ("min-p", 0.0), ("num-top", 0)):
+        setattr(record, name, value)
+    return record
+
+
+def _ctx(vocab_size: int = 100) -> SimpleNamespace:
+    return SimpleNamespace(tables=SimpleNamespace(samplers=SamplerCache()),
+                           services=SimpleNamespace(model_info=SimpleNamespace(
+                               vocab_size=vocab_size)))
+
+
+def test_the_same_fields_give_the_same_checked_spec() -> None:
+    ctx = _ctx()
+    first = forward._spec(ctx, "forward.submit", 0, _sampler(seed=3), None)
+    again = forward._spec(ctx, "forward.submit", 0, _sampler(seed=3), None)
+    other = forward._spec(ctx, "forward.submit", 0, _sampler(seed=4), None)
+    assert again is first
+    assert other is not first and other.seed == 4 and first.seed == 3
+
+
+def test_a_bad_record_traps_every_time_and_is_never_cached() -> None:
+    ctx = _ctx(vocab_size=100)
+    for _ in range(2):
+        with pytest.raises(TrapError, match="top_k 500 is more than the vocabulary size 100"):
+            forward._spec(ctx, "forward.submit", 0, _sampler(top_k=500), None)
+        with pytest.raises(TrapError, match="temperature"):
+            forward._spec(ctx, "forward.submit", 0, _sampler(temperature=float("nan")), None)
+    assert ctx.tables.samplers.get(("sample", 0.7, 500, 1.0, 0.0, None, 0)) is None
+
+
+def test_the_cache_is_bounded() -> None:
+    cache = SamplerCache()
+    for seed in range(3 * MAX_CACHED_SAMPLERS):
+        cache.put(("sample", seed), seed)
+        assert len(cache._specs) <= MAX_CACHED_SAMPLERS
+    assert cache.get(("sample", 3 * MAX_CACHED_SAMPLERS - 1)) == 3 * MAX_CACHED_SAMPLERS - 1
