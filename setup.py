@@ -1,8 +1,10 @@
-"""Build the optional C kernels `engine.quant._kernels` (GGUF-block matmuls, see engine/quant/).
+"""Build the optional C extensions: `engine.quant._kernels` (GGUF-block matmuls, see engine/quant/)
+and `host.sandbox._wit_values` (host-call values converted in C, see host/sandbox/wit_codec.py).
 
-Everything else is declared in pyproject.toml. The extension needs only a C compiler and the
-Python headers (no torch headers, so pip's isolated build never pulls a torch). If it cannot be
-built, the install still succeeds and the engine runs its torch path, warning once at load.
+Everything else is declared in pyproject.toml. The extensions need only a C compiler and the
+Python headers (no torch headers, so pip's isolated build never pulls a torch). If one cannot be
+built, the install still succeeds: the engine runs its torch path (warning once at load) and the
+host converts host-call values with wasmtime-py's Python converters.
 No -march flag: SIMD code is compiled per function (target attributes) and chosen at run time.
 """
 import sys
@@ -27,21 +29,22 @@ class OptionalBuildExt(build_ext):
         try:
             super().run()
         except BUILD_ERRORS as error:
-            self._skip(error)
+            self._skip("the C extensions", error)
 
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
         except BUILD_ERRORS as error:
-            self._skip(error)
+            self._skip(ext.name, error)
 
     @staticmethod
-    def _skip(error: Exception) -> None:
-        print(f"WARNING: engine.quant._kernels was not built ({type(error).__name__}: {error}); "
-              "the engine will use its slower torch path on the CPU", file=sys.stderr)
+    def _skip(name: str, error: Exception) -> None:
+        print(f"WARNING: {name} was not built ({type(error).__name__}: {error}); the engine "
+              "uses its slower torch path on the CPU without engine.quant._kernels, the host "
+              "wasmtime-py's Python converters without host.sandbox._wit_values", file=sys.stderr)
 
 
-def kernel_extension() -> list[Extension]:
+def extensions() -> list[Extension]:
     if sys.platform == "win32":       # the thread pool is pthreads
         return []
     return [Extension("engine.quant._kernels", sources=KERNEL_SOURCES,
@@ -49,7 +52,11 @@ def kernel_extension() -> list[Extension]:
                                "engine/quant/decode_attention.h", "engine/quant/matmul.h",
                                "engine/quant/decoder.h", "engine/quant/fast_exp.h"],
                       extra_compile_args=["-O3", "-std=c11", "-pthread"],
-                      extra_link_args=["-pthread"])]
+                      extra_link_args=["-pthread"]),
+            Extension("host.sandbox._wit_values",
+                      sources=["host/sandbox/wit_values.c", "host/sandbox/wit_lift.c",
+                               "host/sandbox/wit_lower.c"],
+                      depends=["host/sandbox/wit_values.h"], extra_compile_args=["-O2", "-std=c11"])]
 
 
-setup(ext_modules=kernel_extension(), cmdclass={"build_ext": OptionalBuildExt})
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

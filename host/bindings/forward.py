@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from wasmtime.component import Record, ResourceHost, Variant
+from wasmtime.component import Record, Variant
 
 from engine.batch import (Distribution, ForwardResult, SamplerSpec, TokenLogprobs, Verified,
                           sampler_problem)
@@ -17,6 +17,7 @@ from host.bindings import generations
 from host.bindings.context import BindingContext
 from host.errors import TrapError
 from host.sandbox.tables import ForwardFutureEntry
+from host.sandbox.wit_codec import HostResource
 
 __all__ = ["INTERFACE", "FUNCTIONS", "METHODS", "RESOURCES", "FORWARD_FUTURE_TYPE", "MAX_DRAFTS"]
 
@@ -27,7 +28,7 @@ MAX_DRAFTS = 64            # drafted tokens one verify pass may carry
 
 def submit(ctx: BindingContext, queue_id: int, sequence_id: int, token_ids: list[int],
            positions: list[int], last_page_len: int, output_indices: list[int],
-           samplers: list[Record], mask: list[list[int]] | None) -> ResourceHost:
+           samplers: list[Record], mask: list[list[int]] | None) -> HostResource:
     call = "forward.submit"
     priority = ctx.tables.queues.priority(call, queue_id)
     specs = [_spec(ctx, call, index, sampler, None)
@@ -40,7 +41,7 @@ def submit(ctx: BindingContext, queue_id: int, sequence_id: int, token_ids: list
 def submit_with(ctx: BindingContext, queue_id: int, sequence_id: int, token_ids: list[int],
                 positions: list[int], last_page_len: int, output_indices: list[int],
                 samplers: list[Record], options: list[Record],
-                mask: list[list[int]] | None) -> ResourceHost:
+                mask: list[list[int]] | None) -> HostResource:
     """submit, each sampler with its sampler-options."""
     call = "forward.submit-with"
     priority = ctx.tables.queues.priority(call, queue_id)
@@ -55,7 +56,7 @@ def submit_with(ctx: BindingContext, queue_id: int, sequence_id: int, token_ids:
 
 def submit_verify(ctx: BindingContext, queue_id: int, sequence_id: int, token_ids: list[int],
                   positions: list[int], last_page_len: int, num_drafted: int,
-                  sampler: Record, options: Record) -> ResourceHost:
+                  sampler: Record, options: Record) -> HostResource:
     """A pass whose last `num_drafted` tokens are drafts, verified by the engine's sampler."""
     call = "forward.submit-verify"
     priority = ctx.tables.queues.priority(call, queue_id)
@@ -76,18 +77,18 @@ def submit_verify(ctx: BindingContext, queue_id: int, sequence_id: int, token_id
 
 
 def _enqueue(ctx: BindingContext, call: str, queue_id: int, priority: str,
-             prepared: Any) -> ResourceHost:
+             prepared: Any) -> HostResource:
     future = ctx.services.scheduler.submit_forward((ctx.instance_id, queue_id), priority, prepared)
-    return ResourceHost.own(ctx.tables.futures.add(call, future), FORWARD_FUTURE_TYPE)
+    return HostResource(ctx.tables.futures.add(call, future), FORWARD_FUTURE_TYPE)
 
 
-def ready(ctx: BindingContext, store: Any, handle: Any) -> bool:
-    return _entry(ctx, store, handle, "forward-future.ready").future.done()
+def ready(ctx: BindingContext, store: Any, future_rep: int) -> bool:
+    return _entry(ctx, future_rep, "forward-future.ready").future.done()
 
 
-def get(ctx: BindingContext, store: Any, handle: Any) -> list | str:
+def get(ctx: BindingContext, store: Any, future_rep: int) -> list | str:
     """result<list<output>>: tokens as ints, distributions as records (untagged)."""
-    outputs = _outputs(ctx, store, handle, "forward-future.get")
+    outputs = _outputs(ctx, future_rep, "forward-future.get")
     if isinstance(outputs, str):
         return outputs
     if any(not isinstance(o, (int, Distribution)) for o in outputs):
@@ -95,15 +96,15 @@ def get(ctx: BindingContext, store: Any, handle: Any) -> list | str:
     return [int(o) if isinstance(o, int) else _distribution(o) for o in outputs]
 
 
-def get_sampled(ctx: BindingContext, store: Any, handle: Any) -> list | str:
+def get_sampled(ctx: BindingContext, store: Any, future_rep: int) -> list | str:
     """result<list<sampled>>: every kind of output (a tagged variant)."""
-    outputs = _outputs(ctx, store, handle, "forward-future.get-sampled")
+    outputs = _outputs(ctx, future_rep, "forward-future.get-sampled")
     return outputs if isinstance(outputs, str) else [_lower_sampled(o) for o in outputs]
 
 
-def _outputs(ctx: BindingContext, store: Any, handle: Any, call: str) -> tuple | str:
+def _outputs(ctx: BindingContext, future_rep: int, call: str) -> tuple | str:
     """The pass's outputs (engine objects), or the err text; waits once, then remembers."""
-    entry = _entry(ctx, store, handle, call)
+    entry = _entry(ctx, future_rep, call)
     if entry.result is None:
         try:
             result: ForwardResult = ctx.wait_future(entry.future, call)
@@ -120,8 +121,8 @@ def drop(ctx: BindingContext, rep: int) -> None:
     ctx.tables.futures.drop(rep)
 
 
-def _entry(ctx: BindingContext, store: Any, handle: Any, call: str) -> ForwardFutureEntry:
-    return ctx.tables.futures.get(call, handle.to_host(store).rep)
+def _entry(ctx: BindingContext, future_rep: int, call: str) -> ForwardFutureEntry:
+    return ctx.tables.futures.get(call, future_rep)
 
 
 def _spec(ctx: BindingContext, call: str, index: int, sampler: Record,

@@ -13,6 +13,10 @@ per program (keyed by its sha256 hash, taken from the instance the calling threa
 a host function is called with comes from the importing component, so a guest that imports a
 name with another signature gets converters built from its own signature, never another
 program's. A call on a thread without an instance converts without caching.
+
+With the C extension built (host/sandbox/wit_codec.py), the values themselves are converted in C
+from descriptors kept beside those types; wasmtime-py's converters remain for the types it does
+not take (resources, flags, list<u8>) and for every value when it is not built.
 """
 from __future__ import annotations
 
@@ -22,16 +26,17 @@ from typing import Any, Callable
 
 from wasmtime import WasmtimeError
 from wasmtime import _ffi as ffi
-from wasmtime.component import _linker
+from wasmtime.component import ResourceHost, _linker
 from wasmtime.component._types import (F32, F64, S8, S16, S32, S64, U8, U16, U32, U64, FuncType,
                                        ListType, OptionType, Record, RecordType, ResultType,
                                        ValType, VariantType)
 
 from host.sandbox.wasmtime_fix import case_classes, lower_variant
+from host.sandbox.wit_codec import HostResource, descriptor, is_resource, load_codec
 
-__all__ = ["add_host_function", "freeze_type", "host_call"]
+__all__ = ["add_host_function", "freeze_type", "host_call", "Signature"]
 
-Signature = tuple[tuple[ValType, ...], "ValType | None"]
+_CODEC = load_codec()     # None: every value converts in Python
 
 
 # Numbers: lifted straight from the union field, and nothing to free or reset afterwards.
@@ -180,6 +185,47 @@ def freeze_type(ty: ValType | None) -> ValType | None:
     return ty
 
 
+class Signature:
+    """A host function's frozen parameter / result types and, with the C codec, their
+    descriptors (None: that value converts in Python). Either way a resource argument is lifted
+    to its host rep and a HostResource result is handed to the guest as an owned resource."""
+
+    __slots__ = ("param_types", "result_type", "param_descs", "python_params", "resource_params",
+                 "result_desc")
+
+    def __init__(self, param_types: tuple[ValType, ...], result_type: ValType | None) -> None:
+        self.param_types = param_types
+        self.result_type = result_type
+        descs = tuple(descriptor(ty) for ty in param_types) if _CODEC and param_types else None
+        self.param_descs = descs
+        self.python_params = [i for i, desc in enumerate(descs or ()) if desc is None]
+        self.resource_params = [i for i, ty in enumerate(param_types) if is_resource(ty)]
+        self.result_desc = descriptor(result_type) if _CODEC else None
+
+    def lift(self, store: Any, args: Any) -> list:
+        """The arguments as Python values."""
+        if self.param_descs is None:
+            values = [ty.convert_from_c(args[i]) for i, ty in enumerate(self.param_types)]
+            for i in self.resource_params:
+                values[i] = values[i].to_host(store).rep
+            return values
+        values = _CODEC.lift_args(ctypes.cast(args, ctypes.c_void_p).value, self.param_descs,
+                                  ctypes.cast(store._context(), ctypes.c_void_p).value)
+        for i in self.python_params:
+            values[i] = self.param_types[i].convert_from_c(args[i])
+        return values
+
+    def lower(self, store: Any, value: Any, results: Any) -> None:
+        """Write the result (the function has one)."""
+        if self.result_desc is not None:
+            _CODEC.lower(value, self.result_desc, ctypes.cast(results, ctypes.c_void_p).value,
+                         ctypes.cast(store._context(), ctypes.c_void_p).value)
+            return
+        if isinstance(value, HostResource):
+            value = ResourceHost.own(value.rep, value.type_id)
+        self.result_type.convert_to_c(store, value, results)
+
+
 class _HostEntry:
     """What the callback finds under its handle: the function and its signatures per program."""
 
@@ -196,8 +242,8 @@ class _HostEntry:
         signature = self.signatures.get(key) if key is not None else None
         if signature is None:
             with FuncType._from_ptr(ty_raw, owner=store) as func_type:
-                signature = (tuple(freeze_type(ty) for _, ty in func_type.params),
-                             freeze_type(func_type.result))
+                signature = Signature(tuple(freeze_type(ty) for _, ty in func_type.params),
+                                      freeze_type(func_type.result))
             if key is not None:
                 self.signatures[key] = signature
         return signature
@@ -208,14 +254,14 @@ def host_call(idx, context, ty_raw, args, nargs, results, nresults):  # type: ig
     convert its arguments, call it, convert its result."""
     def run(store: Any) -> None:
         entry: _HostEntry = _linker.FUNCTIONS.get(idx or 0)
-        param_types, result_type = entry.signature(ty_raw, store)
-        if len(param_types) != nargs or nresults != (0 if result_type is None else 1):
+        signature = entry.signature(ty_raw, store)
+        result_type = signature.result_type
+        if len(signature.param_types) != nargs or nresults != (0 if result_type is None else 1):
             raise WasmtimeError(f"host function called with {nargs} arguments / {nresults} "
-                                f"results for a signature of {len(param_types)}")
-        value = entry.func(store, *[ty.convert_from_c(args[i])
-                                    for i, ty in enumerate(param_types)])
+                                f"results for a signature of {len(signature.param_types)}")
+        value = entry.func(store, *signature.lift(store, args))
         if result_type is not None:
-            result_type.convert_to_c(store, value, results)
+            signature.lower(store, value, results)
     return _linker.catch_exceptions(context, run)
 
 
