@@ -202,24 +202,22 @@ class Signature:
         self.resource_params = [i for i, ty in enumerate(param_types) if is_resource(ty)]
         self.result_desc = descriptor(result_type) if _CODEC else None
 
-    def lift(self, store: Any, args: Any) -> list:
-        """The arguments as Python values."""
+    def lift(self, store: Any, context: Any, args: Any) -> list:
+        """The arguments as Python values (`context`, `args`: the callback's C pointers)."""
         if self.param_descs is None:
             values = [ty.convert_from_c(args[i]) for i, ty in enumerate(self.param_types)]
             for i in self.resource_params:
                 values[i] = values[i].to_host(store).rep
             return values
-        values = _CODEC.lift_args(ctypes.cast(args, ctypes.c_void_p).value, self.param_descs,
-                                  ctypes.cast(store._context(), ctypes.c_void_p).value)
+        values = _CODEC.lift_args(args, self.param_descs, context)
         for i in self.python_params:
             values[i] = self.param_types[i].convert_from_c(args[i])
         return values
 
-    def lower(self, store: Any, value: Any, results: Any) -> None:
+    def lower(self, store: Any, context: Any, value: Any, results: Any) -> None:
         """Write the result (the function has one)."""
         if self.result_desc is not None:
-            _CODEC.lower(value, self.result_desc, ctypes.cast(results, ctypes.c_void_p).value,
-                         ctypes.cast(store._context(), ctypes.c_void_p).value)
+            _CODEC.lower(value, self.result_desc, results, context)
             return
         if isinstance(value, HostResource):
             value = ResourceHost.own(value.rep, value.type_id)
@@ -259,9 +257,9 @@ def host_call(idx, context, ty_raw, args, nargs, results, nresults):  # type: ig
         if len(signature.param_types) != nargs or nresults != (0 if result_type is None else 1):
             raise WasmtimeError(f"host function called with {nargs} arguments / {nresults} "
                                 f"results for a signature of {len(signature.param_types)}")
-        value = entry.func(store, *signature.lift(store, args))
+        value = entry.func(store, *signature.lift(store, context, args))
         if result_type is not None:
-            signature.lower(store, value, results)
+            signature.lower(store, context, value, results)
     return _linker.catch_exceptions(context, run)
 
 

@@ -45,6 +45,22 @@ static const api_t *ready_api(PyObject *module) {
     return &state->api;
 }
 
+/* An address given as an int, or as a ctypes pointer object (its buffer holds the pointer: read
+ * here without the cost of ctypes.cast). NULL stays NULL. */
+static int address_of(PyObject *object, void **out) {
+    if (PyLong_Check(object)) {
+        *out = PyLong_AsVoidPtr(object);
+        return PyErr_Occurred() ? 0 : 1;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(object, &view, PyBUF_SIMPLE) < 0) return 0;
+    int ok = view.len == (Py_ssize_t)sizeof(void *);
+    if (ok) memcpy(out, view.buf, sizeof(void *));
+    else PyErr_SetString(PyExc_TypeError, "expected an address or a ctypes pointer");
+    PyBuffer_Release(&view);
+    return ok;
+}
+
 static PyObject *py_init(PyObject *module, PyObject *args) {
     module_state *state = state_of(module);
     unsigned long long fns[11];
@@ -75,23 +91,24 @@ static PyObject *py_init(PyObject *module, PyObject *args) {
 }
 
 static PyObject *py_lift(PyObject *module, PyObject *args) {
-    unsigned long long address, context = 0;
+    void *address, *context = NULL;
     PyObject *desc;
-    if (!PyArg_ParseTuple(args, "KO!|K", &address, &PyTuple_Type, &desc, &context)) return NULL;
+    if (!PyArg_ParseTuple(args, "O&O!|O&", address_of, &address, &PyTuple_Type, &desc,
+                          address_of, &context))
+        return NULL;
     const api_t *api = ready_api(module);
-    return api == NULL ? NULL : wit_lift(api, (void *)(uintptr_t)context,
-                                     (const val *)(uintptr_t)address, desc);
+    return api == NULL ? NULL : wit_lift(api, context, (const val *)address, desc);
 }
 
 static PyObject *py_lift_args(PyObject *module, PyObject *args) {
-    unsigned long long address, context_address;
+    void *address, *context;
     PyObject *descs;
-    if (!PyArg_ParseTuple(args, "KO!K", &address, &PyTuple_Type, &descs, &context_address))
+    if (!PyArg_ParseTuple(args, "O&O!O&", address_of, &address, &PyTuple_Type, &descs,
+                          address_of, &context))
         return NULL;
-    void *context = (void *)(uintptr_t)context_address;
     const api_t *api = ready_api(module);
     if (api == NULL) return NULL;
-    const val *values = (const val *)(uintptr_t)address;
+    const val *values = (const val *)address;
     Py_ssize_t count = PyTuple_GET_SIZE(descs);
     PyObject *out = PyList_New(count);
     for (Py_ssize_t i = 0; out != NULL && i < count; i++) {
@@ -105,14 +122,13 @@ static PyObject *py_lift_args(PyObject *module, PyObject *args) {
 }
 
 static PyObject *py_lower(PyObject *module, PyObject *args) {
-    unsigned long long address, context = 0;
+    void *address, *context = NULL;
     PyObject *value, *desc;
-    if (!PyArg_ParseTuple(args, "OO!K|K", &value, &PyTuple_Type, &desc, &address, &context))
+    if (!PyArg_ParseTuple(args, "OO!O&|O&", &value, &PyTuple_Type, &desc, address_of, &address,
+                          address_of, &context))
         return NULL;
     const api_t *api = ready_api(module);
-    if (api == NULL || wit_lower(api, (void *)(uintptr_t)context, value, desc,
-                             (val *)(uintptr_t)address) < 0)
-        return NULL;
+    if (api == NULL || wit_lower(api, context, value, desc, (val *)address) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -135,7 +151,8 @@ static PyMethodDef methods[] = {
     {"lift", py_lift, METH_VARARGS,
      "lift(address, desc, context=0) -> the value at address (read only)."},
     {"lift_args", py_lift_args, METH_VARARGS, "lift_args(address, descs, context) -> list: "
-     "argument i lifted by descs[i] (None: left None). context: the store's wasmtime_context_t."},
+     "argument i lifted by descs[i] (None: left None). context: the store's wasmtime_context_t. "
+     "Addresses are ints or ctypes pointers."},
     {"lower", py_lower, METH_VARARGS,
      "lower(value, desc, address, context=0): write the value there."},
     {"layout", py_layout, METH_NOARGS, "sizes and offsets of the structs, as compiled."},
