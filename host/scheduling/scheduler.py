@@ -1,7 +1,7 @@
 """BatchScheduler: the engine thread, and the rules that form batches.
 
-What goes in a batch: each queue contributes at most its head pass. Queues are taken fairly
-(host/scheduling/fairness.py): the group (tenant) and then the owner (instance) served the fewest
+What goes in a batch (host/scheduling/forming.py): each queue contributes at most its head pass.
+Queues are taken fairly (host/scheduling/fairness.py): the group (tenant) and then the owner (instance) served the fewest
 tokens first, and only among one owner's queues by priority (high, normal, low), oldest head
 first, until the batch holds max_batch_tokens (a pass larger than that still runs, alone, when it
 is the only owner's work). When more than one owner has work, no owner puts more than
@@ -33,7 +33,6 @@ and the scheduler goes on; a RequestError fails the pass it names alone (engine_
 """
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 import threading
@@ -47,7 +46,8 @@ from engine.protocol import EngineLike
 from host.errors import Cancelled
 from host.scheduling.engine_calls import resolve, run_forward
 from host.scheduling.fairness import FairShares
-from host.scheduling.items import Item as _Item, Taken as _Taken, owner_of as _owner
+from host.scheduling.forming import take_batch
+from host.scheduling.items import Item as _Item, owner_of as _owner
 from host.scheduling.types import PRIORITIES, SchedulerPolicy, SchedulerStats, SubmissionFuture
 from host.scheduling.work import PreparedCopy, PreparedForward
 
@@ -282,56 +282,12 @@ class BatchScheduler:
         self._counts["holds"] += bool(self._expected)
 
     def _take_batch(self) -> tuple[list[_Item], list[_Item]]:
-        """Under the lock: apply the rule. Returns (copy items, forward items) in run order."""
-        copy_items: list[_Item] = []
-        forward_items: list[_Item] = []
-        owners = {_owner(key) for key in self._queues}
-        self._fair.settle(owners)
-        taken = _Taken(self.policy.max_batch_tokens, len(owners) > 1)
-        tie = itertools.count()
-        heap = [(self._head_key(queue), next(tie), key) for key, queue in self._queues.items()]
-        heapq.heapify(heap)
-        while heap:
-            stored, _, key = heapq.heappop(heap)
-            queue = self._queues[key]
-            current = self._head_key(queue)
-            if current > stored and not taken.full:      # its owner was served meanwhile
-                heapq.heappush(heap, (current, next(tie), key))
-                continue
-            while queue and queue[0].request is None:
-                copy_items.append(queue.popleft())
-            if queue and not taken.full:
-                item = self._take_forward(queue, taken)
-                if item is not None:
-                    forward_items.append(item)
-                    self._fair.charge(_owner(key), item.num_tokens)
-            if not queue:
-                del self._queues[key]
+        """Under the lock: apply the rule (host/scheduling/forming.py). Returns (copy items,
+        forward items) in run order."""
+        copy_items, forward_items = take_batch(self._queues, self._fair, self.policy,
+                                               self.engine.page_size)
         self._num_pending -= len(copy_items) + sum(item.parent is None for item in forward_items)
         return copy_items, forward_items
-
-    def _head_key(self, queue: deque[_Item]) -> tuple:
-        head = queue[0]
-        return (*self._fair.key(_owner(head.queue_key)), head.rank, head.order)
-
-    def _take_forward(self, queue: deque[_Item], taken: "_Taken") -> _Item | None:
-        """The head pass; a chunk of it when others have work and it is longer than
-        max_tokens_per_owner (the rest stays at the head); or None (see the module doc)."""
-        head = queue[0]
-        owner = _owner(head.queue_key)
-        max_per_owner = self.policy.max_tokens_per_owner
-        batch_room, owner_room = taken.room(owner, max_per_owner)
-        if head.num_tokens <= owner_room or not taken.num_tokens and not taken.contended:
-            item = queue.popleft()
-        elif taken.contended and head.num_tokens > max_per_owner and owner_room > 0:
-            item = head.split(owner_room, self.engine.page_size)
-        elif taken.contended and owner_room < batch_room:
-            return None                                 # this owner's share of the batch is used
-        else:
-            taken.full = True
-            return None
-        taken.add(owner, item.num_tokens)
-        return item
 
     def _run_batch(self, copy_items: list[_Item], forward_items: list[_Item]) -> None:
         items = copy_items + forward_items
