@@ -16,7 +16,9 @@ program's. A call on a thread without an instance converts without caching.
 
 With the C extension built (host/sandbox/wit_codec.py), the values themselves are converted in C
 from descriptors kept beside those types; wasmtime-py's converters remain for the types it does
-not take (resources, flags, list<u8>) and for every value when it is not built.
+not take (flags, list<u8>, resources inside other values) and for every value when it is not
+built. Either way a resource argument reaches the binding as its host rep (an int, looked up in
+the calling instance's own table) and a binding returns an owned resource as a HostResource.
 """
 from __future__ import annotations
 
