@@ -108,6 +108,8 @@ static PyObject *lift_variant(const api_t *api, void *context, const val *v, PyO
 
 /* A resource argument (own or borrow of a host resource): its rep, as an int. */
 static PyObject *lift_resource(const api_t *api, void *context, const val *v) {
+    if (context == NULL)
+        return PyErr_Format(PyExc_ValueError, "lifting a resource needs the store's context");
     resource_host *host = NULL;
     wasmtime_error *error = api->any_to_host(context, v->of.resource, &host);
     if (error != NULL) {

@@ -13,6 +13,10 @@ static int set_bytes(const api_t *api, PyObject *text, byte_vec *out) {
 }
 
 static int lower_int(PyObject *value, long kind, val *out) {
+    if (kind < K_S8 || kind > K_U64) {
+        PyErr_Format(PyExc_ValueError, "no integer kind %ld", kind);
+        return -1;
+    }
     if (!PyLong_Check(value)) { PyErr_SetString(PyExc_TypeError, "expected int"); return -1; }
     if (kind == K_U64) {
         unsigned long long u = PyLong_AsUnsignedLongLong(value);
@@ -109,12 +113,24 @@ static int lower_record(const api_t *api, void *context, PyObject *value, PyObje
     val holder = {.kind = K_RECORD};
     api->valrecord_new_uninit(&holder.of.record, (size_t)size);
     if (size) memset(holder.of.record.data, 0, sizeof(record_entry) * (size_t)size);
+    int failed = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {     /* every name first: a delete sees whole names */
+        byte_vec *name = &holder.of.record.data[i].name;
+        if (failed || set_bytes(api, PyTuple_GET_ITEM(names, i), name) < 0) {
+            if (!failed) PyErr_Clear();        /* names come from the descriptor: never here */
+            failed = 1;
+            api->byte_vec_new(name, 0, "");
+        }
+    }
+    if (failed) {
+        api->val_delete(&holder);
+        PyErr_SetString(PyExc_MemoryError, "a record's field names could not be allocated");
+        return -1;
+    }
     for (Py_ssize_t i = 0; i < size; i++) {
-        record_entry *entry = &holder.of.record.data[i];
         PyObject *field = PyObject_GetAttr(value, PyTuple_GET_ITEM(names, i));
-        int failed = field == NULL || set_bytes(api, PyTuple_GET_ITEM(names, i), &entry->name) < 0
-                     || wit_lower(api, context, field, PyTuple_GET_ITEM(fields, i),
-                                  &entry->value) < 0;
+        failed = field == NULL || wit_lower(api, context, field, PyTuple_GET_ITEM(fields, i),
+                                            &holder.of.record.data[i].value) < 0;
         Py_XDECREF(field);
         if (failed) { api->val_delete(&holder); return -1; }
     }
@@ -195,6 +211,10 @@ static int lower_resource(const api_t *api, void *context, PyObject *value, val 
     if (PyErr_Occurred()) return -1;
     if (rep > UINT32_MAX || type > UINT32_MAX) {
         PyErr_SetString(PyExc_OverflowError, "resource rep or type id above 2**32 - 1");
+        return -1;
+    }
+    if (context == NULL) {
+        PyErr_SetString(PyExc_ValueError, "lowering a resource needs the store's context");
         return -1;
     }
     resource_host *host = api->host_new(true, (uint32_t)rep, (uint32_t)type);

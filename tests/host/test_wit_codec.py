@@ -15,7 +15,7 @@ from wasmtime.component._types import F32, S64, U32, U64, Record, String, Varian
 from host.sandbox.fast_calls import _FrozenList, _FrozenOption, _FrozenRecord, _FrozenResult, \
     _FrozenVariant
 from host.sandbox import fast_calls
-from host.sandbox.wit_codec import descriptor, layout_matches, load_codec
+from host.sandbox.wit_codec import HostResource, descriptor, layout_matches, load_codec
 from tests.host.components import components, make_runtime, program_cache_dir  # noqa: F401
 from tests.host.fake_engine import FakeEngine
 
@@ -144,3 +144,10 @@ def test_host_calls_work_with_and_without_the_codec(with_codec, components, make
     assert engine.statistics().num_batches == 20
     if with_codec:      # 20 x (submit + get), plus the setup calls
         assert counting.num_lifts >= 40 and counting.num_lowers >= 20
+
+
+def test_a_resource_needs_the_store_context() -> None:
+    raw = ffi.wasmtime_component_val_t()
+    with pytest.raises(ValueError, match="needs the store's context"):
+        CODEC.lower(HostResource(1, 1), (21,), ctypes.addressof(raw))
+    assert raw.kind == ffi.WASMTIME_COMPONENT_BOOL.value
