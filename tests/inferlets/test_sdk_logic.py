@@ -142,3 +142,23 @@ def test_generation_reopens_the_last_token_of_a_computed_context(sdk):
     ctx.token_ids, ctx.pending_token_ids = [7, 9], []   # e.g. a fresh fork: all computed
     Generation(ctx, 4)
     assert ctx.pending_token_ids == [9]
+
+
+def test_text_stream_decodes_once_a_token_and_matches_a_whole_decode(sdk, monkeypatch):
+    """Random byte tokens, multibyte characters split anywhere: the deltas join to the whole
+    text, and the host is asked ~1.1 times a token (was 2)."""
+    import random
+
+    from inferlet import text
+    calls = []
+
+    def counting_decode(token_ids) -> str:
+        calls.append(len(token_ids))
+        return bytes(token_ids).decode("utf-8", errors="replace")
+    monkeypatch.setattr(text, "decode", counting_decode)
+    rng = random.Random(7)
+    data = "".join(rng.choice(["a", " ", "é", "€", "😀", "\n", "xyz"]) for _ in range(300)).encode()
+    stream = text.TextStream(("\n\nQ",))
+    deltas = "".join(stream.push(b) for b in data) + stream.finish()
+    assert deltas == stream.text == data.decode()
+    assert len(calls) <= 1.2 * len(data) and max(calls) <= 8 + 3    # window + a held character

@@ -3,6 +3,9 @@
 Decoding the whole generation after every token would cost O(n^2) host list traffic; instead
 `TextStream` decodes a short window (the HF TextStreamer scheme: text is emitted once it no longer
 ends in an incomplete UTF-8 sequence) and holds back text that could still become a stop string.
+The window's text is kept from one token to the next, so a token costs one `decode` host call;
+every _MAX_WINDOW tokens the window restarts at the last token (kept as context) and one more
+call decodes that token alone.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from inferlet.model import decode
 __all__ = ["TextStream"]
 
 _INCOMPLETE = "\ufffd"   # what a partial UTF-8 sequence decodes to
+_MAX_WINDOW = 8          # tokens a window spans before it restarts
 
 
 class TextStream:
@@ -22,6 +26,7 @@ class TextStream:
         self._token_ids: list[int] = []
         self._prefix_offset = 0      # window start: tokens before it are decoded for good
         self._read_offset = 0        # tokens up to here are already part of `text`
+        self._window_text = ""       # decode(token ids [prefix_offset, read_offset))
         self.text = ""               # decoded text so far (cut at a stop string once found)
         self._num_emitted = 0        # characters of `text` already returned as deltas
         self.stopped = False         # a stop string was found
@@ -29,15 +34,16 @@ class TextStream:
     def push(self, token_id: int) -> str:
         """Add a generated token; return the text that is now final (may be "")."""
         self._token_ids.append(token_id)
-        window_ids = self._token_ids[self._prefix_offset:]
-        new_text = decode(window_ids)
+        new_text = decode(self._token_ids[self._prefix_offset:])
         if new_text.endswith(_INCOMPLETE):
             return ""
-        old_text = decode(self._token_ids[self._prefix_offset:self._read_offset])
         search_from = max(0, len(self.text) - self._holdback)
-        self.text += new_text[len(old_text):]
-        self._prefix_offset = self._read_offset
+        self.text += new_text[len(self._window_text):]
         self._read_offset = len(self._token_ids)
+        self._window_text = new_text
+        if self._read_offset - self._prefix_offset >= _MAX_WINDOW:
+            self._prefix_offset = self._read_offset - 1
+            self._window_text = decode(self._token_ids[self._prefix_offset:])
         self._find_stop(search_from)
         return self._take(final=self.stopped)
 
