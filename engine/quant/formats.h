@@ -94,8 +94,9 @@ dot_rows_fn dot_rows_scalar(int qtype);
 void dequantize_rows(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, float *out);
 
 /* interleaved.c: src rows of Q4_0 / Q4_1 / Q8_0 (num_rows a multiple of 8) -> the _X8 layout in dst
- * (as many bytes), groups shared over num_threads threads; 0, or -1 for another type or row count. Scalar kernels and dequantization of
- * the _X8 types (dot_rows_scalar / dequantize_rows dispatch to them). */
+ * (as many bytes), groups shared over num_threads threads; 0, or -1 for another type or row
+ * count. Scalar kernels and dequantization of the _X8 types (dot_rows_scalar / dequantize_rows
+ * dispatch to them). */
 int interleave_rows(int qtype, const uint8_t *src, int64_t num_rows, int64_t k, uint8_t *dst,
                     int num_threads);
 dot_rows_fn dot_rows_x8_scalar(int qtype);

@@ -113,24 +113,18 @@ static int lower_record(const api_t *api, void *context, PyObject *value, PyObje
     val holder = {.kind = K_RECORD};
     api->valrecord_new_uninit(&holder.of.record, (size_t)size);
     if (size) memset(holder.of.record.data, 0, sizeof(record_entry) * (size_t)size);
-    int failed = 0;
     for (Py_ssize_t i = 0; i < size; i++) {     /* every name first: a delete sees whole names */
-        byte_vec *name = &holder.of.record.data[i].name;
-        if (failed || set_bytes(api, PyTuple_GET_ITEM(names, i), name) < 0) {
-            if (!failed) PyErr_Clear();        /* names come from the descriptor: never here */
-            failed = 1;
-            api->byte_vec_new(name, 0, "");
+        if (set_bytes(api, PyTuple_GET_ITEM(names, i), &holder.of.record.data[i].name) < 0) {
+            for (Py_ssize_t j = i; j < size; j++)
+                api->byte_vec_new(&holder.of.record.data[j].name, 0, "");
+            api->val_delete(&holder);
+            return -1;
         }
-    }
-    if (failed) {
-        api->val_delete(&holder);
-        PyErr_SetString(PyExc_MemoryError, "a record's field names could not be allocated");
-        return -1;
     }
     for (Py_ssize_t i = 0; i < size; i++) {
         PyObject *field = PyObject_GetAttr(value, PyTuple_GET_ITEM(names, i));
-        failed = field == NULL || wit_lower(api, context, field, PyTuple_GET_ITEM(fields, i),
-                                            &holder.of.record.data[i].value) < 0;
+        int failed = field == NULL || wit_lower(api, context, field, PyTuple_GET_ITEM(fields, i),
+                                                &holder.of.record.data[i].value) < 0;
         Py_XDECREF(field);
         if (failed) { api->val_delete(&holder); return -1; }
     }

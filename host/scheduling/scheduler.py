@@ -1,13 +1,13 @@
 """BatchScheduler: the engine thread, and the rules that form batches.
 
 What goes in a batch (host/scheduling/forming.py): each queue contributes at most its head pass.
-Queues are taken fairly (host/scheduling/fairness.py): the group (tenant) and then the owner (instance) served the fewest
-tokens first, and only among one owner's queues by priority (high, normal, low), oldest head
-first, until the batch holds max_batch_tokens (a pass larger than that still runs, alone, when it
-is the only owner's work). When more than one owner has work, no owner puts more than
-max_tokens_per_owner tokens into a batch: a longer pass runs in chunks across batches
-(host/scheduling/chunking.py; same results, its future resolves once the last chunk has run).
-Copies queued before a queue's head pass (kv.copy-tokens) and the copy-on-write copies of the
+Queues are taken fairly (host/scheduling/fairness.py): the group (tenant) and then the owner
+(instance) served the fewest tokens first, and only among one owner's queues by priority (high,
+normal, low), oldest head first, until the batch holds max_batch_tokens (a pass larger than that
+still runs, alone, when it is the only owner's work). When more than one owner has work, no owner
+puts more than max_tokens_per_owner tokens into a batch: a longer pass runs in chunks across
+batches (host/scheduling/chunking.py; same results, its future resolves once the last chunk has
+run). Copies queued before a queue's head pass (kv.copy-tokens) and the copy-on-write copies of the
 chosen passes run on the engine thread, in that order, right before the batch's forward.
 
 When a batch fires -- "adaptive": as soon as the engine is idle and anything is pending, except

@@ -25,8 +25,7 @@ class TextStream:
         self._holdback = max((len(s) for s in self._stop_strings), default=1) - 1
         self._token_ids: list[int] = []
         self._prefix_offset = 0      # window start: tokens before it are decoded for good
-        self._read_offset = 0        # tokens up to here are already part of `text`
-        self._window_text = ""       # decode(token ids [prefix_offset, read_offset))
+        self._window_text = ""       # decode(token ids from prefix_offset up to the last in `text`)
         self.text = ""               # decoded text so far (cut at a stop string once found)
         self._num_emitted = 0        # characters of `text` already returned as deltas
         self.stopped = False         # a stop string was found
@@ -39,10 +38,9 @@ class TextStream:
             return ""
         search_from = max(0, len(self.text) - self._holdback)
         self.text += new_text[len(self._window_text):]
-        self._read_offset = len(self._token_ids)
         self._window_text = new_text
-        if self._read_offset - self._prefix_offset >= _MAX_WINDOW:
-            self._prefix_offset = self._read_offset - 1
+        if len(self._token_ids) - self._prefix_offset >= _MAX_WINDOW:
+            self._prefix_offset = len(self._token_ids) - 1
             self._window_text = decode(self._token_ids[self._prefix_offset:])
         self._find_stop(search_from)
         return self._take(final=self.stopped)
