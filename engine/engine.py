@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from contextlib import nullcontext
+from typing import Any, ContextManager, Sequence
 
 import torch
 
@@ -94,8 +95,9 @@ class Engine:
                            vocab_size=self.model_config.vocab_size,
                            max_position=self.model_config.max_position)
             return []
-        logits = self.logits(batch)                                        # [num_outputs, vocab]
-        results = sample_batch(self.sampler, logits, batch)
+        with self._threads_for(batch):       # sampling too: see BatchPlanner.kernels_own_the_threads
+            logits = self.logits(batch)                                    # [num_outputs, vocab]
+            results = sample_batch(self.sampler, logits, batch)
         self._count(batch, sum(len(o.token_ids) if isinstance(o, Verified) else 1
                                for result in results for o in result.outputs))
         return results
@@ -112,6 +114,11 @@ class Engine:
         if table.num_tokens >= LARGE_BATCH_TOKENS:
             release_freed_memory()      # a prefill's activations: hand them back, RSS stays low
         return logits
+
+    def _threads_for(self, batch: ForwardBatch) -> ContextManager[None]:
+        """The thread split of a pass: torch on one thread while the block kernels run it."""
+        planner = self.model.planner
+        return nullcontext() if planner is None else planner.threads_for(batch.num_tokens)
 
     def copy_tokens(self, copies: Sequence[TokenCopy]) -> None:
         """Copy K/V token slots between pages (all layers); ValueError naming the copy if bad."""

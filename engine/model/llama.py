@@ -191,12 +191,12 @@ class LlamaModel:
         """Run the batch, write its K/V into the pool, return float32 logits [num_outputs, vocab].
 
         `attention` must already be planned for `table`. In quantized mode a pass short enough
-        for some block kernel gives the threads to them (BatchPlanner.kernels_own_the_threads).
+        for some block kernel gives the threads to them (BatchPlanner.threads_for).
         """
-        if self.planner is not None and table.num_tokens <= self.planner.max_block_rows():
-            with self.planner.kernels_own_the_threads():
-                return self._forward(table, kv_cache, attention)
-        return self._forward(table, kv_cache, attention)
+        if self.planner is None:
+            return self._forward(table, kv_cache, attention)
+        with self.planner.threads_for(table.num_tokens):
+            return self._forward(table, kv_cache, attention)
 
     @torch.inference_mode()
     def _forward(self, table: PageTable, kv_cache: KVCache, attention) -> torch.Tensor:

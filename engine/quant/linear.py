@@ -9,8 +9,8 @@ a dequantized copy of its weight.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
-from typing import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import ContextManager, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -43,13 +43,16 @@ class BatchPlanner:
     @contextmanager
     def kernels_own_the_threads(self) -> Iterator[None]:
         """For a pass whose matmuls run on the block kernels, all or some (decode, short
-        prefills): torch's own ops (norms, RoPE, attention, the GEMM of weights whose limit is
-        lower: small at these sizes) run on one thread, and the kernels on torch's thread count. Two thread pools on the same cores otherwise fight:
-        torch's OpenMP workers spin after each op while the kernels' workers wait for a core
-        (2-core AVX2 machine, busy: 115-156 ms per decode step instead of 12). Restores torch's
-        thread count on exit. Forward passes run one at a time, so no other torch work sees it."""
+        prefills): torch's own ops (norms, RoPE, attention, sampling, the GEMM of weights whose
+        limit is lower: small at these sizes) run on one thread, and the kernels on torch's thread
+        count. Two thread pools on the same cores otherwise fight: torch's OpenMP workers spin for
+        milliseconds after each op while the kernels' workers wait for a core (2-core AVX2
+        machine, busy: 115-156 ms per decode step instead of 12; idle, decode at 8 requests:
+        ~21 ms a step when sampling's argmax ran on two threads, ~17.5 ms on one). Restores
+        torch's thread count on exit; re-entrant (an inner use keeps the outer one's count).
+        Forward passes run one at a time, so no other torch work sees it."""
         num_threads = torch.get_num_threads()
-        if num_threads <= 1:
+        if num_threads <= 1 or self.num_kernel_threads is not None:
             yield
             return
         self.num_kernel_threads = num_threads
@@ -59,6 +62,13 @@ class BatchPlanner:
         finally:
             torch.set_num_threads(num_threads)
             self.num_kernel_threads = None
+
+    def threads_for(self, num_tokens: int) -> ContextManager[None]:
+        """kernels_own_the_threads() for a pass of num_tokens rows short enough for some block
+        kernel; a no-op context for a longer one (its GEMMs want torch's threads)."""
+        if num_tokens <= self.max_block_rows():
+            return self.kernels_own_the_threads()
+        return nullcontext()
 
     def block_rows_limit(self, weight: QuantizedTensor) -> int:
         """Batches of at most this many rows use the block kernel for weights of this shape."""

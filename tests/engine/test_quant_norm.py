@@ -64,3 +64,22 @@ def test_a_decode_sized_pass_gives_the_threads_to_the_kernels() -> None:
         assert torch.get_num_threads() == 2 and planner.num_kernel_threads is None
     finally:
         torch.set_num_threads(before)
+
+
+def test_threads_for_is_reentrant_and_leaves_long_passes_alone() -> None:
+    planner = BatchPlanner(fixed_block_rows=16)
+    blocks = random_blocks(Q.Q4_1, 64, 256, seed=4)
+    QuantizedLinear(QuantizedTensor(torch.from_numpy(blocks), Q.Q4_1, 256), planner)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with planner.threads_for(16):
+            with planner.threads_for(3):                 # nested: the outer split holds
+                inner = (torch.get_num_threads(), planner.num_kernel_threads)
+            after_inner = (torch.get_num_threads(), planner.num_kernel_threads)
+        assert inner == (1, 2) and after_inner == (1, 2)
+        assert torch.get_num_threads() == 2 and planner.num_kernel_threads is None
+        with planner.threads_for(17):                    # longer than any block kernel takes
+            assert (torch.get_num_threads(), planner.num_kernel_threads) == (2, None)
+    finally:
+        torch.set_num_threads(before)
