@@ -61,16 +61,17 @@ class Engine:
         choice = choose_device(config)
         self.config = config
         self.device = choice.device
-        self.dtype_choice = choose_dtype(config.dtype, self.device)
+        self.dtype_choice = choose_dtype(config.dtype, self.device, config.kv_dtype)
         self.dtype = self.dtype_choice.dtype
         self.model_config = model_config
         self.model_name = model_config.name
         self.tokenizer = tokenizer
         self.page_size = config.page_size
-        self.num_pages = num_pages_for(model_config, config, self.dtype)
+        self.num_pages = num_pages_for(model_config, config, self.dtype_choice.kv_cache_dtype)
         self.model = LlamaModel(model_config, weights, self.dtype, self.device, int4_decode,
                                 planner)
-        self.kv_cache = KVCache(model_config, self.num_pages, self.page_size, self.dtype, self.device)
+        self.kv_cache = KVCache(model_config, self.num_pages, self.page_size,
+                                self.dtype_choice.kv_cache_dtype, self.device)
         self.attention = make_attention_backend(
             choice.attention_backend, num_qo_heads=model_config.num_heads,
             num_kv_heads=model_config.num_kv_heads, head_dim=model_config.head_dim,
@@ -166,7 +167,8 @@ def kernel_summary(choice: DtypeChoice, model: LlamaModel) -> str:
     qtypes = sorted({QTYPE_NAMES.get(key[0], str(key[0])) for key in planner.limits})
     limits = sorted(set(planner.limits.values()))
     return (f"GGUF blocks ({', '.join(qtypes)}) multiplied in place by the {quant_kernels.best_level()} "
-            f"C kernels, float32 activations ({choice.reason}; CPU capability {capability}); "
+            f"C kernels, float32 activations, {str(choice.kv_cache_dtype).removeprefix('torch.')} "
+            f"KV cache ({choice.reason}; CPU capability {capability}); "
             f"batches of up to {'/'.join(map(str, limits))} rows use them, larger ones dequantize "
             f"+ GEMM (crossover measured at load){_fused_summary(model)}")
 

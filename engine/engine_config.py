@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DTYPES = ("auto", "float32", "bfloat16", "quantized")
+KV_DTYPES = ("auto", "float32", "float16")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class EngineConfig:
     num_pages: int | None = None     # explicit page count (overrides kv_memory_mb)
     max_batch_tokens: int = 4096     # most input tokens in one forward pass
     dtype: str = "auto"              # auto | float32 | bfloat16 | quantized (GGUF blocks, CPU)
+    kv_dtype: str = "auto"           # auto | float32 | float16 (CPU): the KV pages' dtype
     device: str = "auto"             # cpu | cuda | auto (cuda when available)
     attention_backend: str = "auto"  # auto | torch | flashinfer
 
@@ -60,6 +62,8 @@ class EngineConfig:
             raise ValueError(f"max_batch_tokens must be positive, got {self.max_batch_tokens}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
         if self.device not in ("cpu", "cuda", "auto"):
             raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
         if self.attention_backend not in ("auto", "torch", "flashinfer"):

@@ -49,6 +49,9 @@ def _add_run_parser(subparsers) -> None:
                         help="most KV pages the instance may hold (default: the whole pool)")
     parser.add_argument("--kv-memory-mb", type=int, default=512, help="KV page pool size (MiB)")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
+    parser.add_argument("--kv-dtype", choices=("auto", "float32", "float16"), default="auto",
+                        help="the KV cache's dtype (CPU; auto: float16 on the GGUF-block "
+                             "kernels, else the activation dtype)")
     parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
                         help="where the model runs (default: cuda when available, else cpu)")
     parser.add_argument("--cache-dir", type=Path, default=None,
@@ -139,7 +142,7 @@ def _load_engine(namespace: argparse.Namespace):
     """The engine on the chosen model (a progress bar on a terminal), or None after an error."""
     from engine.engine import load_default_engine, load_engine
     overrides = dict(kv_memory_mb=namespace.kv_memory_mb, dtype=namespace.dtype,
-                     device=namespace.device)
+                     kv_dtype=namespace.kv_dtype, device=namespace.device)
     try:
         if namespace.model is None:
             return load_default_engine(progress=True, **overrides)

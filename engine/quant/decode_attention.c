@@ -8,6 +8,7 @@
 
 #include "decode_attention.h"
 #include "fast_exp.h"
+#include "formats.h"
 #include "matmul.h"
 #include "pool.h"
 
@@ -15,18 +16,21 @@
  * a q.k product and its share of the weighted V sum ~30 ns) */
 #define PARALLEL_MIN_SCORES 2048
 
-static void append_new_tokens(const decode_batch *batch) {
-    int64_t row_floats = (int64_t)batch->num_kv_heads * batch->head_dim;
+/* the new token's K and V of each request into its slot rows (float16: rounded) */
+static void append_new_tokens(const decode_batch *batch, const attention_loops *loops) {
+    int64_t row_values = (int64_t)batch->num_kv_heads * batch->head_dim;
+    size_t row_bytes = (size_t)row_values * (batch->kv_half ? sizeof(uint16_t) : sizeof(float));
+    char *slots = batch->slots;
     for (int64_t b = 0; b < batch->num_requests; b++) {
-        float *k_row = batch->slots + batch->append_rows[b] * row_floats;
-        float *v_row = batch->slots + (batch->append_rows[b] + batch->page_size) * row_floats;
-        memcpy(k_row, batch->k_new + b * batch->k_stride, (size_t)row_floats * sizeof(float));
-        memcpy(v_row, batch->v_new + b * batch->v_stride, (size_t)row_floats * sizeof(float));
+        int64_t k_row = batch->append_rows[b], v_row = k_row + batch->page_size;
+        loops->store(slots + k_row * row_bytes, batch->k_new + b * batch->k_stride, row_values);
+        loops->store(slots + v_row * row_bytes, batch->v_new + b * batch->v_stride, row_values);
     }
 }
 
 /* q . k over head_dim values (a multiple of 8): eight partial sums */
-static float attention_dot(const float *q, const float *k, int d_len) {
+static float dot_f32(const float *q, const void *k_row, int d_len) {
+    const float *k = k_row;
     float partial[8] = {0.0f};
     for (int d = 0; d < d_len; d += 8)
         for (int i = 0; i < 8; i++) partial[i] += q[d + i] * k[d + i];
@@ -34,28 +38,49 @@ static float attention_dot(const float *q, const float *k, int d_len) {
            + ((partial[2] + partial[6]) + (partial[3] + partial[7]));
 }
 
-static void attention_axpy(float *acc, float weight, const float *v, int d_len) {
+static void axpy_f32(float *acc, float weight, const void *v_row, int d_len) {
+    const float *v = v_row;
     for (int d = 0; d < d_len; d++) acc[d] += weight * v[d];
 }
 
-typedef struct {
-    float (*dot)(const float *q, const float *k, int d_len);
-    void (*axpy)(float *acc, float weight, const float *v, int d_len);
-} attention_loops;
+static float dot_f16(const float *q, const void *k_row, int d_len) {
+    const uint16_t *k = k_row;
+    float partial[8] = {0.0f};
+    for (int d = 0; d < d_len; d += 8)
+        for (int i = 0; i < 8; i++) partial[i] += q[d + i] * fp16_to_fp32(k[d + i]);
+    return ((partial[0] + partial[4]) + (partial[1] + partial[5]))
+           + ((partial[2] + partial[6]) + (partial[3] + partial[7]));
+}
+
+static void axpy_f16(float *acc, float weight, const void *v_row, int d_len) {
+    const uint16_t *v = v_row;
+    for (int d = 0; d < d_len; d++) acc[d] += weight * fp16_to_fp32(v[d]);
+}
+
+static void store_f32(void *row, const float *values, int64_t n) {
+    memcpy(row, values, (size_t)n * sizeof(float));
+}
+
+static void store_f16(void *row, const float *values, int64_t n) {
+    uint16_t *halves = row;
+    for (int64_t i = 0; i < n; i++) halves[i] = fp32_to_fp16(values[i]);
+}
 
 /* One query head of one request: out[d] = sum_j p_j V[j][d] */
 static void attend_head(const decode_batch *batch, const attention_loops *loops, int64_t b,
                         int head, float *scores) {
     int d_len = batch->head_dim;
     int kv_head = head / (batch->num_q_heads / batch->num_kv_heads);
-    int64_t row_floats = (int64_t)batch->num_kv_heads * d_len, kv_len = batch->kv_lens[b];
+    size_t value_bytes = batch->kv_half ? sizeof(uint16_t) : sizeof(float);
+    size_t row_bytes = (size_t)batch->num_kv_heads * d_len * value_bytes;
+    const char *slots = (const char *)batch->slots + (size_t)kv_head * d_len * value_bytes;
+    int64_t kv_len = batch->kv_lens[b];
     const int64_t *rows = batch->kv_rows + b * batch->max_kv;
     const float *q = batch->q + b * batch->q_stride + (int64_t)head * d_len;
     float *out = batch->out + (b * batch->num_q_heads + head) * (int64_t)d_len;
     float max_score = -INFINITY;
     for (int64_t j = 0; j < kv_len; j++) {
-        const float *k = batch->slots + rows[j] * row_floats + (int64_t)kv_head * d_len;
-        scores[j] = loops->dot(q, k, d_len) * batch->scale;
+        scores[j] = loops->dot(q, slots + rows[j] * row_bytes, d_len) * batch->scale;
         if (scores[j] > max_score) max_score = scores[j];
     }
     float acc[d_len], total = 0.0f;          /* local: no aliasing with the pool's rows */
@@ -63,10 +88,8 @@ static void attend_head(const decode_batch *batch, const attention_loops *loops,
     for (int64_t j = 0; j < kv_len; j++) scores[j] = exp_approx(scores[j] - max_score);
     for (int64_t j = 0; j < kv_len; j++) {
         float weight = scores[j];
-        const float *v = batch->slots + (rows[j] + batch->page_size) * row_floats
-                         + (int64_t)kv_head * d_len;
         total += weight;
-        loops->axpy(acc, weight, v, d_len);
+        loops->axpy(acc, weight, slots + (rows[j] + batch->page_size) * row_bytes, d_len);
     }
     float inverse = kv_len > 0 ? 1.0f / total : 0.0f;
     for (int d = 0; d < d_len; d++) out[d] = acc[d] * inverse;
@@ -90,14 +113,17 @@ static void attention_task(void *ctx) {
     free(scores);
 }
 
-int decode_attention(const decode_batch *batch, int num_threads) {
-    append_new_tokens(batch);
+int decode_attention(const decode_batch *batch, int level, int num_threads) {
     int64_t num_units = batch->num_requests * batch->num_q_heads, total_kv = 0;
     for (int64_t b = 0; b < batch->num_requests; b++) total_kv += batch->kv_lens[b];
     if (total_kv * batch->num_q_heads < PARALLEL_MIN_SCORES) num_threads = 1;
-    attention_job job = {.batch = batch, .loops = {attention_dot, attention_axpy}};
-    if (level_supported(LEVEL_AVX2))
-        job.loops = (attention_loops){attention_dot_avx2, attention_axpy_avx2};
+    attention_job job = {.batch = batch};
+    if (level == LEVEL_AVX2)
+        job.loops = attention_loops_avx2(batch->kv_half);
+    else
+        job.loops = batch->kv_half ? (attention_loops){dot_f16, axpy_f16, store_f16}
+                                   : (attention_loops){dot_f32, axpy_f32, store_f32};
+    append_new_tokens(batch, &job.loops);
     row_cursor_init(&job.units, num_units, num_threads, 1);
     pool_run(attention_task, &job, num_threads);
     /* every unit was taken unless the caller's own scratch allocation failed */

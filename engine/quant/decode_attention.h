@@ -5,13 +5,15 @@
 #include <stdint.h>
 
 /* Where one decode batch's tensors are. Rows: `slots` is the KV pool of one layer viewed as
- * [num_rows, num_kv_heads, head_dim] float32 (a page is 2 * page_size rows: K then V). */
+ * [num_rows, num_kv_heads, head_dim] (a page is 2 * page_size rows: K then V), float32 or, with
+ * kv_half, IEEE float16 (written rounded to nearest even, read exactly; math in float32). */
 typedef struct {
     const float *q;              /* [B, num_q_heads, head_dim], token stride q_stride floats */
     const float *k_new;          /* [B, num_kv_heads, head_dim], token stride k_stride */
     const float *v_new;          /* [B, num_kv_heads, head_dim], token stride v_stride */
     int64_t q_stride, k_stride, v_stride;
-    float *slots;                /* the pool's rows */
+    void *slots;                 /* the pool's rows */
+    int kv_half;                 /* 1: slots hold float16, 0: float32 */
     const int64_t *append_rows;  /* [B] K row of each new token (its V row: + page_size) */
     const int64_t *kv_rows;      /* [B, max_kv] K rows of each request's context, in order */
     const int64_t *kv_lens;      /* [B] context length (<= max_kv), the new token included */
@@ -24,11 +26,18 @@ typedef struct {
 /* Writes each new token's K and V into the pool, then out = softmax(q K^T * scale) V over each
  * request's context (query head h reads KV head h / (num_q_heads / num_kv_heads)); the (request,
  * head) pairs are shared over up to num_threads threads when the batch is big enough. 0 on
- * success, -1 when no thread could allocate its scratch row of scores. */
-int decode_attention(const decode_batch *batch, int num_threads);
+ * success, -1 when no thread could allocate its scratch row of scores. level: matmul.h's LEVEL_*
+ * of the inner loops (one the CPU supports). */
+int decode_attention(const decode_batch *batch, int level, int num_threads);
 
-/* decode_attention_avx2.c (call only when the CPU has AVX2 + FMA; d_len a multiple of 8) */
-float attention_dot_avx2(const float *q, const float *k, int d_len);
-void attention_axpy_avx2(float *acc, float weight, const float *v, int d_len);
+/* The inner loops over one K or V row of d_len values (a multiple of 8), float32 or float16 */
+typedef struct {
+    float (*dot)(const float *q, const void *k, int d_len);          /* q . k */
+    void (*axpy)(float *acc, float weight, const void *v, int d_len); /* acc += weight v */
+    void (*store)(void *row, const float *values, int64_t n);        /* row = values, n % 8 == 0 */
+} attention_loops;
+
+/* decode_attention_avx2.c (call only when the CPU has AVX2 + FMA + F16C) */
+attention_loops attention_loops_avx2(int kv_half);
 
 #endif

@@ -111,12 +111,13 @@ static int run_layer(const decoder *model, int index, const decode_pass *pass, s
     decode_batch batch = {
         .q = s->qkv, .k_new = s->qkv + q_dim, .v_new = s->qkv + q_dim + kv_dim,
         .q_stride = layer->qkv.num_out, .k_stride = layer->qkv.num_out,
-        .v_stride = layer->qkv.num_out, .slots = pass->pool + index * pass->layer_floats,
+        .v_stride = layer->qkv.num_out, .slots = (char *)pass->pool + index * pass->layer_values * (pass->kv_half ? 2 : 4),
+        .kv_half = pass->kv_half,
         .append_rows = pass->append_rows, .kv_rows = pass->kv_rows, .kv_lens = pass->kv_lens,
         .num_requests = m, .max_kv = pass->max_kv, .page_size = pass->page_size,
         .num_q_heads = model->num_q_heads, .num_kv_heads = model->num_kv_heads,
         .head_dim = model->head_dim, .scale = 1.0f / sqrtf((float)d), .out = s->attn};
-    if (decode_attention(&batch, pass->num_threads) != 0) return -1;
+    if (decode_attention(&batch, model->level, pass->num_threads) != 0) return -1;
     project(model, &layer->o, s->attn, m, &s->x_blocks, s->delta, pass->num_threads);
     rms_norm_rows(pass->x, s->delta, layer->post_norm, model->eps, m, model->hidden, s->normed);
     project(model, &layer->gate_up, s->normed, m, &s->x_blocks, s->gate_up, pass->num_threads);

@@ -41,8 +41,9 @@ typedef struct {
     int64_t m;
     const float *cos;            /* [m, head_dim] RoPE rows at each token's position */
     const float *signed_sin;     /* [m, head_dim], first half negated (engine/model/rope.py) */
-    float *pool;                 /* layer 0's slot rows; layer i at pool + i * layer_floats */
-    int64_t layer_floats;
+    void *pool;                  /* layer 0's slot rows; layer i layer_values values on */
+    int64_t layer_values;
+    int kv_half;                 /* the pool holds float16 (1) or float32 (0) */
     const int64_t *append_rows;  /* [m] */
     const int64_t *kv_rows;      /* [m, max_kv] */
     const int64_t *kv_lens;      /* [m] */

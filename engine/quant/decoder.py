@@ -87,8 +87,8 @@ class FusedDecoder:
             pool: torch.Tensor, plan: DecodeAttention, num_threads: int) -> None:
         """x [m, hidden] float32 (the embeddings) becomes the residual stream after the last
         layer, in place; cos / signed_sin [m, head_dim] float32 RoPE rows of the tokens'
-        positions; pool [num_layers, num_pages, 2, page_size, Hkv, D] float32 contiguous (the new
-        K/V written into it); plan: the pass's checked decode indices. ValueError for anything
+        positions; pool [num_layers, num_pages, 2, page_size, Hkv, D] float32 or float16
+        contiguous (the new K/V written into it, rounded to float16 there); plan: the pass's checked decode indices. ValueError for anything
         that does not fit."""
         shape, m = self.shape, x.shape[0]
         if not 0 < m <= self.max_rows or plan.append_rows.shape[0] != m:
@@ -101,9 +101,12 @@ class FusedDecoder:
                 raise ValueError(f"FusedDecoder: {name} must be contiguous CPU float32 [{m}, {width}]")
         expected = (len(self.layers), plan.num_rows // (2 * plan.page_size), 2, plan.page_size,
                     shape.num_kv_heads, shape.head_dim)
-        if pool.dtype != torch.float32 or not pool.is_contiguous() or tuple(pool.shape) != expected:
-            raise ValueError(f"FusedDecoder: pool must be contiguous float32 {list(expected)}")
+        if (pool.dtype not in kernels.KV_DTYPES or not pool.is_contiguous()
+                or tuple(pool.shape) != expected):
+            raise ValueError(f"FusedDecoder: pool must be contiguous float32 / float16 "
+                             f"{list(expected)}")
         self._run(self._capsule, x.data_ptr(), m, cos.data_ptr(), signed_sin.data_ptr(),
-                  pool.data_ptr(), pool[0].numel(), plan.append_rows.data_ptr(),
+                  pool.data_ptr(), pool[0].numel(), pool.dtype == torch.float16,
+                  plan.append_rows.data_ptr(),
                   plan.kv_rows.data_ptr(), plan.kv_lens.data_ptr(), plan.kv_rows.shape[1],
                   plan.page_size, num_threads)

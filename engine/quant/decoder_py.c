@@ -108,26 +108,26 @@ PyObject *py_decoder_new(PyObject *self, PyObject *args) {
     return capsule;
 }
 
-/* decoder_run(capsule, x, m, cos, signed_sin, pool, layer_floats, append_rows, kv_rows, kv_lens,
- * max_kv, page_size, num_threads): see decode_pass in decoder.h */
+/* decoder_run(capsule, x, m, cos, signed_sin, pool, layer_values, kv_half, append_rows, kv_rows,
+ * kv_lens, max_kv, page_size, num_threads): see decode_pass in decoder.h */
 PyObject *py_decoder_run(PyObject *self, PyObject *args) {
     PyObject *capsule;
     unsigned long long x, cos, signed_sin, pool, append_rows, kv_rows, kv_lens;
-    long long m, layer_floats, max_kv, page_size;
-    int num_threads;
-    if (!PyArg_ParseTuple(args, "OKLKKKLKKKLLi", &capsule, &x, &m, &cos, &signed_sin, &pool,
-                          &layer_floats, &append_rows, &kv_rows, &kv_lens, &max_kv, &page_size,
-                          &num_threads))
+    long long m, layer_values, max_kv, page_size;
+    int kv_half, num_threads;
+    if (!PyArg_ParseTuple(args, "OKLKKKLpKKKLLi", &capsule, &x, &m, &cos, &signed_sin, &pool,
+                          &layer_values, &kv_half, &append_rows, &kv_rows, &kv_lens, &max_kv,
+                          &page_size, &num_threads))
         return NULL;
     const decoder *model = PyCapsule_GetPointer(capsule, CAPSULE_NAME);
     if (!model) return NULL;
-    if (m <= 0 || max_kv < 0 || page_size <= 0 || layer_floats <= 0)
+    if (m <= 0 || max_kv < 0 || page_size <= 0 || layer_values <= 0)
         return PyErr_Format(PyExc_ValueError, "decoder_run: bad pass (m %lld, max_kv %lld)", m,
                             max_kv);
     decode_pass pass = {
         .x = (float *)(uintptr_t)x, .m = m, .cos = (const float *)(uintptr_t)cos,
-        .signed_sin = (const float *)(uintptr_t)signed_sin, .pool = (float *)(uintptr_t)pool,
-        .layer_floats = layer_floats, .append_rows = (const int64_t *)(uintptr_t)append_rows,
+        .signed_sin = (const float *)(uintptr_t)signed_sin, .pool = (void *)(uintptr_t)pool,
+        .layer_values = layer_values, .kv_half = kv_half, .append_rows = (const int64_t *)(uintptr_t)append_rows,
         .kv_rows = (const int64_t *)(uintptr_t)kv_rows,
         .kv_lens = (const int64_t *)(uintptr_t)kv_lens, .max_kv = max_kv,
         .page_size = page_size, .num_threads = num_threads};

@@ -58,6 +58,26 @@ static inline float fp16_to_fp32(uint16_t h) {
     return value;
 }
 
+/* float32 -> IEEE float16, rounded to nearest even (as F16C and torch round): overflow to inf,
+ * NaN kept NaN, subnormal halves for magnitudes below 2^-14 */
+static inline uint16_t fp32_to_fp16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    uint32_t sign = (bits >> 16) & 0x8000, magnitude = bits & 0x7fffffffu;
+    if (magnitude > 0x7f800000u) return (uint16_t)(sign | 0x7e00);            /* NaN */
+    if (magnitude >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);           /* >= 65520: inf */
+    if (magnitude < 0x38800000u) {                                           /* below 2^-14 */
+        float scaled;
+        memcpy(&scaled, &magnitude, sizeof scaled);
+        scaled *= 16777216.0f;                    /* in units of 2^-24, exact (a power of two) */
+        uint32_t units = (uint32_t)scaled, rest_up = scaled - (float)units > 0.5f;
+        if (scaled - (float)units == 0.5f) rest_up = units & 1;               /* ties to even */
+        return (uint16_t)(sign | (units + rest_up));
+    }
+    uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1);         /* ties to even */
+    return (uint16_t)(sign | ((rounded - 0x38000000u) >> 13));
+}
+
 /* Q4_K's 6-bit scale and minimum of sub-block j (0..7) */
 static inline void q4k_scale_min(int j, const uint8_t *q, uint8_t *scale, uint8_t *minimum) {
     if (j < 4) {

@@ -128,29 +128,31 @@ static PyObject *py_rms_norm(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* decode_attention(q, q_stride, k_new, k_stride, v_new, v_stride, slots, append_rows, kv_rows,
- * kv_lens, num_requests, max_kv, page_size, num_q_heads, num_kv_heads, head_dim, scale, out,
- * num_threads):
+/* decode_attention(q, q_stride, k_new, k_stride, v_new, v_stride, slots, kv_half, append_rows,
+ * kv_rows, kv_lens, num_requests, max_kv, page_size, num_q_heads, num_kv_heads, head_dim, scale,
+ * out, level, num_threads):
  * see decode_attention.h (engine/quant/kernels.py's DecodeAttention checks the tensors) */
 static PyObject *py_decode_attention(PyObject *self, PyObject *args) {
     unsigned long long q, k_new, v_new, slots, append_rows, kv_rows, kv_lens, out;
     long long q_stride, k_stride, v_stride, num_requests, max_kv, page_size;
-    int num_q_heads, num_kv_heads, head_dim, num_threads;
+    int num_q_heads, num_kv_heads, head_dim, level, num_threads, kv_half;
     float scale;
-    if (!PyArg_ParseTuple(args, "KLKLKLKKKKLLLiiifKi", &q, &q_stride, &k_new, &k_stride, &v_new,
-                          &v_stride, &slots, &append_rows, &kv_rows, &kv_lens, &num_requests,
+    if (!PyArg_ParseTuple(args, "KLKLKLKpKKKLLLiiifKii", &q, &q_stride, &k_new, &k_stride, &v_new,
+                          &v_stride, &slots, &kv_half, &append_rows, &kv_rows, &kv_lens, &num_requests,
                           &max_kv, &page_size, &num_q_heads, &num_kv_heads, &head_dim, &scale,
-                          &out, &num_threads))
+                          &out, &level, &num_threads))
         return NULL;
     if (num_requests < 0 || max_kv < 0 || page_size <= 0 || num_kv_heads <= 0 || head_dim <= 0
             || head_dim % 8 || head_dim > 1024 || num_q_heads % num_kv_heads)
         return PyErr_Format(PyExc_ValueError, "decode_attention: bad shape (requests %lld, "
                             "max_kv %lld, heads %d/%d, head_dim %d)", num_requests, max_kv,
                             num_q_heads, num_kv_heads, head_dim);
+    if (level < 0 || level > LEVEL_AVX2 || !level_supported(level))
+        return PyErr_Format(PyExc_ValueError, "decode_attention: level %d not supported", level);
     decode_batch batch = {
         .q = (const float *)(uintptr_t)q, .k_new = (const float *)(uintptr_t)k_new,
         .v_new = (const float *)(uintptr_t)v_new, .q_stride = q_stride, .k_stride = k_stride,
-        .v_stride = v_stride, .slots = (float *)(uintptr_t)slots,
+        .v_stride = v_stride, .slots = (void *)(uintptr_t)slots, .kv_half = kv_half,
         .append_rows = (const int64_t *)(uintptr_t)append_rows,
         .kv_rows = (const int64_t *)(uintptr_t)kv_rows,
         .kv_lens = (const int64_t *)(uintptr_t)kv_lens, .num_requests = num_requests,
@@ -159,7 +161,7 @@ static PyObject *py_decode_attention(PyObject *self, PyObject *args) {
         .out = (float *)(uintptr_t)out};
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = decode_attention(&batch, num_threads);
+    status = decode_attention(&batch, level, num_threads);
     Py_END_ALLOW_THREADS
     if (status != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;

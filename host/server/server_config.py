@@ -91,6 +91,7 @@ class EngineSection:
     max_batch_tokens: int = 4096
     device: str = "auto"    # cpu | cuda | auto (cuda when available)
     dtype: str = "auto"
+    kv_dtype: str = "auto"  # auto | float32 | float16 (CPU)
 
     def __post_init__(self) -> None:
         self.to_engine_config()  # EngineConfig validates; errors are prefixed "engine."
@@ -101,7 +102,7 @@ class EngineSection:
         try:
             return EngineConfig(page_size=self.page_size, kv_memory_mb=self.kv_memory_mb,
                                 num_pages=self.num_pages, max_batch_tokens=self.max_batch_tokens,
-                                device=self.device, dtype=self.dtype)
+                                device=self.device, dtype=self.dtype, kv_dtype=self.kv_dtype)
         except ValueError as exc:
             raise ValueError(f"engine.{exc}") from None
 

@@ -39,7 +39,7 @@ def load_engine_for(config: ServerConfig) -> Any:
     section = config.engine
     overrides = dict(page_size=section.page_size, kv_memory_mb=section.kv_memory_mb,
                      num_pages=section.num_pages, max_batch_tokens=section.max_batch_tokens,
-                     device=section.device, dtype=section.dtype)
+                     device=section.device, dtype=section.dtype, kv_dtype=section.kv_dtype)
     if config.model.path:
         return load_engine(config.model.path, progress=False, **overrides)
     return load_default_engine(progress=False, **overrides)

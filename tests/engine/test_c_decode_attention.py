@@ -19,10 +19,12 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.unavaila
 HEAD_DIM = 16      # the kernel takes multiples of 8; test_attention's D is 8
 
 
-def run_c_backend(batch: ForwardBatch, head_dim: int, seed: int):
-    """(backend output, reference, backend, pool, table, new K, new V) for one pass."""
+def run_c_backend(batch: ForwardBatch, head_dim: int, seed: int,
+                  kv_dtype: torch.dtype = torch.float32):
+    """(backend output, reference, backend, pool, table, new K, new V) for one pass; the
+    reference reads the pool as stored (float16 widened exactly)."""
     generator = torch.Generator().manual_seed(seed)
-    pool = torch.randn(NUM_PAGES, 2, PAGE_SIZE, HKV, head_dim, generator=generator)
+    pool = torch.randn(NUM_PAGES, 2, PAGE_SIZE, HKV, head_dim, generator=generator).to(kv_dtype)
     table = build_page_table(batch, PAGE_SIZE)
     qkv = torch.randn(table.num_tokens, HQ + 2 * HKV, head_dim, generator=generator)
     q, k_new, v_new = qkv[:, :HQ], qkv[:, HQ:HQ + HKV], qkv[:, HQ + HKV:]   # strided views
@@ -30,21 +32,68 @@ def run_c_backend(batch: ForwardBatch, head_dim: int, seed: int):
     backend.plan(table)
     backend.append_kv(pool, k_new, v_new)
     out = backend.run(q, pool)
-    expected = reference(q * math.sqrt(D / head_dim), pool, table)   # it scales by 1/sqrt(D)
+    expected = reference(q * math.sqrt(D / head_dim), pool.float(), table)   # scales by 1/sqrt(D)
     return out, expected, backend, pool, table, k_new, v_new
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_plain_decode_batches_run_on_the_kernel_and_match(seed: int) -> None:
+def test_plain_decode_batches_run_on_the_kernel_and_match(seed: int, kv_dtype: torch.dtype) -> None:
     batch = ForwardBatch((req(1, (3, 4), 2), req(1, (5,), 4), req(1, (3, 6, 7), 1),
                           req(1, (8,), 1)))           # ragged lengths, page 3 shared, 1-slot context
-    out, expected, backend, pool, table, k_new, v_new = run_c_backend(batch, HEAD_DIM, seed)
+    out, expected, backend, pool, table, k_new, v_new = run_c_backend(batch, HEAD_DIM, seed,
+                                                                      kv_dtype)
     assert backend._c_attention is not None               # the kernel ran
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     for row in range(table.num_tokens):                   # the new K/V landed at their tail slots
         page, slot = int(table.append_page_ids[row]), int(table.append_slots[row])
-        assert torch.equal(pool[page, 0, slot], k_new[row])
-        assert torch.equal(pool[page, 1, slot], v_new[row])
+        assert torch.equal(pool[page, 0, slot], k_new[row].to(kv_dtype))
+        assert torch.equal(pool[page, 1, slot], v_new[row].to(kv_dtype))
+
+
+@pytest.mark.parametrize("level", kernels.levels())
+def test_a_float16_pool_stores_what_torch_rounds_to_bit_for_bit(level: str) -> None:
+    """Every float32 -> float16 case of the C append: ties to even, the largest finite half and
+    the first value that rounds to inf, subnormal halves and their ties, underflow to zero,
+    infinities, signed zeros."""
+    specials = torch.tensor([0.0, -0.0, 1.0, -2.5, 65504.0, 65519.99, 65520.0, -1e6,
+                             float("inf"), float("-inf"), 2.0 ** -14, 2.0 ** -24, 2.0 ** -25,
+                             3 * 2.0 ** -25, 1.5 * 2.0 ** -24, 2.0 ** -26, -(2.0 ** -20),
+                             1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 1 + 2.0 ** -11 + 2.0 ** -20])
+    generator = torch.Generator().manual_seed(5)
+    spread = torch.randn(4096, generator=generator) * torch.exp2(
+        torch.randint(-30, 18, (4096,), generator=generator).float())
+    values = torch.cat([specials, spread])
+    num_rows = -(-len(values) // (HKV * HEAD_DIM))
+    padded = torch.zeros(num_rows * HKV * HEAD_DIM)
+    padded[:len(values)] = values
+    k_new = padded.view(num_rows, HKV, HEAD_DIM)
+    append_rows = torch.arange(num_rows) * 2 * 4            # one 4-slot page per row: K at slot 0
+    attention = kernels.DecodeAttention(append_rows, append_rows.view(-1, 1),
+                                        torch.ones(num_rows, dtype=torch.int64), 4, num_rows * 8)
+    slot_view = torch.zeros(num_rows * 8, HKV, HEAD_DIM, dtype=torch.float16)
+    attention(torch.zeros(num_rows, HQ, HEAD_DIM), k_new, k_new, slot_view, level=level)
+    stored = slot_view[append_rows].flatten()[:len(values)]
+    assert torch.equal(stored.view(torch.int16), values.half().view(torch.int16))
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("level", kernels.levels())
+def test_every_level_reads_both_pools_alike(level: str, kv_dtype: torch.dtype) -> None:
+    """The scalar loops (any CPU) and the SIMD ones attend over a float32 or float16 pool to the
+    same result as the dense reference over the stored values."""
+    batch = ForwardBatch((req(1, (3, 4), 2), req(1, (5,), 4), req(1, (3, 6, 7), 1)))
+    generator = torch.Generator().manual_seed(7)
+    pool = torch.randn(NUM_PAGES, 2, PAGE_SIZE, HKV, HEAD_DIM, generator=generator).to(kv_dtype)
+    table = build_page_table(batch, PAGE_SIZE)
+    q, k_new, v_new = (torch.randn(table.num_tokens, heads, HEAD_DIM, generator=generator)
+                       for heads in (HQ, HKV, HKV))
+    backend = TorchPagedAttention(HQ, HKV, HEAD_DIM, PAGE_SIZE, c_decode=True)
+    backend.plan(table)
+    slot_view = pool.view(-1, HKV, HEAD_DIM)
+    out = backend.decode_plan(slot_view.shape[0])(q, k_new, v_new, slot_view, level=level)
+    expected = reference(q * math.sqrt(D / HEAD_DIM), pool.float(), table)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_masked_and_mixed_batches_keep_the_torch_path() -> None:
@@ -73,7 +122,9 @@ def test_out_of_range_indices_are_refused_before_the_kernel_reads_them() -> None
     attention = kernels.DecodeAttention(rows, torch.tensor([[0], [1]]), lens, 4, 64)
     q = torch.randn(2, HQ, HEAD_DIM)
     k = torch.randn(2, HKV, HEAD_DIM)
-    with pytest.raises(ValueError, match=r"slot_view must be contiguous float32 \[64, Hkv, D\]"):
+    with pytest.raises(ValueError, match=r"slot_view must be contiguous float32 / float16 \[64"):
         attention(q, k, k, torch.zeros(32, HKV, HEAD_DIM))
+    with pytest.raises(ValueError, match="slot_view must be contiguous float32 / float16"):
+        attention(q, k, k, torch.zeros(64, HKV, HEAD_DIM, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="q must be CPU float32"):
         attention(q.double(), k, k, torch.zeros(64, HKV, HEAD_DIM))

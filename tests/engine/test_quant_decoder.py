@@ -41,10 +41,10 @@ def mixed_gguf(tmp_path_factory):
                            matrix_type=Q.Q8_0, types=_types(weights, MIXED_TYPES))
 
 
-def quantized_engine(path, fused: bool) -> Engine:
+def quantized_engine(path, fused: bool, kv_dtype: str = "auto") -> Engine:
     loaded = loaders.load_model(path, dtype="float32", progress=False, keep_quantized=True)
-    engine = Engine(loaded.config, dict(loaded.weights), None,
-                    EngineConfig(dtype="quantized", num_pages=32, page_size=PAGE_SIZE), seed=0,
+    config = EngineConfig(dtype="quantized", num_pages=32, page_size=PAGE_SIZE, kv_dtype=kv_dtype)
+    engine = Engine(loaded.config, dict(loaded.weights), None, config, seed=0,
                     planner=BatchPlanner(fixed_block_rows=8))
     if not fused:
         engine.model.fused_decoder = None
@@ -88,15 +88,19 @@ def test_mixed_types_fuse_into_part_lists(mixed_gguf) -> None:
     assert len(o) == len(down) == 1
 
 
+@pytest.mark.parametrize("kv_dtype", ["auto", "float32"])
 @pytest.mark.parametrize("num_sequences", [1, 3])
-def test_fused_decode_equals_the_per_layer_path(mixed_gguf, num_sequences) -> None:
+def test_fused_decode_equals_the_per_layer_path(mixed_gguf, num_sequences, kv_dtype) -> None:
     prompts = PROMPTS[:num_sequences]
-    fused_engine = quantized_engine(mixed_gguf, fused=True)
+    fused_engine = quantized_engine(mixed_gguf, fused=True, kv_dtype=kv_dtype)
+    expected_dtype = torch.float16 if kv_dtype == "auto" else torch.float32
+    assert fused_engine.kv_cache.pool.dtype == expected_dtype
     calls = []
     run = fused_engine.model.fused_decoder.run
     fused_engine.model.fused_decoder.run = lambda *args: calls.append(1) or run(*args)
     fused_logits, fed = decode_logits(fused_engine, prompts, 10, None)
-    layer_logits, _ = decode_logits(quantized_engine(mixed_gguf, fused=False), prompts, 10, fed)
+    layer_engine = quantized_engine(mixed_gguf, fused=False, kv_dtype=kv_dtype)
+    layer_logits, _ = decode_logits(layer_engine, prompts, 10, fed)
     assert len(calls) == 10                    # every decode pass, no prefill
     for got, expected in zip(fused_logits, layer_logits):
         scale = float(expected.abs().max())

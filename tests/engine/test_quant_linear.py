@@ -69,3 +69,20 @@ def test_auto_keeps_blocks_on_the_cpu_and_quantized_refuses_cuda() -> None:
     assert EngineConfig(dtype="quantized").dtype == "quantized"
     with pytest.raises(ValueError, match="dtype must be one of"):
         EngineConfig(dtype="int4")
+
+
+def test_the_kv_cache_is_float16_on_the_block_kernels_unless_asked_otherwise() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert choose_dtype("auto", cpu).kv_cache_dtype == torch.float16
+    assert choose_dtype("quantized", cpu).kv_cache_dtype == torch.float16
+    assert choose_dtype("float32", cpu).kv_cache_dtype == torch.float32     # exact mode stays exact
+    assert choose_dtype("bfloat16", cpu).kv_cache_dtype == torch.bfloat16
+    assert choose_dtype("auto", cuda).kv_cache_dtype == torch.bfloat16
+    asked = choose_dtype("auto", cpu, "float32")
+    assert asked.keep_quantized and asked.kv_cache_dtype == torch.float32
+    assert "kv_dtype float32 asked for" in asked.reason
+    assert choose_dtype("float32", cpu, "float16").kv_cache_dtype == torch.float16
+    with pytest.raises(ValueError, match="kv_dtype 'float16' is for the CPU"):
+        choose_dtype("auto", cuda, "float16")
+    with pytest.raises(ValueError, match="kv_dtype must be one of"):
+        EngineConfig(kv_dtype="int8")

@@ -142,3 +142,17 @@ def test_submit_without_inferlet_arguments(fake_server, component_path, monkeypa
     monkeypatch.delenv("PIE_TOKEN")
     status, _, err = submit([app, "--", "ok"], capsys)
     assert status == 2 and "no token" in err
+
+
+def test_run_hands_the_engine_options_to_the_loader(monkeypatch) -> None:
+    import engine.engine
+    from host.cli import _load_engine, build_parser
+    seen = {}
+    monkeypatch.setattr(engine.engine, "load_default_engine",
+                        lambda **kwargs: seen.update(kwargs) or "engine")
+    namespace = build_parser().parse_args(["run", "x.wasm", "--kv-dtype", "float32",
+                                           "--dtype", "float32", "--kv-memory-mb", "64"])
+    assert _load_engine(namespace) == "engine"
+    assert (seen["kv_dtype"], seen["dtype"], seen["kv_memory_mb"]) == ("float32", "float32", 64)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "x.wasm", "--kv-dtype", "int8"])

@@ -13,6 +13,7 @@ TENANT = {"name": "a", "token": "t"}
     ({"tenants": [{**TENANT, "max_instances": 0}]}, "max_instances must be positive, got 0"),
     ({"tenants": [{**TENANT, "max_instances": "3"}]}, "expected int, got str '3' @ pie.toml.tenants[0].max_instances"),
     ({"tenants": [TENANT], "engine": {"page_size": 3}}, "engine.page_size must be a power of two"),
+    ({"tenants": [TENANT], "engine": {"kv_dtype": "int8"}}, "engine.kv_dtype must be one of"),
     ({"tenants": [TENANT], "server": {"openai": 1}}, "expected bool, got int 1 @ pie.toml.server.openai"),
     ({"tenants": [TENANT], "bogus": {}}, "extra fields found (bogus)"),
     ({"tenants": [TENANT, {"name": "a", "token": "u"}]}, "duplicate tenant name"),
@@ -31,11 +32,12 @@ def test_invalid_configs_are_named(data: dict, expected: str) -> None:
 
 def test_load_config_reads_toml_and_names_the_file(tmp_path) -> None:
     path = tmp_path / "pie.toml"
-    path.write_text('[server]\nport = 9000\n[engine]\nnum_pages = 64\n'
+    path.write_text('[server]\nport = 9000\n[engine]\nnum_pages = 64\nkv_dtype = "float32"\n'
                     '[[tenants]]\nname = "a"\ntoken = "t"\nmax_kv_pages = 32\n')
     config = load_config(path)
     assert config.server.port == 9000
     assert config.engine.to_engine_config().num_pages == 64
+    assert config.engine.to_engine_config().kv_dtype == "float32"
     assert config.tenants[0].max_kv_pages == 32
     path.write_text("[server\n")
     with pytest.raises(ConfigError, match=f"{path}: invalid TOML"):
