@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from pathlib import Path
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any, ContextManager, Sequence
 
 import torch

@@ -103,6 +103,7 @@ static int run_layer(const decoder *model, int index, const decode_pass *pass, s
     const decoder_layer *layer = &model->layers[index];
     int64_t m = pass->m, d = model->head_dim;
     int64_t q_dim = model->num_q_heads * d, kv_dim = model->num_kv_heads * d;
+    int64_t layer_bytes = pass->layer_values * (pass->kv_half ? sizeof(uint16_t) : sizeof(float));
     rms_norm_rows(pass->x, first ? NULL : s->delta, layer->input_norm, model->eps, m,
                   model->hidden, s->normed);
     project(model, &layer->qkv, s->normed, m, &s->x_blocks, s->qkv, pass->num_threads);
@@ -111,7 +112,7 @@ static int run_layer(const decoder *model, int index, const decode_pass *pass, s
     decode_batch batch = {
         .q = s->qkv, .k_new = s->qkv + q_dim, .v_new = s->qkv + q_dim + kv_dim,
         .q_stride = layer->qkv.num_out, .k_stride = layer->qkv.num_out,
-        .v_stride = layer->qkv.num_out, .slots = (char *)pass->pool + index * pass->layer_values * (pass->kv_half ? 2 : 4),
+        .v_stride = layer->qkv.num_out, .slots = (char *)pass->pool + index * layer_bytes,
         .kv_half = pass->kv_half,
         .append_rows = pass->append_rows, .kv_rows = pass->kv_rows, .kv_lens = pass->kv_lens,
         .num_requests = m, .max_kv = pass->max_kv, .page_size = pass->page_size,

@@ -127,7 +127,8 @@ PyObject *py_decoder_run(PyObject *self, PyObject *args) {
     decode_pass pass = {
         .x = (float *)(uintptr_t)x, .m = m, .cos = (const float *)(uintptr_t)cos,
         .signed_sin = (const float *)(uintptr_t)signed_sin, .pool = (void *)(uintptr_t)pool,
-        .layer_values = layer_values, .kv_half = kv_half, .append_rows = (const int64_t *)(uintptr_t)append_rows,
+        .layer_values = layer_values, .kv_half = kv_half,
+        .append_rows = (const int64_t *)(uintptr_t)append_rows,
         .kv_rows = (const int64_t *)(uintptr_t)kv_rows,
         .kv_lens = (const int64_t *)(uintptr_t)kv_lens, .max_kv = max_kv,
         .page_size = page_size, .num_threads = num_threads};
