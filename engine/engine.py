@@ -96,7 +96,7 @@ class Engine:
                            vocab_size=self.model_config.vocab_size,
                            max_position=self.model_config.max_position)
             return []
-        with self._threads_for(batch):       # sampling too: see BatchPlanner.kernels_own_the_threads
+        with self._threads_for(batch):       # sampling too (BatchPlanner.kernels_own_the_threads)
             logits = self.logits(batch)                                    # [num_outputs, vocab]
             results = sample_batch(self.sampler, logits, batch)
         self._count(batch, sum(len(o.token_ids) if isinstance(o, Verified) else 1

@@ -11,9 +11,9 @@ Requests are split in two kinds:
 - long requests (prefills) run one SDPA call each; their cost is dominated by their own size.
 GQA: the G = num_qo_heads / num_kv_heads query heads sharing a KV head are folded into the query
 rows of that KV head ([B, Hkv, G * q, D]), so K and V are never repeated.
-With `c_decode` (the quantized CPU engine, float32 or float16 pool), a batch of plain decode steps (one new
-token per request, no custom mask) runs each layer as one call of engine.quant's C kernel
-(append + attention straight from the pages) instead of ~8 torch ops.
+With `c_decode` (the quantized CPU engine, float32 or float16 pool), a batch of plain decode
+steps (one new token per request, no custom mask) runs each layer as one call of engine.quant's C
+kernel (append + attention straight from the pages) instead of ~8 torch ops.
 """
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ class TorchPagedAttention:
         kv_layer: [num_pages, 2, page_size, num_kv_heads, head_dim]
         k, v:     [num_tokens, num_kv_heads, head_dim]
         """
-        if self._c_indices is not None and kv_layer.dtype in quant_kernels.KV_DTYPES:
+        if self._c_indices is not None and kv_layer.dtype in quant_kernels.KERNEL_KV_DTYPES:
             self._pending_kv = (k, v)            # run() writes them, in the same C call
             return
         if not self._torch_planned:
@@ -201,14 +201,16 @@ class TorchPagedAttention:
         return gathered.view(2, bs, max_kv, self.num_kv_heads, self.head_dim).unbind(0)
 
     @staticmethod
-    def _as_query_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _as_query_dtype(q: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V in q's dtype (a float16 pool under float32 activations: exact widening)."""
         return (k, v) if k.dtype == q.dtype else (k.to(q.dtype), v.to(q.dtype))
 
     def _run_decode(self, q: torch.Tensor, slot_view: torch.Tensor) -> torch.Tensor:
         """Every request decodes one token: no query gather, no scatter, few ops per layer."""
         group = self._padded
-        k, v = self._as_query_dtype(q, *self._gather(slot_view, group.kv_rows))  # [B, max_kv, Hkv, D]
+        k, v = self._as_query_dtype(q, *self._gather(slot_view, group.kv_rows))
+        # k, v: [B, max_kv, Hkv, D]
         bs = k.shape[0]
         qg = q.view(bs, self.num_kv_heads, self.group_size, self.head_dim)  # [B, Hkv, G, D]
         attn = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2),
@@ -234,7 +236,8 @@ class TorchPagedAttention:
     def _run_padded(self, q: torch.Tensor, slot_view: torch.Tensor, out: torch.Tensor) -> None:
         group, hkv, g, d = self._padded, self.num_kv_heads, self.group_size, self.head_dim
         bs, max_q = group.query_rows.shape
-        k, v = self._as_query_dtype(q, *self._gather(slot_view, group.kv_rows))  # [Bs, max_kv, Hkv, D]
+        k, v = self._as_query_dtype(q, *self._gather(slot_view, group.kv_rows))
+        # k, v: [Bs, max_kv, Hkv, D]
         qp = q.index_select(0, group.query_rows.flatten()).view(bs, max_q, hkv, g, d)
         qp = qp.permute(0, 2, 3, 1, 4).reshape(bs, hkv, g * max_q, d)     # [Bs, Hkv, G*max_q, D]
         attn = F.scaled_dot_product_attention(qp, k.transpose(1, 2), v.transpose(1, 2),
@@ -250,7 +253,8 @@ class TorchPagedAttention:
     def _run_long(self, q: torch.Tensor, slot_view: torch.Tensor, request: _LongRequest,
                   out: torch.Tensor) -> None:
         k, v = self._as_query_dtype(q, slot_view.index_select(0, request.kv_rows),
-                                    slot_view.index_select(0, request.kv_rows_v))  # [kv_len, Hkv, D]
+                                    slot_view.index_select(0, request.kv_rows_v))
+        # k, v: [kv_len, Hkv, D]
         q_req = q[request.start:request.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
         attn = F.scaled_dot_product_attention(
             q_req, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),

@@ -242,7 +242,7 @@ class LlamaModel:
         (x [N, hidden] then holds the residual stream); False, having done nothing, otherwise."""
         fused = self.fused_decoder
         if (fused is None or table.num_tokens > fused.max_rows
-                or kv_cache.dtype not in quant_kernels.KV_DTYPES):
+                or kv_cache.dtype not in quant_kernels.KERNEL_KV_DTYPES):
             return False
         plan = attention.decode_plan(kv_cache.num_pages * 2 * kv_cache.page_size)
         if plan is None:

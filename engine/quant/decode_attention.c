@@ -19,7 +19,7 @@
 /* the new token's K and V of each request into its slot rows (float16: rounded) */
 static void append_new_tokens(const decode_batch *batch, const attention_loops *loops) {
     int64_t row_values = (int64_t)batch->num_kv_heads * batch->head_dim;
-    size_t row_bytes = (size_t)row_values * (batch->kv_half ? sizeof(uint16_t) : sizeof(float));
+    size_t row_bytes = (size_t)row_values * kv_value_bytes(batch->kv_half);
     char *slots = batch->slots;
     for (int64_t b = 0; b < batch->num_requests; b++) {
         int64_t k_row = batch->append_rows[b], v_row = k_row + batch->page_size;
@@ -28,34 +28,26 @@ static void append_new_tokens(const decode_batch *batch, const attention_loops *
     }
 }
 
-/* q . k over head_dim values (a multiple of 8): eight partial sums */
-static float dot_f32(const float *q, const void *k_row, int d_len) {
-    const float *k = k_row;
-    float partial[8] = {0.0f};
-    for (int d = 0; d < d_len; d += 8)
-        for (int i = 0; i < 8; i++) partial[i] += q[d + i] * k[d + i];
-    return ((partial[0] + partial[4]) + (partial[1] + partial[5]))
-           + ((partial[2] + partial[6]) + (partial[3] + partial[7]));
+static inline float load_f32(const void *row, int d) { return ((const float *)row)[d]; }
+static inline float load_f16(const void *row, int d) {
+    return fp16_to_fp32(((const uint16_t *)row)[d]);
 }
 
-static void axpy_f32(float *acc, float weight, const void *v_row, int d_len) {
-    const float *v = v_row;
-    for (int d = 0; d < d_len; d++) acc[d] += weight * v[d];
-}
+/* q . k over head_dim values (a multiple of 8): eight partial sums; acc += weight v */
+#define SCALAR_LOOPS(suffix, load)                                                              \
+    static float dot_##suffix(const float *q, const void *k, int d_len) {                       \
+        float partial[8] = {0.0f};                                                              \
+        for (int d = 0; d < d_len; d += 8)                                                      \
+            for (int i = 0; i < 8; i++) partial[i] += q[d + i] * load(k, d + i);                \
+        return ((partial[0] + partial[4]) + (partial[1] + partial[5]))                          \
+               + ((partial[2] + partial[6]) + (partial[3] + partial[7]));                       \
+    }                                                                                           \
+    static void axpy_##suffix(float *acc, float weight, const void *v, int d_len) {             \
+        for (int d = 0; d < d_len; d++) acc[d] += weight * load(v, d);                          \
+    }
 
-static float dot_f16(const float *q, const void *k_row, int d_len) {
-    const uint16_t *k = k_row;
-    float partial[8] = {0.0f};
-    for (int d = 0; d < d_len; d += 8)
-        for (int i = 0; i < 8; i++) partial[i] += q[d + i] * fp16_to_fp32(k[d + i]);
-    return ((partial[0] + partial[4]) + (partial[1] + partial[5]))
-           + ((partial[2] + partial[6]) + (partial[3] + partial[7]));
-}
-
-static void axpy_f16(float *acc, float weight, const void *v_row, int d_len) {
-    const uint16_t *v = v_row;
-    for (int d = 0; d < d_len; d++) acc[d] += weight * fp16_to_fp32(v[d]);
-}
+SCALAR_LOOPS(f32, load_f32)
+SCALAR_LOOPS(f16, load_f16)
 
 static void store_f32(void *row, const float *values, int64_t n) {
     memcpy(row, values, (size_t)n * sizeof(float));
@@ -71,7 +63,7 @@ static void attend_head(const decode_batch *batch, const attention_loops *loops,
                         int head, float *scores) {
     int d_len = batch->head_dim;
     int kv_head = head / (batch->num_q_heads / batch->num_kv_heads);
-    size_t value_bytes = batch->kv_half ? sizeof(uint16_t) : sizeof(float);
+    size_t value_bytes = kv_value_bytes(batch->kv_half);
     size_t row_bytes = (size_t)batch->num_kv_heads * d_len * value_bytes;
     const char *slots = (const char *)batch->slots + (size_t)kv_head * d_len * value_bytes;
     int64_t kv_len = batch->kv_lens[b];

@@ -2,6 +2,7 @@
 #ifndef PIE_QUANT_DECODE_ATTENTION_H
 #define PIE_QUANT_DECODE_ATTENTION_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Where one decode batch's tensors are. Rows: `slots` is the KV pool of one layer viewed as
@@ -22,6 +23,11 @@ typedef struct {
     float scale;                 /* softmax scale, 1 / sqrt(head_dim) */
     float *out;                  /* [B, num_q_heads, head_dim] contiguous */
 } decode_batch;
+
+/* bytes of one stored K/V value */
+static inline size_t kv_value_bytes(int kv_half) {
+    return kv_half ? sizeof(uint16_t) : sizeof(float);
+}
 
 /* Writes each new token's K and V into the pool, then out = softmax(q K^T * scale) V over each
  * request's context (query head h reads KV head h / (num_q_heads / num_kv_heads)); the (request,

@@ -103,7 +103,7 @@ static int run_layer(const decoder *model, int index, const decode_pass *pass, s
     const decoder_layer *layer = &model->layers[index];
     int64_t m = pass->m, d = model->head_dim;
     int64_t q_dim = model->num_q_heads * d, kv_dim = model->num_kv_heads * d;
-    int64_t layer_bytes = pass->layer_values * (pass->kv_half ? sizeof(uint16_t) : sizeof(float));
+    int64_t layer_bytes = pass->layer_values * (int64_t)kv_value_bytes(pass->kv_half);
     rms_norm_rows(pass->x, first ? NULL : s->delta, layer->input_norm, model->eps, m,
                   model->hidden, s->normed);
     project(model, &layer->qkv, s->normed, m, &s->x_blocks, s->qkv, pass->num_threads);

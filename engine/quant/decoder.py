@@ -88,8 +88,8 @@ class FusedDecoder:
         """x [m, hidden] float32 (the embeddings) becomes the residual stream after the last
         layer, in place; cos / signed_sin [m, head_dim] float32 RoPE rows of the tokens'
         positions; pool [num_layers, num_pages, 2, page_size, Hkv, D] float32 or float16
-        contiguous (the new K/V written into it, rounded to float16 there); plan: the pass's checked decode indices. ValueError for anything
-        that does not fit."""
+        contiguous (the new K/V written into it, rounded to float16 there); plan: the pass's
+        checked decode indices. ValueError for anything that does not fit."""
         shape, m = self.shape, x.shape[0]
         if not 0 < m <= self.max_rows or plan.append_rows.shape[0] != m:
             raise ValueError(f"FusedDecoder: {m} tokens (at most {self.max_rows}, one per request "
@@ -101,7 +101,7 @@ class FusedDecoder:
                 raise ValueError(f"FusedDecoder: {name} must be contiguous CPU float32 [{m}, {width}]")
         expected = (len(self.layers), plan.num_rows // (2 * plan.page_size), 2, plan.page_size,
                     shape.num_kv_heads, shape.head_dim)
-        if (pool.dtype not in kernels.KV_DTYPES or not pool.is_contiguous()
+        if (pool.dtype not in kernels.KERNEL_KV_DTYPES or not pool.is_contiguous()
                 or tuple(pool.shape) != expected):
             raise ValueError(f"FusedDecoder: pool must be contiguous float32 / float16 "
                              f"{list(expected)}")

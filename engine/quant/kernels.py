@@ -14,9 +14,9 @@ from engine.quant.tensor import INTERLEAVED_ROWS, QuantizedTensor
 
 __all__ = ["available", "unavailable_reason", "levels", "best_level", "require", "level_index",
            "matmul", "dequantize", "dequantize_rows", "interleave", "PreparedMatmul",
-           "add_rms_norm", "PreparedRmsNorm", "DecodeAttention", "KV_DTYPES"]
+           "add_rms_norm", "PreparedRmsNorm", "DecodeAttention", "KERNEL_KV_DTYPES"]
 
-KV_DTYPES = (torch.float32, torch.float16)     # KV pools the C decode attention reads
+KERNEL_KV_DTYPES = (torch.float32, torch.float16)     # KV pools the C decode attention reads
 
 
 def _load_extension():
@@ -132,10 +132,10 @@ class DecodeAttention:
                  slot_view: torch.Tensor, num_threads: int = 1,
                  level: str | None = None) -> torch.Tensor:
         """q [B, Hq, D], k_new / v_new [B, Hkv, D] float32 (heads and D contiguous, any token
-        stride); slot_view [num_rows, Hkv, D] float32 or float16 (KV_DTYPES; new K/V rounded to
-        nearest even) contiguous -> out [B, Hq, D] float32. Big batches
-        share their (request, head) pairs over num_threads threads; `level`: the inner loops' kernel
-        level (default the best; ValueError for one this CPU lacks)."""
+        stride); slot_view [num_rows, Hkv, D] float32 or float16 (KERNEL_KV_DTYPES; new K/V
+        rounded to nearest even) contiguous -> out [B, Hq, D] float32. Big batches share their
+        (request, head) pairs over num_threads threads; `level`: the inner loops' kernel level
+        (default the best; ValueError for one this CPU lacks)."""
         num_requests, num_q_heads, head_dim = q.shape
         num_kv_heads = slot_view.shape[1]
         for name, tensor, heads in (("q", q, num_q_heads), ("k_new", k_new, num_kv_heads),
@@ -144,7 +144,7 @@ class DecodeAttention:
                     or tensor.stride()[1:] != (head_dim, 1) or tensor.device.type != "cpu"):
                 raise ValueError(f"DecodeAttention: {name} must be CPU float32 [{num_requests}, "
                                  f"{heads}, {head_dim}] with contiguous heads")
-        if (slot_view.dtype not in KV_DTYPES or not slot_view.is_contiguous()
+        if (slot_view.dtype not in KERNEL_KV_DTYPES or not slot_view.is_contiguous()
                 or slot_view.shape != (self.num_rows, num_kv_heads, head_dim)
                 or num_requests != self.kv_lens.shape[0] or head_dim % 8
                 or num_q_heads % num_kv_heads):

@@ -7,7 +7,7 @@
 
 enum { LEVEL_SCALAR = 0, LEVEL_AVX2 = 1 };
 
-/* 1 when this CPU runs kernels of `level` */
+/* 1 when this CPU runs kernels of `level`; 0 for any other value too */
 int level_supported(int level);
 
 /* Activation blocks for up to m rows of k values (k a multiple of 32); 0 on success, -1 when out

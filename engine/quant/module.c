@@ -31,7 +31,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     if (row_bytes == 0 || n <= 0 || m <= 0)
         return PyErr_Format(PyExc_ValueError, "matmul: bad qtype %d or shape n=%lld k=%lld m=%lld",
                             qtype, n, k, m);
-    if (level < 0 || level > LEVEL_AVX2 || !level_supported(level))
+    if (!level_supported(level))
         return PyErr_Format(PyExc_ValueError, "matmul: kernel level %d is not supported here", level);
     act_q16 act;
     if (act_alloc(&act, m, k) != 0) return PyErr_NoMemory();
@@ -138,7 +138,8 @@ static PyObject *py_decode_attention(PyObject *self, PyObject *args) {
     int num_q_heads, num_kv_heads, head_dim, level, num_threads, kv_half;
     float scale;
     if (!PyArg_ParseTuple(args, "KLKLKLKpKKKLLLiiifKii", &q, &q_stride, &k_new, &k_stride, &v_new,
-                          &v_stride, &slots, &kv_half, &append_rows, &kv_rows, &kv_lens, &num_requests,
+                          &v_stride, &slots, &kv_half, &append_rows, &kv_rows, &kv_lens,
+                          &num_requests,
                           &max_kv, &page_size, &num_q_heads, &num_kv_heads, &head_dim, &scale,
                           &out, &level, &num_threads))
         return NULL;
@@ -147,7 +148,7 @@ static PyObject *py_decode_attention(PyObject *self, PyObject *args) {
         return PyErr_Format(PyExc_ValueError, "decode_attention: bad shape (requests %lld, "
                             "max_kv %lld, heads %d/%d, head_dim %d)", num_requests, max_kv,
                             num_q_heads, num_kv_heads, head_dim);
-    if (level < 0 || level > LEVEL_AVX2 || !level_supported(level))
+    if (!level_supported(level))
         return PyErr_Format(PyExc_ValueError, "decode_attention: level %d not supported", level);
     decode_batch batch = {
         .q = (const float *)(uintptr_t)q, .k_new = (const float *)(uintptr_t)k_new,
