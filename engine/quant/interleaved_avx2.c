@@ -45,7 +45,8 @@ INLINE void q8_tile_sums(const uint8_t *qs, const act_q16 *x, int64_t r0, int R,
     }
 }
 
-/* y[r0 + r][0..7] for one group of 8 rows against R activation rows */
+/* y[r0 + r][0..7] for one group of 8 rows against R activation rows; the first visit of the
+ * group (r0 == 0) prefetches the weight stream ahead, the later ones find the group cached */
 INLINE void x8_group(const uint8_t *group, int kind, const act_q16 *x, int64_t r0, int R,
                      float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK;
@@ -54,6 +55,7 @@ INLINE void x8_group(const uint8_t *group, int kind, const act_q16 *x, int64_t r
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < num_blocks; b++) {
         const uint8_t *tile = group + b * tile_bytes;
+        if (r0 == 0) prefetch_ahead(tile, tile_bytes);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
         __m256 low = kind == KIND_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)))
                                        : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));

@@ -197,6 +197,7 @@ INLINE void q6_k_row(const uint8_t *row, const act_q16 *x, int64_t r0, int R, fl
                             const act_q16 *x, int64_t m, float *y, int64_t ldy) {             \
         for (int64_t j = 0; j < num_rows; j++) {                                             \
             const uint8_t *row = w + j * row_bytes;                                          \
+            prefetch_ahead(row, row_bytes);                                                  \
             float *out = y + j;                                                              \
             int64_t r0 = 0;                                                                  \
             for (; r0 + 4 <= m; r0 += 4) row_call(4);                                        \
