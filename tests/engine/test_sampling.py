@@ -6,7 +6,7 @@ import math
 import torch
 
 from engine.batch import Distribution, SamplerSpec
-from engine.sampling import Sampler
+from engine.sampling import Sampler, greedy_tokens
 
 VOCAB = 50
 
@@ -25,6 +25,21 @@ def test_greedy_is_argmax_for_every_row():
     logits = logits_rows(7)
     out = Sampler(seed=0).sample(logits, [SamplerSpec()] * 7)
     assert out == logits.argmax(-1).tolist()
+
+
+def test_greedy_tokens_match_torch_argmax_on_ties_nan_and_infinities():
+    nan, inf = float("nan"), float("inf")
+    special = torch.tensor([[1.0, nan, 3.0, nan], [2.0, 5.0, 5.0, 1.0], [-inf] * 4,
+                            [0.0, inf, inf, 1.0], [-2.0, -1.0, -1.0, -3.0]])
+    assert greedy_tokens(special) == special.argmax(-1).tolist() == [1, 1, 0, 1, 1]
+    wide = torch.randn(9, 49152)
+    wide[3, 100] = wide[3, 40000] = wide[3].max() + 1        # a tie far apart: the first wins
+    assert greedy_tokens(wide) == wide.argmax(-1).tolist()
+    assert greedy_tokens(wide)[3] == 100
+    rows = wide[[1, 3, 5]][:, ::2]                            # a strided view, not a copy
+    assert greedy_tokens(rows) == rows.argmax(-1).tolist()
+    halves = wide.to(torch.bfloat16)                          # another dtype: torch's argmax
+    assert greedy_tokens(halves) == halves.argmax(-1).tolist()
 
 
 def test_temperature_zero_sample_is_greedy():
