@@ -1,4 +1,10 @@
-"""Splitting one forward pass into a prefix chunk and the rest, with the same results.
+"""Splitting forward passes into shorter ones that, run in order, compute the same thing.
+
+Used by the host's scheduler (a long pass of one owner runs in chunks across batches, so others'
+decode steps are not stuck behind it) and by the engine (a batch of more than max_pass_tokens
+input tokens runs as consecutive passes: long prompts' activations stay bounded).
+
+One pass into a prefix chunk and the rest:
 
 A pass writes kv slots [kv_len - num_tokens, kv_len) and each of its tokens attends (causally)
 only to slots up to its own. Its first `num_first` tokens therefore see exactly the same slots
@@ -13,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.batch import ForwardRequest
+from engine.batch import ForwardBatch, ForwardRequest
 from engine.paging import kv_len as paged_kv_len
 
-__all__ = ["split_request", "truncate_row"]
+__all__ = ["split_batch", "split_request", "truncate_row"]
 
 
 def truncate_row(row: tuple[int, ...], num_slots: int) -> tuple[int, ...]:
@@ -57,3 +63,36 @@ def split_request(request: ForwardRequest, num_first: int, page_size: int
         samplers=tuple(request.samplers[k] for k in rest_outputs),
         mask=None if request.mask is None else request.mask[num_first:])
     return first, rest, first_outputs, rest_outputs
+
+
+def split_batch(batch: ForwardBatch, max_tokens: int, page_size: int
+                ) -> list[tuple[ForwardBatch, list[int]]]:
+    """Consecutive batches of at most max_tokens input tokens each that, run in this order,
+    compute what `batch` does (requests in order, a request that does not fit cut by
+    split_request), each with the batch's output row of each of its output rows. The logits rows
+    of the parts, put at those rows, are the batch's [num_outputs, vocab]."""
+    if max_tokens <= 0:
+        raise ValueError(f"split_batch: max_tokens must be positive, got {max_tokens}")
+    parts: list[tuple[ForwardBatch, list[int]]] = []
+    requests: list[ForwardRequest] = []
+    rows: list[int] = []
+    num_tokens = next_row = 0
+    for request in batch.requests:
+        request_rows = list(range(next_row, next_row + len(request.output_indices)))
+        next_row += len(request_rows)
+        while num_tokens + len(request.token_ids) > max_tokens:
+            room = max_tokens - num_tokens            # > 0 unless the part is full
+            if room > 0:
+                first, request, first_outputs, rest_outputs = split_request(request, room,
+                                                                            page_size)
+                requests.append(first)
+                rows.extend(request_rows[k] for k in first_outputs)
+                request_rows = [request_rows[k] for k in rest_outputs]
+            parts.append((ForwardBatch(tuple(requests)), rows))
+            requests, rows, num_tokens = [], [], 0
+        requests.append(request)
+        rows.extend(request_rows)
+        num_tokens += len(request.token_ids)
+    if requests:
+        parts.append((ForwardBatch(tuple(requests)), rows))
+    return parts

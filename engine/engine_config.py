@@ -46,6 +46,8 @@ class EngineConfig:
     kv_memory_mb: int = 512          # budget for the page pool when num_pages is None
     num_pages: int | None = None     # explicit page count (overrides kv_memory_mb)
     max_batch_tokens: int = 4096     # most input tokens in one forward pass
+    max_pass_tokens: int | None = None   # longer batches run as consecutive passes of at most
+                                         # this many tokens (None: 512 on the CPU, no limit on CUDA)
     dtype: str = "auto"              # auto | float32 | bfloat16 | quantized (GGUF blocks, CPU)
     kv_dtype: str = "auto"           # auto | float32 | float16 (CPU): the KV pages' dtype
     device: str = "auto"             # cpu | cuda | auto (cuda when available)
@@ -60,6 +62,8 @@ class EngineConfig:
             raise ValueError(f"kv_memory_mb must be positive, got {self.kv_memory_mb}")
         if self.max_batch_tokens <= 0:
             raise ValueError(f"max_batch_tokens must be positive, got {self.max_batch_tokens}")
+        if self.max_pass_tokens is not None and self.max_pass_tokens <= 0:
+            raise ValueError(f"max_pass_tokens must be positive, got {self.max_pass_tokens}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.kv_dtype not in KV_DTYPES:

@@ -3,7 +3,7 @@
 Each queue contributes at most its head pass (and the copies queued before it). Heads go in by
 (their group's served tokens, their owner's served tokens, priority, age) until the batch holds
 max_batch_tokens; with more than one owner, no owner puts more than max_tokens_per_owner tokens
-in (a longer pass is cut into a chunk, host/scheduling/chunking.py).
+in (a longer pass is cut into a chunk, engine/chunking.py).
 
 When every head fits whole -- the common decode step -- they are all taken in one sort by that
 key; otherwise a heap takes them one by one, re-keying an entry whose owner or group was charged

@@ -6,7 +6,7 @@ import time
 from typing import Callable, Hashable
 
 from engine.batch import ForwardResult
-from host.scheduling.chunking import split_request
+from engine.chunking import split_request
 from host.scheduling.types import SubmissionFuture
 
 __all__ = ["Item", "Taken", "owner_of"]

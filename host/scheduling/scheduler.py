@@ -6,7 +6,7 @@ Queues are taken fairly (host/scheduling/fairness.py): the group (tenant) and th
 normal, low), oldest head first, until the batch holds max_batch_tokens (a pass larger than that
 still runs, alone, when it is the only owner's work). When more than one owner has work, no owner
 puts more than max_tokens_per_owner tokens into a batch: a longer pass runs in chunks across
-batches (host/scheduling/chunking.py; same results, its future resolves once the last chunk has
+batches (engine/chunking.py; same results, its future resolves once the last chunk has
 run). Copies queued before a queue's head pass (kv.copy-tokens) and the copy-on-write copies of the
 chosen passes run on the engine thread, in that order, right before the batch's forward.
 

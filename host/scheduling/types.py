@@ -19,7 +19,7 @@ class SchedulerPolicy:
     the batch itself when it may fire and none is running) by "adaptive" only.
     max_tokens_per_owner: when more than one
     owner has work, the most input tokens one owner puts into a batch (a longer pass is run in
-    chunks of at most that many, host/scheduling/chunking.py), so another owner's decode step
+    chunks of at most that many, engine/chunking.py), so another owner's decode step
     waits at most one batch of max_batch_tokens, and no owner fills it alone."""
 
     kind: str = "adaptive"

@@ -64,6 +64,15 @@ def test_an_embedding_lookup_reads_the_rows_it_names(qtype: Q) -> None:
     torch.testing.assert_close(looked_up, reference[row_ids], rtol=1e-6, atol=1e-7)
 
 
+def test_a_long_lookup_runs_in_rounds_and_reads_every_row() -> None:
+    weight, interleaved, reference = weights(Q.Q8_0, 48, 64, seed=6)
+    num_ids = 2 * kernels.LOOKUP_CHUNK_IDS + 5                 # two full rounds and a partial
+    row_ids = torch.randint(0, 48, (num_ids,), generator=torch.Generator().manual_seed(2))
+    looked_up = kernels.dequantize_rows(interleaved, row_ids)
+    assert looked_up.shape == (num_ids, 64)
+    torch.testing.assert_close(looked_up, reference[row_ids], rtol=1e-6, atol=1e-7)
+
+
 def test_what_the_layout_cannot_hold_is_refused() -> None:
     q8, _, _ = weights(Q.Q4_1, 16, 64, seed=3)
     blocks = random_blocks(Q.Q4_K, 16, 256, seed=3)

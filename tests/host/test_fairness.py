@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.batch import ForwardBatch, ForwardRequest, SamplerSpec
-from host.scheduling.chunking import split_request, truncate_row
+from engine.chunking import split_request, truncate_row
 from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy
 from host.scheduling.work import PreparedForward
 from tests.host.fake_engine import FakeEngine
