@@ -15,6 +15,7 @@ values are rejected with a `ConfigError` naming the file and the field, e.g.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -92,6 +93,7 @@ class EngineSection:
     device: str = "auto"    # cpu | cuda | auto (cuda when available)
     dtype: str = "auto"
     kv_dtype: str = "auto"  # auto | float32 | float16 (CPU)
+    max_pass_tokens: int | None = None   # longer batches: consecutive passes (None: 512 on a CPU)
 
     def __post_init__(self) -> None:
         self.to_engine_config()  # EngineConfig validates; errors are prefixed "engine."
@@ -100,9 +102,7 @@ class EngineSection:
         """The engine's own frozen config (ValueError on invalid values, prefixed "engine.")."""
         from engine.engine_config import EngineConfig
         try:
-            return EngineConfig(page_size=self.page_size, kv_memory_mb=self.kv_memory_mb,
-                                num_pages=self.num_pages, max_batch_tokens=self.max_batch_tokens,
-                                device=self.device, dtype=self.dtype, kv_dtype=self.kv_dtype)
+            return EngineConfig(**dataclasses.asdict(self))
         except ValueError as exc:
             raise ValueError(f"engine.{exc}") from None
 

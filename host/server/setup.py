@@ -6,6 +6,7 @@ service binds to the running loop). app.py imports this module, never the other 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -36,10 +37,7 @@ def load_engine_for(config: ServerConfig) -> Any:
     """Load the configured model (the embedded default when model.path is "")."""
     from engine import load_default_engine, load_engine
 
-    section = config.engine
-    overrides = dict(page_size=section.page_size, kv_memory_mb=section.kv_memory_mb,
-                     num_pages=section.num_pages, max_batch_tokens=section.max_batch_tokens,
-                     device=section.device, dtype=section.dtype, kv_dtype=section.kv_dtype)
+    overrides = dataclasses.asdict(config.engine)     # EngineSection mirrors EngineConfig
     if config.model.path:
         return load_engine(config.model.path, progress=False, **overrides)
     return load_default_engine(progress=False, **overrides)

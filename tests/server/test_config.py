@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from host.server.server_config import ConfigError, load_config, parse_config
+from host.server.setup import load_engine_for
 
 TENANT = {"name": "a", "token": "t"}
 
@@ -14,6 +16,7 @@ TENANT = {"name": "a", "token": "t"}
     ({"tenants": [{**TENANT, "max_instances": "3"}]}, "expected int, got str '3' @ pie.toml.tenants[0].max_instances"),
     ({"tenants": [TENANT], "engine": {"page_size": 3}}, "engine.page_size must be a power of two"),
     ({"tenants": [TENANT], "engine": {"kv_dtype": "int8"}}, "engine.kv_dtype must be one of"),
+    ({"tenants": [TENANT], "engine": {"max_pass_tokens": 0}}, "engine.max_pass_tokens must be positive"),
     ({"tenants": [TENANT], "server": {"openai": 1}}, "expected bool, got int 1 @ pie.toml.server.openai"),
     ({"tenants": [TENANT], "bogus": {}}, "extra fields found (bogus)"),
     ({"tenants": [TENANT, {"name": "a", "token": "u"}]}, "duplicate tenant name"),
@@ -33,11 +36,12 @@ def test_invalid_configs_are_named(data: dict, expected: str) -> None:
 def test_load_config_reads_toml_and_names_the_file(tmp_path) -> None:
     path = tmp_path / "pie.toml"
     path.write_text('[server]\nport = 9000\n[engine]\nnum_pages = 64\nkv_dtype = "float32"\n'
-                    '[[tenants]]\nname = "a"\ntoken = "t"\nmax_kv_pages = 32\n')
+                    'max_pass_tokens = 256\n[[tenants]]\nname = "a"\ntoken = "t"\nmax_kv_pages = 32\n')
     config = load_config(path)
     assert config.server.port == 9000
     assert config.engine.to_engine_config().num_pages == 64
     assert config.engine.to_engine_config().kv_dtype == "float32"
+    assert config.engine.to_engine_config().max_pass_tokens == 256
     assert config.tenants[0].max_kv_pages == 32
     path.write_text("[server\n")
     with pytest.raises(ConfigError, match=f"{path}: invalid TOML"):
@@ -72,3 +76,11 @@ def test_serve_counts_linear_memory_unless_turned_off() -> None:
             runtime.close()
     with pytest.raises(ConfigError, match="count_linear_memory"):
         parse_config({"server": {"count_linear_memory": "yes"}, "tenants": tenants})
+
+
+def test_the_engine_section_reaches_the_loaded_engine() -> None:
+    config = parse_config({"tenants": [TENANT], "engine": {
+        "num_pages": 48, "page_size": 8, "max_pass_tokens": 100, "kv_dtype": "float32"}})
+    engine = load_engine_for(config)
+    assert (engine.num_pages, engine.page_size, engine.max_pass_tokens) == (48, 8, 100)
+    assert engine.kv_cache.dtype == torch.float32
