@@ -51,6 +51,7 @@ class PageTable:
     output_rows: torch.Tensor        # [num_outputs] int64, rows of the flat batch that give outputs
     custom_mask: torch.Tensor | None   # [sum(q_len * kv_len)] bool (packed), None: causal only
     mask_indptr: torch.Tensor | None   # [B+1] int32
+    outputs_are_all_rows: bool = False   # output_rows is 0..N-1 in order (a plain decode step)
 
     @property
     def num_requests(self) -> int:
@@ -160,4 +161,5 @@ def build_page_table(batch: ForwardBatch, page_size: int) -> PageTable:
         output_rows=torch.tensor(output_rows, dtype=torch.long),
         custom_mask=custom_mask,
         mask_indptr=mask_indptr,
+        outputs_are_all_rows=output_rows == list(range(sum(q_lens))),
     )

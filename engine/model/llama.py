@@ -232,8 +232,11 @@ class LlamaModel:
 
     def _logits(self, x: torch.Tensor, table: PageTable, delta: torch.Tensor | None) -> torch.Tensor:
         """float32 logits [num_outputs, vocab] of the output rows of x (+ delta) [N, hidden]."""
-        rows = table.output_rows.to(x.device)
-        x = self.final_add_norm(x[rows], None if delta is None else delta[rows].contiguous())
+        if table.outputs_are_all_rows:                   # a decode step: every row, in order
+            x = self.final_add_norm(x, delta)
+        else:
+            rows = table.output_rows.to(x.device)
+            x = self.final_add_norm(x[rows], None if delta is None else delta[rows].contiguous())
         return self.lm_head(x.to(self.dtype)).float()            # [num_outputs, vocab]
 
     def _run_fused(self, x: torch.Tensor, table: PageTable, kv_cache: KVCache, attention,

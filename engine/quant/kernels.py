@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 
+import numpy as np
 import torch
 
 from engine.quant.tensor import INTERLEAVED_ROWS, QuantizedTensor
@@ -122,11 +123,13 @@ class DecodeAttention:
             raise ValueError("DecodeAttention: append_rows [B], kv_rows [B, max_kv] and "
                              "kv_lens [B] must agree on B")
         highest = self.num_rows - self.page_size        # a K row's V row must exist too
+        # checked in numpy: six reductions of tiny tensors, every decode pass (~5 us each in torch)
         for name, rows in (("append_rows", self.append_rows), ("kv_rows", self.kv_rows)):
-            if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= highest):
+            values = rows.numpy()
+            if values.size and (values.min() < 0 or values.max() >= highest):
                 raise ValueError(f"DecodeAttention: {name} outside rows 0..{highest - 1}")
-        if num_requests and (int(self.kv_lens.min()) < 0
-                             or int(self.kv_lens.max()) > self.kv_rows.shape[1]):
+        lens = self.kv_lens.numpy()
+        if num_requests and (lens.min() < 0 or lens.max() > self.kv_rows.shape[1]):
             raise ValueError("DecodeAttention: kv_lens outside 0..max_kv")
 
     def __call__(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
@@ -226,19 +229,22 @@ def dequantize(weight: QuantizedTensor, out: torch.Tensor | None = None,
 def dequantize_rows(weight: QuantizedTensor, row_ids: torch.Tensor) -> torch.Tensor:
     """The float32 values [n, K] of rows row_ids [n] (int64): an embedding lookup. Interleaved
     matrices dequantize each id's 8-row group and keep its row, LOOKUP_CHUNK_IDS ids at a time
-    (a long prompt's groups at once were 8x its embeddings: 19 MB of float32 for 1,024 ids)."""
+    (a long prompt's groups at once were 8x its embeddings: 19 MB of float32 for 1,024 ids).
+    The index work is numpy's (a decode step's lookup: ~8 tiny torch ops otherwise)."""
     if not weight.interleaved:
         return dequantize(weight.rows(row_ids))
-    group_bytes = INTERLEAVED_ROWS * weight.blocks.shape[1]
-    all_groups = weight.blocks.view(-1, group_bytes)
-    out = torch.empty(len(row_ids), weight.num_cols, dtype=torch.float32)
-    for start in range(0, len(row_ids), LOOKUP_CHUNK_IDS):
-        ids = row_ids[start:start + LOOKUP_CHUNK_IDS]
-        groups = all_groups.index_select(0, ids // INTERLEAVED_ROWS)
-        gathered = QuantizedTensor(groups.view(-1, weight.blocks.shape[1]), weight.qtype,
-                                   weight.num_cols, interleaved=True)
-        values = dequantize(gathered).view(len(ids), INTERLEAVED_ROWS, weight.num_cols)
-        out[start:start + len(ids)] = values[torch.arange(len(ids)), ids % INTERLEAVED_ROWS]
+    row_bytes = weight.blocks.shape[1]
+    all_groups = weight.blocks.numpy().reshape(-1, INTERLEAVED_ROWS * row_bytes)
+    ids = row_ids.numpy()
+    out = torch.empty(len(ids), weight.num_cols, dtype=torch.float32)
+    for start in range(0, len(ids), LOOKUP_CHUNK_IDS):
+        chunk = ids[start:start + LOOKUP_CHUNK_IDS]
+        groups = torch.from_numpy(all_groups[chunk // INTERLEAVED_ROWS].reshape(-1, row_bytes))
+        values = dequantize(QuantizedTensor(groups, weight.qtype, weight.num_cols,
+                                            interleaved=True)).numpy()
+        values = values.reshape(len(chunk), INTERLEAVED_ROWS, weight.num_cols)
+        out[start:start + len(chunk)] = torch.from_numpy(
+            values[np.arange(len(chunk)), chunk % INTERLEAVED_ROWS])
     return out                                                                 # [n, K]
 
 

@@ -39,6 +39,18 @@ def test_mixed_batch_indptrs_exact():
     assert table.custom_mask is None and table.mask_indptr is None
 
 
+def test_outputs_are_all_rows_only_when_every_row_is_an_output_in_order():
+    decode = ForwardBatch((request(1, 2, (7,), 3, outputs=(0,)), request(1, 0, (4,), 1, outputs=(0,))))
+    assert build_page_table(decode, page_size=4).outputs_are_all_rows
+    assert not build_page_table(mixed_batch(), page_size=4).outputs_are_all_rows   # 4 of 8 rows
+    every_row = ForwardBatch((request(2, 0, (2,), 2, outputs=(0, 1)),))
+    assert build_page_table(every_row, page_size=4).outputs_are_all_rows
+    swapped = ForwardBatch((request(2, 0, (2,), 2, outputs=(1, 0)),))
+    assert not build_page_table(swapped, page_size=4).outputs_are_all_rows
+    no_output = ForwardBatch((request(1, 2, (7,), 3), request(1, 0, (4,), 1, outputs=(0,))))
+    assert not build_page_table(no_output, page_size=4).outputs_are_all_rows
+
+
 def test_new_tokens_go_to_tail_slots():
     table = build_page_table(mixed_batch(), page_size=4)
     assert table.append_page_ids.tolist() == [2, 2, 2, 2, 5, 7, 9, 9]
