@@ -95,16 +95,17 @@ class TorchPagedAttention:
     def plan(self, table: PageTable) -> None:
         """Precompute every index of this batch; the layers reuse them. A plain decode batch for
         the C kernel gets only the C kernel's indices (the torch ones are made if ever needed)."""
-        append_rows = table.append_page_ids * (2 * self.page_size) + table.append_slots
+        append_rows = torch.from_numpy(table.append_page_ids.numpy() * (2 * self.page_size)
+                                       + table.append_slots.numpy())              # [N]
         self._table, self._append_rows = table, append_rows.to(self.device)
         self._append_rows_v = (append_rows + self.page_size).to(self.device)
         self._c_attention, self._pending_kv, self._c_indices = None, None, None
         self._padded, self._long, self._torch_planned = None, [], False
         plain_decode = table.num_tokens == table.num_requests and table.custom_mask is None
         if self.c_decode and plain_decode:
-            all_ids = torch.arange(table.num_requests)
-            self._c_indices = (append_rows, _kv_rows(table, all_ids, int(table.kv_lens.max())),
-                               table.kv_lens)
+            all_ids = torch.from_numpy(np.arange(table.num_requests))
+            max_kv = int(table.kv_lens.numpy().max())
+            self._c_indices = (append_rows, _kv_rows(table, all_ids, max_kv), table.kv_lens)
         else:
             self._plan_torch()
 
