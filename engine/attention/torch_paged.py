@@ -53,15 +53,15 @@ class _LongRequest:
     mask: torch.Tensor | None   # [q_len, kv_len] bool; None: plain causal with q_len == kv_len
 
 
-def _kv_rows(table: PageTable, request_ids: torch.Tensor, max_kv: int) -> torch.Tensor:
+def _kv_rows(table: PageTable, request_ids: np.ndarray, max_kv: int) -> torch.Tensor:
     """[len(request_ids), max_kv] K rows of each request's slots 0..max_kv-1 (padding -> slot 0).
     In numpy: a decode step plans this every pass, and ~8 torch ops on tiny tensors cost ~70 us."""
     page_size = table.page_size
-    ids = request_ids.numpy()
-    kv_lens = table.kv_lens.numpy()[ids]                                  # [Bs]
+    kv_lens = table.kv_lens.numpy()[request_ids]                          # [Bs]
     slots = np.arange(max_kv)[None, :]                                    # [1, max_kv]
     slots = np.where(slots < kv_lens[:, None], slots, 0)                  # [Bs, max_kv]
-    entries = table.kv_indptr.numpy()[:-1].astype(np.int64)[ids][:, None] + slots // page_size
+    first_entries = table.kv_indptr.numpy()[:-1].astype(np.int64)[request_ids]   # [Bs]
+    entries = first_entries[:, None] + slots // page_size                # [Bs, max_kv]
     pages = table.kv_page_indices.numpy().astype(np.int64)[entries]      # [Bs, max_kv]
     return torch.from_numpy(pages * (2 * page_size) + slots % page_size)
 
@@ -103,9 +103,9 @@ class TorchPagedAttention:
         self._padded, self._long, self._torch_planned = None, [], False
         plain_decode = table.num_tokens == table.num_requests and table.custom_mask is None
         if self.c_decode and plain_decode:
-            all_ids = torch.from_numpy(np.arange(table.num_requests))
             max_kv = int(table.kv_lens.numpy().max())
-            self._c_indices = (append_rows, _kv_rows(table, all_ids, max_kv), table.kv_lens)
+            kv_rows = _kv_rows(table, np.arange(table.num_requests), max_kv)
+            self._c_indices = (append_rows, kv_rows, table.kv_lens)
         else:
             self._plan_torch()
 
@@ -127,7 +127,7 @@ class TorchPagedAttention:
         valid_rows = q_offsets < q_lens.unsqueeze(1)                      # [Bs, max_q]
         starts = table.qo_indptr[:-1].long()[request_ids].unsqueeze(1)
         query_rows = starts + torch.where(valid_rows, q_offsets, 0)       # [Bs, max_q]
-        kv_rows = _kv_rows(table, request_ids, max_kv)                    # [Bs, max_kv]
+        kv_rows = _kv_rows(table, request_ids.numpy(), max_kv)            # [Bs, max_kv]
         kv_rows = torch.stack([kv_rows, kv_rows + self.page_size])       # [2, Bs, max_kv]
         # query i of a request sits at slot kv_len - q_len + i; padding rows see every valid slot
         query_slots = (kv_lens - q_lens).unsqueeze(1) + q_offsets         # [Bs, max_q]
@@ -151,7 +151,7 @@ class TorchPagedAttention:
     def _plan_long(self, table: PageTable, b: int) -> _LongRequest:
         start, end = int(table.qo_indptr[b]), int(table.qo_indptr[b + 1])
         kv_len = int(table.kv_lens[b])
-        kv_rows = _kv_rows(table, torch.tensor([b]), kv_len)[0]           # [kv_len]
+        kv_rows = _kv_rows(table, np.array([b]), kv_len)[0]               # [kv_len]
         mask = table.request_mask(b)
         if mask is None and kv_len != end - start:
             query_slots = torch.arange(kv_len - (end - start), kv_len).unsqueeze(1)
