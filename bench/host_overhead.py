@@ -6,14 +6,16 @@ Rows (each with the baseline it is read against, measured in the same run):
   - host_us_per_step: a decode step of a Python guest through the SDK (bench/guests/host_bench.py)
     over an engine that sleeps a GPU-like 5 ms per batch: the time spent inside host calls per step
     (timed around every host call) less the engine's own time; the guest's own time (CPython in
-    Wasm) and the process CPU per step are shown beside it;
+    Wasm) and the process CPU per step are shown beside it. The SDK decodes on host loops
+    (forward.submit-decode); the same guest step by step (host_loop=False) is the row below it;
   - launch_ms: a cached Python guest, launch to result (median), and the load from the disk cache;
   - batch_fill_256 / host_share_256: 256 WAT guests decoding at once over an engine that sleeps a
     GPU-like 5 ms per batch: mean passes per batch / 256, and the host time per batch (wall less
     engine time) as a fraction of the engine time;
   - tpot_overhead_llama1b: Python guests (1, 8, 64) decoding over an engine that sleeps 16.8 ms
     per batch (the Pie paper's vLLM time per output token, Llama-3-1B): the time per output token
-    less one batch's engine time, as a fraction of it; the worst of the three;
+    less one batch's engine time, as a fraction of it; the worst of the three (`--stepped`: the
+    guests step by step instead of on host loops, the A/B of the loops);
   - idle_instance_mb: resident memory per instance blocked in receive() (Python guest), N of them.
 Runs that several instances make are lined up first: the engine holds its first batch until every
 instance has queued its first pass, so launch time is not counted as batching.
@@ -193,21 +195,26 @@ def call_rows(wat: bytes, config: RuntimeConfig, count: int) -> tuple[list, dict
 
 
 def python_step_rows(py_wasm: bytes, config: RuntimeConfig, num_steps: int) -> tuple[list, dict]:
-    """host_us_per_step: one Python guest decoding over a 5 ms engine, host calls timed."""
-    engine = BenchEngine(GPU_STEP_S)
-    with HostCallTimer() as timer, Runtime(engine, config) as runtime:
-        program = runtime.load_program(py_wasm)
-        run_to_end(runtime, program, ["decode", "8"])            # warm up
-        timer.seconds, timer.calls, engine.engine_s = 0.0, 0, 0.0
-        cpu_started = time.process_time()
-        wall = run_to_end(runtime, program, ["decode", str(num_steps)])
-        cpu_us = 1e6 * (time.process_time() - cpu_started) / num_steps
-    host_us = 1e6 * (timer.seconds - engine.engine_s) / num_steps
-    guest_us = 1e6 * (wall - timer.seconds) / num_steps
-    rows = [("decode step, Python guest via the SDK: host", f"{host_us:.0f} us",
-             f"target <= 50; {timer.calls / num_steps:.1f} host calls/step, guest+launch "
-             f"{guest_us:.0f} us/step, process CPU {cpu_us:.0f} us/step")]
-    return rows, {"host_us_per_step": host_us}
+    """host_us_per_step: one Python guest decoding over a 5 ms engine, host calls timed; on
+    host loops (the SDK's default), then step by step."""
+    rows, figures = [], {}
+    for mode, label, key in (("decode", "host loops", "host_us_per_step"),
+                             ("decode-steps", "step by step", "host_us_per_step_stepped")):
+        engine = BenchEngine(GPU_STEP_S)
+        with HostCallTimer() as timer, Runtime(engine, config) as runtime:
+            program = runtime.load_program(py_wasm)
+            run_to_end(runtime, program, [mode, "8"])            # warm up
+            timer.seconds, timer.calls, engine.engine_s = 0.0, 0, 0.0
+            cpu_started = time.process_time()
+            wall = run_to_end(runtime, program, [mode, str(num_steps)])
+            cpu_us = 1e6 * (time.process_time() - cpu_started) / num_steps
+        host_us = 1e6 * (timer.seconds - engine.engine_s) / num_steps
+        guest_us = 1e6 * (wall - timer.seconds) / num_steps
+        rows.append((f"decode step, Python guest via the SDK ({label}): host", f"{host_us:.0f} us",
+                     f"target <= 50; {timer.calls / num_steps:.1f} host calls/step, guest+launch "
+                     f"{guest_us:.0f} us/step, process CPU {cpu_us:.0f} us/step"))
+        figures[key] = host_us
+    return rows, figures
 
 
 def launch_rows(py_wasm: bytes, config: RuntimeConfig, repeats: int) -> tuple[list, dict]:
@@ -238,17 +245,20 @@ def batch_fill_rows(wat: bytes, config: RuntimeConfig, num_steps: int) -> tuple[
     return rows, {"batch_fill_256": fill, "host_share_256": share}
 
 
-def tpot_rows(py_wasm: bytes, config: RuntimeConfig, num_steps: int) -> tuple[list, dict]:
+def tpot_rows(py_wasm: bytes, config: RuntimeConfig, num_steps: int,
+              mode: str = "decode") -> tuple[list, dict]:
     rows, overheads = [], []
     for num_instances in (1, 8, 64):
         engine = BenchEngine(LLAMA1B_TPOT_S)
         with Runtime(engine, config) as runtime:
             run = lined_up(runtime, engine, runtime.load_program(py_wasm),
-                           ["decode", str(num_steps)], num_instances)
+                           [mode, str(num_steps)], num_instances)
         tpot = run["wall_s"] * num_instances / run["num_forwards"]
         batch_s = run["engine_s"] / run["num_batches"]
         overheads.append(tpot / batch_s - 1)
-        rows.append((f"16.8 ms engine, {num_instances} Python guests: TPOT", f"{tpot * 1e3:.2f} ms",
+        how = "host loops" if mode == "decode" else "step by step"
+        rows.append((f"16.8 ms engine, {num_instances} Python guests ({how}): TPOT",
+                     f"{tpot * 1e3:.2f} ms",
                      f"host adds {overheads[-1]:+.3f} (target <= 0.03; engine "
                      f"{batch_s * 1e3:.2f} ms/batch, {run['num_forwards'] / run['num_batches']:.1f}"
                      f" passes/batch)"))
@@ -293,6 +303,8 @@ def main() -> None:
                         help="instances of the idle-memory row (default 1000, --quick 100)")
     parser.add_argument("--no-run-on-waiter", action="store_true",
                         help="every batch on the engine thread (the old behaviour: A/B)")
+    parser.add_argument("--stepped", action="store_true",
+                        help="tpot: Python guests step by step, not on host loops (A/B)")
     parser.add_argument("--only", default="",
                         help="comma-separated sections: calls,step,launch,fill,tpot,idle")
     options = parser.parse_args()
@@ -310,15 +322,16 @@ def main() -> None:
             "step": lambda: python_step_rows(py_wasm, config, 100 if quick else 400),
             "launch": lambda: launch_rows(py_wasm, config, 10 if quick else 30),
             "fill": lambda: batch_fill_rows(wat, config, 20 if quick else 60),
-            "tpot": lambda: tpot_rows(py_wasm, config, 10 if quick else 30),
+            "tpot": lambda: tpot_rows(py_wasm, config, 10 if quick else 30,
+                                      "decode-steps" if options.stepped else "decode"),
             "idle": lambda: idle_rows(py_wasm, config,
                                       options.idle_instances or (100 if quick else 1000))}
         for name in options.only.split(",") if options.only else sections:
             new_rows, new_figures = sections[name]()
             rows += new_rows
             figures.update(new_figures)
-    keys = ("host_us_per_step", "batch_fill_256", "host_share_256", "launch_ms",
-            "idle_instance_mb", "tpot_overhead_llama1b")
+    keys = ("host_us_per_step", "host_us_per_step_stepped", "batch_fill_256", "host_share_256",
+            "launch_ms", "idle_instance_mb", "tpot_overhead_llama1b")
     if options.json:
         print(json.dumps({key: round(figures[key], 4) for key in keys if key in figures}))
         return

@@ -224,6 +224,7 @@ class Runtime:
     def _finish(self, instance: Instance, outcome: InstanceOutcome, emit: EventCallback) -> None:
         """Called once on the instance's thread after its Store is gone."""
         reason = f"instance {instance.instance_id} ended ({outcome.status})"
+        instance.tables.decode_loops.stop_all()      # no loop submits after the cancel below
         self.scheduler.cancel_owner(instance.instance_id)
         self.hub.close(instance.instance_id, reason)
         instance.tables.clear()

@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from wasmtime.component import Record, Variant
+from wasmtime.component import Record
 
-from engine.batch import (Distribution, ForwardResult, SamplerSpec, TokenLogprobs, Verified,
-                          sampler_problem)
-from host.bindings import generations
+from engine.batch import Distribution, ForwardResult
+from host.bindings import decoding, generations
 from host.bindings.context import BindingContext
+from host.bindings.samplers import lower_distribution, lower_sampled, sampler_spec
 from host.errors import TrapError
 from host.sandbox.tables import ForwardFutureEntry
 from host.sandbox.wit_codec import HostResource
@@ -31,7 +31,7 @@ def submit(ctx: BindingContext, queue_id: int, sequence_id: int, token_ids: list
            samplers: list[Record], mask: list[list[int]] | None) -> HostResource:
     call = "forward.submit"
     priority = ctx.tables.queues.priority(call, queue_id)
-    specs = [_spec(ctx, call, index, sampler, None)
+    specs = [sampler_spec(ctx, call, index, sampler, None)
              for index, sampler in enumerate(samplers)]
     prepared = ctx.tables.pages.prepare_forward(sequence_id, token_ids, positions,
                                                   last_page_len, output_indices, specs, mask)
@@ -47,7 +47,7 @@ def submit_with(ctx: BindingContext, queue_id: int, sequence_id: int, token_ids:
     priority = ctx.tables.queues.priority(call, queue_id)
     if len(options) != len(samplers):
         raise TrapError(f"{call}: {len(options)} sampler-options for {len(samplers)} samplers")
-    specs = [_spec(ctx, call, index, sampler, option)
+    specs = [sampler_spec(ctx, call, index, sampler, option)
              for index, (sampler, option) in enumerate(zip(samplers, options))]
     prepared = ctx.tables.pages.prepare_forward(sequence_id, token_ids, positions,
                                                   last_page_len, output_indices, specs, mask)
@@ -63,7 +63,7 @@ def submit_verify(ctx: BindingContext, queue_id: int, sequence_id: int, token_id
     if not 0 < num_drafted < len(token_ids) or num_drafted > MAX_DRAFTS:
         raise TrapError(f"{call}: num-drafted {num_drafted} must be in 1..{MAX_DRAFTS} and below "
                         f"the {len(token_ids)} tokens of the pass")
-    spec = _spec(ctx, call, 0, sampler, options)
+    spec = sampler_spec(ctx, call, 0, sampler, options)
     if spec.kind not in ("greedy", "sample") or spec.num_logprobs is not None:
         raise TrapError(f"{call}: the sampler must be greedy or sample, without logprobs")
     num_outputs = num_drafted + 1
@@ -93,13 +93,13 @@ def get(ctx: BindingContext, store: Any, future_rep: int) -> list | str:
         return outputs
     if any(not isinstance(o, (int, Distribution)) for o in outputs):
         return "this pass has outputs only get-sampled returns (log-probs, entropy, verified)"
-    return [int(o) if isinstance(o, int) else _distribution(o) for o in outputs]
+    return [int(o) if isinstance(o, int) else lower_distribution(o) for o in outputs]
 
 
 def get_sampled(ctx: BindingContext, store: Any, future_rep: int) -> list | str:
     """result<list<sampled>>: every kind of output (a tagged variant)."""
     outputs = _outputs(ctx, future_rep, "forward-future.get-sampled")
-    return outputs if isinstance(outputs, str) else [_lower_sampled(o) for o in outputs]
+    return outputs if isinstance(outputs, str) else [lower_sampled(o) for o in outputs]
 
 
 def _outputs(ctx: BindingContext, future_rep: int, call: str) -> tuple | str:
@@ -125,88 +125,11 @@ def _entry(ctx: BindingContext, future_rep: int, call: str) -> ForwardFutureEntr
     return ctx.tables.futures.get(call, future_rep)
 
 
-def _spec(ctx: BindingContext, call: str, index: int, sampler: Record,
-          options: Record | None) -> SamplerSpec:
-    """The engine's SamplerSpec of a WIT sampler and its options; traps naming the sampler.
-    A sampler record seen before (same fields) is not checked again (the instance's cache)."""
-    fields = (sampler.kind, sampler.temperature, getattr(sampler, "top-k"),
-              getattr(sampler, "top-p"), getattr(sampler, "min-p"), sampler.seed,
-              getattr(sampler, "num-top"))
-    base = ctx.tables.samplers.get(fields)
-    if base is None:
-        base = _sampler_spec(call, index, sampler, ctx.services.model_info.vocab_size)
-        ctx.tables.samplers.put(fields, base)
-    try:
-        return base if options is None else _with_options(ctx, call, index, base, options)
-    except ValueError as exc:
-        raise TrapError(f"{call}: sampler {index}: {exc}") from None
-
-
-def _sampler_spec(call: str, index: int, sampler: Record, vocab_size: int) -> SamplerSpec:
-    """The guest's sampler record as a SamplerSpec; any NaN / inf / out-of-range field traps the
-    calling instance here, before the pass can reach a batch shared with other instances."""
-    try:
-        spec = SamplerSpec(kind=sampler.kind, temperature=sampler.temperature,
-                           top_k=getattr(sampler, "top-k"), top_p=getattr(sampler, "top-p"),
-                           min_p=getattr(sampler, "min-p"), seed=sampler.seed,
-                           num_top=getattr(sampler, "num-top"))
-    except ValueError as exc:
-        raise TrapError(f"{call}: sampler {index}: {exc}") from None
-    problem = sampler_problem(spec, vocab_size)
-    if problem is not None:
-        raise TrapError(f"{call}: sampler {index}: {problem}")
-    return spec
-
-
-def _with_options(ctx: BindingContext, call: str, index: int, base: SamplerSpec,
-                  options: Record) -> SamplerSpec:
-    vocab_size = ctx.services.model_info.vocab_size
-    logit_bias = getattr(options, "logit-bias")
-    allowed = getattr(options, "allowed-token-ids")
-    for field, token_ids in (("logit-bias", [t for t, _ in logit_bias]), ("allowed-token-ids",
-                                                                          allowed or [])):
-        if len(token_ids) > vocab_size or any(t >= vocab_size for t in token_ids):
-            raise TrapError(f"{call}: sampler {index}: {field}: at most {vocab_size} token ids, "
-                            f"each below {vocab_size}")
-    state = None
-    if options.generation is not None:
-        state = ctx.tables.generations.get(call, options.generation)
-    return dataclasses.replace(
-        base, logit_bias=tuple((int(t), float(b)) for t, b in logit_bias),
-        allowed_token_ids=None if allowed is None else tuple(allowed),
-        presence_penalty=getattr(options, "presence-penalty"),
-        frequency_penalty=getattr(options, "frequency-penalty"),
-        repetition_penalty=getattr(options, "repetition-penalty"),
-        num_logprobs=options.logprobs, state=state)
-
-
-def _distribution(output: Distribution) -> Record:
-    record = Record()
-    setattr(record, "token-ids", list(output.token_ids))
-    record.probs = list(output.probs)
-    return record
-
-
-def _lower_sampled(output: Any) -> Variant:
-    """variant sampled (tagged: two of its cases are records)."""
-    if isinstance(output, Distribution):
-        return Variant("distribution", _distribution(output))
-    if isinstance(output, TokenLogprobs):
-        record = Record()
-        setattr(record, "token-id", output.token_id)
-        record.logprob = output.logprob
-        setattr(record, "top-token-ids", list(output.top_token_ids))
-        setattr(record, "top-logprobs", list(output.top_logprobs))
-        return Variant("token-logprobs", record)
-    if isinstance(output, Verified):
-        return Variant("verified", list(output.token_ids))
-    if isinstance(output, float):
-        return Variant("entropy", output)
-    return Variant("token", int(output))
-
-
 FUNCTIONS = {"submit": submit, "submit-with": submit_with, "submit-verify": submit_verify,
-             **generations.FUNCTIONS}
+             "submit-decode": decoding.submit_decode, **generations.FUNCTIONS}
 METHODS = {"[method]forward-future.ready": ready, "[method]forward-future.get": get,
-           "[method]forward-future.get-sampled": get_sampled}
-RESOURCES = {"forward-future": (FORWARD_FUTURE_TYPE, drop)}
+           "[method]forward-future.get-sampled": get_sampled,
+           "[method]decode-stream.next": decoding.next_outputs,
+           "[method]decode-stream.stop": decoding.stop}
+RESOURCES = {"forward-future": (FORWARD_FUTURE_TYPE, drop),
+             "decode-stream": (decoding.DECODE_STREAM_TYPE, decoding.drop)}

@@ -20,7 +20,7 @@ from host.errors import TrapError
 from host.kv.allocator import PageAllocator
 from host.kv.exports import ExportRegistry
 from host.kv.masks import check_mask_rows, fold_hidden, hidden_intervals, mask_page_slots
-from host.kv.page_ledger import PageLedger, PageSequence, ReclaimHook
+from host.kv.page_ledger import NeedPages, PageLedger, PageSequence, ReclaimHook
 from host.scheduling.work import PreparedCopy, PreparedForward
 
 __all__ = ["InstancePages", "MAX_EXPORT_NAME_CHARS", "MAX_SEQUENCES"]
@@ -233,7 +233,8 @@ class InstancePages:
     def prepare_forward(self, sequence_id: int, token_ids: Sequence[int],
                         positions: Sequence[int], last_page_len: int,
                         output_indices: Sequence[int], samplers: Sequence[SamplerSpec],
-                        mask: Sequence[Sequence[int]] | None = None) -> PreparedForward:
+                        mask: Sequence[Sequence[int]] | None = None, *,
+                        call: str = "forward.submit") -> PreparedForward:
         """Check a forward.submit over a sequence and translate it to an engine request.
 
         The pass writes kv slots [kv_len - num_tokens, kv_len), kv_len = (num_pages - 1) *
@@ -242,10 +243,40 @@ class InstancePages:
         only. Hidden slots (mask-tokens) are folded into the mask rows; with none and no guest
         mask the request has mask=None. Without a remap or a mask the work is O(num_tokens).
         """
-        call = "forward.submit"
         return self.ledger.with_reclaim(call, lambda: self._prepare_forward_locked(
             call, sequence_id, token_ids, positions, last_page_len, output_indices, samplers,
             mask))
+
+    def check_spare_pages(self, call: str, page_ids: Sequence[int]) -> None:
+        """Trap unless every id is a distinct page this instance holds (a decode loop's spares)."""
+        with self.ledger.lock:
+            self.ledger.check_open(call)
+            self.ledger.check_page_ids(call, page_ids)
+
+    def prepare_decode_step(self, sequence_id: int, token_id: int, position: int,
+                            last_page_len: int, sampler: SamplerSpec,
+                            append_page_id: int | None) -> PreparedForward:
+        """A decode loop's next pass (one token, its output sampled): prepare_forward without
+        reclaim, for the thread that resolved the previous pass (it must not wait for pages).
+        `append_page_id` (a spare) first joins the end of the sequence. Raises NeedPages, with
+        the sequence as it was, when a copy-on-write needs pages the pool lacks; TrapError as
+        prepare_forward."""
+        call = "forward.submit-decode"
+        with self.ledger.lock:
+            self.ledger.check_open(call)
+            sequence = self.ledger.sequence(call, sequence_id)
+            if append_page_id is not None:
+                self.ledger.check_page_ids(call, [append_page_id])
+                sequence.page_ids.append(append_page_id)
+                sequence.physical_ids = None
+            try:
+                return self._prepare_forward_locked(call, sequence_id, (token_id,), (position,),
+                                                    last_page_len, (0,), (sampler,), None)
+            except NeedPages:
+                if append_page_id is not None:
+                    sequence.page_ids.pop()
+                    sequence.physical_ids = None
+                raise
 
     def _prepare_forward_locked(self, call: str, sequence_id: int, token_ids: Sequence[int],
                                 positions: Sequence[int], last_page_len: int,

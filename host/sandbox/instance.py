@@ -148,6 +148,7 @@ class Instance:
             self._cancel_reason, self._cancel_status = reason, status
         self._wake()
         self.channel.close(f"instance {self.instance_id} terminated: {reason}")
+        self.tables.decode_loops.stop_all()          # no loop submits after the cancel below
         self.services.scheduler.cancel_owner(self.instance_id)
         self._arm_abandon(_ABANDON_AFTER_S)
         return True

@@ -4,6 +4,7 @@
 - futures: forward-future resource rep -> the scheduler future and its lowered result
 - pages:   local page / sequence ids -> physical pages (host.kv.InstancePages)
 - generations: generation ids -> host-kept sampling state (grammar matcher, tokens for penalties)
+- decode_loops: decode-stream resource rep -> a host-run decode loop (`forward.submit-decode`)
 - samplers: sampler records already checked -> their engine SamplerSpec (a decode loop submits
   the same sampler every step)
 
@@ -15,19 +16,20 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
 from engine.constrain import GenerationState
 from host.errors import TrapError
 from host.kv import InstancePages
 
 __all__ = ["InstanceTables", "QueueTable", "FutureTable", "ForwardFutureEntry", "GenerationTable",
-           "SamplerCache", "MAX_QUEUES", "MAX_LIVE_FUTURES", "MAX_GENERATIONS",
-           "MAX_CACHED_SAMPLERS"]
+           "DecodeLoopTable", "StoppableLoop", "SamplerCache", "MAX_QUEUES", "MAX_LIVE_FUTURES",
+           "MAX_GENERATIONS", "MAX_LIVE_DECODE_LOOPS", "MAX_CACHED_SAMPLERS"]
 
 MAX_QUEUES = 4096          # per instance, at once
 MAX_LIVE_FUTURES = 65536   # per instance
 MAX_GENERATIONS = 4096     # per instance, at once
+MAX_LIVE_DECODE_LOOPS = 1024   # per instance: decode-stream resources not dropped
 MAX_CACHED_SAMPLERS = 64   # per instance: checked sampler records kept (emptied when full)
 
 
@@ -135,6 +137,67 @@ class GenerationTable:
                 raise TrapError(f"{call}: unknown generation {generation_id}")
 
 
+class StoppableLoop(Protocol):
+    """What the table needs of a decode loop (host/bindings/decoding.py)."""
+
+    def stop(self) -> None:
+        """Submit no further pass (one in flight still runs)."""
+
+
+class DecodeLoopTable:
+    """decode-stream resource reps (never reused, from 1) -> decode loops. Thread-safe:
+    `stop_all` runs on whichever thread ends the instance."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loops: dict[int, Any] = {}
+        self._next_rep = 1
+        self._stopped = False
+
+    def __len__(self) -> int:
+        return len(self._loops)
+
+    def add(self, call: str, loop: StoppableLoop) -> int:
+        """Keep `loop` under a new rep; after `stop_all` the loop is stopped at once."""
+        with self._lock:
+            if len(self._loops) >= MAX_LIVE_DECODE_LOOPS:
+                raise TrapError(f"{call}: {MAX_LIVE_DECODE_LOOPS} decode-streams alive; drop "
+                                f"some first")
+            rep = self._next_rep
+            self._next_rep += 1
+            self._loops[rep] = loop
+            stopped = self._stopped
+        if stopped:
+            loop.stop()
+        return rep
+
+    def get(self, call: str, rep: int) -> Any:
+        with self._lock:
+            loop = self._loops.get(rep)
+        if loop is None:
+            raise TrapError(f"{call}: unknown decode-stream {rep}")
+        return loop
+
+    def drop(self, rep: int) -> None:
+        with self._lock:
+            loop = self._loops.pop(rep, None)
+        if loop is not None:
+            loop.stop()
+
+    def stop_all(self) -> None:
+        """Stop every loop, now and any added later (the instance is ending)."""
+        with self._lock:
+            self._stopped = True
+            loops = list(self._loops.values())
+        for loop in loops:
+            loop.stop()
+
+    def clear(self) -> None:
+        self.stop_all()
+        with self._lock:
+            self._loops.clear()
+
+
 class SamplerCache:
     """The fields of a sampler record already checked -> its SamplerSpec. Bounded: emptied when
     it holds MAX_CACHED_SAMPLERS (a guest cycling through many samplers only re-checks them)."""
@@ -159,10 +222,13 @@ class InstanceTables:
         self.futures = FutureTable()
         self.pages = pages
         self.generations = GenerationTable()
+        self.decode_loops = DecodeLoopTable()
         self.samplers = SamplerCache()
 
     def clear(self) -> None:
-        """At the instance's end: every page reference back, queues and futures forgotten."""
+        """At the instance's end: decode loops stopped, every page reference back, queues and
+        futures forgotten."""
+        self.decode_loops.clear()
         self.pages.release_all()
         self.futures.clear()
         self.queues.clear()

@@ -80,6 +80,8 @@ class BatchScheduler:
         self._histogram: dict[int, int] = {}
         self._recent: deque[int] = deque(maxlen=_NUM_RECENT)
         self._fair = FairShares(max_lag_tokens=policy.max_batch_tokens)
+        self._resolving: threading.Thread | None = None   # the thread resolving a batch
+        self._wakes: list[Callable[[], None]] = []       # deferred by defer_wake
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -105,6 +107,7 @@ class BatchScheduler:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
         self._finish(items, [Cancelled("scheduler closed: submission not run")] * len(items))
+        self._run_wakes()
 
     def __enter__(self) -> "BatchScheduler":
         self.start()
@@ -170,6 +173,27 @@ class BatchScheduler:
         self._finish(items, [error] * len(items))
         return len(items)
 
+    def defer_wake(self, wake: Callable[[], None]) -> bool:
+        """From a future's callback while its batch resolves: run `wake` (waking a guest) only
+        once the next batch has gone to the engine, or right after this one when none follows
+        at once, so the batch's other callbacks (a decode loop's next submit) and the next
+        batch's forming do not compete with the threads they wake. False, and nothing kept,
+        when called outside a batch's resolution: the caller wakes now."""
+        if self._resolving is not threading.current_thread():
+            return False
+        with self._cond:
+            self._wakes.append(wake)
+        return True
+
+    def _run_wakes(self) -> None:
+        with self._cond:
+            wakes, self._wakes = self._wakes, []
+        for wake in wakes:
+            try:
+                wake()
+            except Exception:
+                _log.exception("scheduler: a deferred wake failed")
+
     def set_owner_group(self, owner_id: Hashable, group: Hashable) -> None:
         """Share batches fairly between groups (tenants) first, then between their owners."""
         with self._cond:
@@ -217,6 +241,9 @@ class BatchScheduler:
                 self._running = False
                 if self._closed or (self._engine_idle and self._num_pending):
                     self._cond.notify_all()                # what is left is the engine's
+                next_is_due = self._num_pending and not self._expected and not self._closed
+            if not next_is_due:                            # else the next batch runs them
+                self._run_wakes()
 
     def _wait_started(self, future: SubmissionFuture) -> None:
         """`future`'s owner is about to block on it (`SubmissionFuture.wait_started`): run every
@@ -292,6 +319,7 @@ class BatchScheduler:
     def _run_batch(self, copy_items: list[_Item], forward_items: list[_Item]) -> None:
         items = copy_items + forward_items
         copies = [copy for item in items for copy in item.copies]
+        self._run_wakes()                                  # the last batch's, deferred
         started = time.monotonic()
         try:
             if copies:
@@ -302,7 +330,11 @@ class BatchScheduler:
             outcomes = [None] * len(copy_items) + run_forward(self.engine, forward_items)
         failed = any(isinstance(outcome, BaseException) for outcome in outcomes)
         self._record(copy_items, forward_items, failed, time.monotonic() - started)
-        self._finish(items, outcomes)
+        self._resolving = threading.current_thread()
+        try:
+            self._finish(items, outcomes)
+        finally:
+            self._resolving = None
         self._forget(items)
 
     def _record(self, copy_items: list[_Item], forward_items: list[_Item], failed: bool,

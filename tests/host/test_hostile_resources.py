@@ -68,7 +68,7 @@ def sampler_record(**fields):
     ({"kind": "distribution", "num-top": 0}, "num_top > 0"),
 ])
 def test_every_bad_sampler_field_traps_at_the_binding(fields, phrase):
-    from host.bindings.forward import _sampler_spec
+    from host.bindings.samplers import _sampler_spec
     from host.errors import TrapError
 
     with pytest.raises(TrapError, match=rf"forward.submit: sampler 2: .*{phrase}"):

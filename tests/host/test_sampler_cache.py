@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 from wasmtime.component import Record
 
-from host.bindings import forward
+from host.bindings import samplers
 from host.errors import TrapError
 from host.sandbox.tables import MAX_CACHED_SAMPLERS, SamplerCache
 
@@ -27,9 +27,9 @@ def _ctx(vocab_size: int = 100) -> SimpleNamespace:
 
 def test_the_same_fields_give_the_same_checked_spec() -> None:
     ctx = _ctx()
-    first = forward._spec(ctx, "forward.submit", 0, _sampler(seed=3), None)
-    again = forward._spec(ctx, "forward.submit", 0, _sampler(seed=3), None)
-    other = forward._spec(ctx, "forward.submit", 0, _sampler(seed=4), None)
+    first = samplers.sampler_spec(ctx, "forward.submit", 0, _sampler(seed=3), None)
+    again = samplers.sampler_spec(ctx, "forward.submit", 0, _sampler(seed=3), None)
+    other = samplers.sampler_spec(ctx, "forward.submit", 0, _sampler(seed=4), None)
     assert again is first
     assert other is not first and other.seed == 4 and first.seed == 3
 
@@ -38,9 +38,9 @@ def test_a_bad_record_traps_every_time_and_is_never_cached() -> None:
     ctx = _ctx(vocab_size=100)
     for _ in range(2):
         with pytest.raises(TrapError, match="top_k 500 is more than the vocabulary size 100"):
-            forward._spec(ctx, "forward.submit", 0, _sampler(top_k=500), None)
+            samplers.sampler_spec(ctx, "forward.submit", 0, _sampler(top_k=500), None)
         with pytest.raises(TrapError, match="temperature"):
-            forward._spec(ctx, "forward.submit", 0, _sampler(temperature=float("nan")), None)
+            samplers.sampler_spec(ctx, "forward.submit", 0, _sampler(temperature=float("nan")), None)
     assert ctx.tables.samplers.get(("sample", 0.7, 500, 1.0, 0.0, None, 0)) is None
 
 

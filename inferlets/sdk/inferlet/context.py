@@ -15,6 +15,7 @@ import json
 from inferlet._wit import Err, forward, kv, messaging, queue
 from inferlet.errors import InferletError
 from inferlet.generation import Generation
+from inferlet.masking import MaskingMixin
 from inferlet.model import decode, encode, model_info, render_chat
 from inferlet.sampling import Sampler
 
@@ -25,7 +26,7 @@ _PRIORITIES = {"low": queue.Priority.LOW, "normal": queue.Priority.NORMAL,
 _EXPORT_KEY = "inferlet.export."   # store key prefix of an export's token metadata
 
 
-class Context:
+class Context(MaskingMixin):
     """A token sequence the model attends to: tokens, KV pages, positions, its own queue."""
 
     def __init__(self, *, priority: str = "normal") -> None:
@@ -50,6 +51,7 @@ class Context:
         self._chat: list[tuple[str, str]] = []   # (role, content) messages filled so far
         self._chat_text = ""                      # rendered chat text already in the context
         self._closed = False
+        self.open_loop = None                     # a host decode loop not closed yet (HostLoop)
 
     # -- filling -------------------------------------------------------------------------------
     def fill(self, text_or_token_ids: str | list[int]) -> None:
@@ -142,8 +144,15 @@ class Context:
         """Token slots in the pages (computed or submitted)."""
         return 0 if not self.page_ids else (len(self.page_ids) - 1) * self.page_size + self.last_page_len
 
-    def _reserve(self, num_tokens: int) -> None:
+    def settle(self) -> None:
+        """Close a host decode loop left open (a generation read part-way), so the pages and
+        pending tokens match what was read. Every KV operation of the context does this first."""
+        if self.open_loop is not None:
+            self.open_loop.close()
+
+    def reserve(self, num_tokens: int) -> None:
         """Grow the pages (and the host sequence) to hold `num_tokens` more slots."""
+        self.settle()
         new_len = self.kv_len + num_tokens
         num_new_pages = -(-new_len // self.page_size) - len(self.page_ids)
         if num_new_pages > 0:
@@ -152,6 +161,17 @@ class Context:
             self.page_ids.extend(new_ids)
             self._page_masks.extend(bytearray(self.page_size) for _ in new_ids)
         self.last_page_len = new_len - (len(self.page_ids) - 1) * self.page_size
+
+    def adopt_pages(self, page_ids: list[int], kv_len: int) -> None:
+        """Pages the host appended to the sequence (a decode loop's spares) join the context,
+        which now holds `kv_len` slots."""
+        self.page_ids.extend(page_ids)
+        self._page_masks.extend(bytearray(self.page_size) for _ in page_ids)
+        self.last_page_len = kv_len - (len(self.page_ids) - 1) * self.page_size
+
+    def note_submitted(self) -> None:
+        """A pass was submitted on this context's queue (synchronize waits for it)."""
+        self._unsynchronized = True
 
     def submit(self, token_ids: list[int], sampler=None, options=None, *,
                mask: list[list[int]] | None = None) -> forward.ForwardFuture | None:
@@ -170,7 +190,7 @@ class Context:
             is_last = start + len(chunk) == len(token_ids)
             with_output = sampler is not None and is_last
             positions = list(range(self.next_position, self.next_position + len(chunk)))
-            self._reserve(len(chunk))
+            self.reserve(len(chunk))
             if with_output and options is not None:
                 future = forward.submit_with(self.queue_id, self.sequence_id, chunk, positions,
                                              self.last_page_len, [len(chunk) - 1],
@@ -235,6 +255,7 @@ class Context:
     def synchronize(self) -> None:
         """Block until everything submitted on this context's queue has run."""
         self._check_open()
+        self.settle()
         if self._unsynchronized:
             queue.synchronize(self.queue_id)
             self._unsynchronized = False
@@ -250,13 +271,14 @@ class Context:
             future.__exit__(None, None, None)
         self._dropped_futures.clear()
 
-    # -- fork, masking -------------------------------------------------------------------------
+    # -- fork -------------------------------------------------------------------------------
     def fork(self, *, priority: str | None = None) -> "Context":
         """A new context with the same tokens, sharing this one's KV pages (no copy).
 
         The pending tokens are computed first, so the prefix is computed once; the shared
         partial last page is copied by the host when either side writes into it.
         """
+        self.settle()
         self.flush()
         self.synchronize()
         child = Context(priority=priority or self.priority)
@@ -274,57 +296,12 @@ class Context:
         child._chat, child._chat_text = list(self._chat), self._chat_text
         return child
 
-    def _apply_mask_runs(self, page_id: int, mask: bytearray) -> None:
-        offset = 0
-        while offset < len(mask):
-            if not mask[offset]:
-                offset += 1
-                continue
-            end = offset
-            while end < len(mask) and mask[end]:
-                end += 1
-            kv.mask_tokens(page_id, offset, end - offset, True)
-            offset = end
-
-    def mask(self, start: int, end: int, masked: bool = True) -> None:
-        """Hide (or show again) KV slots [start, end) from every later pass of this context."""
-        if not 0 <= start <= end <= self.kv_len:
-            raise ValueError(f"mask range [{start}, {end}) outside the {self.kv_len} KV slots")
-        flag = 1 if masked else 0
-        for page_index in range(start // self.page_size, -(-end // self.page_size)):
-            page_start = page_index * self.page_size
-            lo, hi = max(start, page_start) - page_start, min(end, page_start + self.page_size) - page_start
-            page_mask = self._page_masks[page_index]
-            if all(page_mask[i] == flag for i in range(lo, hi)):
-                continue
-            kv.mask_tokens(self.page_ids[page_index], lo, hi - lo, masked)
-            page_mask[lo:hi] = bytes([flag]) * (hi - lo)
-
-    def drop_masked_pages(self) -> int:
-        """Free the pages (but the last) whose slots are all masked; returns how many."""
-        keep = [i for i, m in enumerate(self._page_masks)
-                if i == len(self.page_ids) - 1 or not all(m)]
-        if len(keep) == len(self.page_ids):
-            return 0
-        dropped = [self.page_ids[i] for i in range(len(self.page_ids)) if i not in set(keep)]
-        kv.free_pages(dropped)   # also removes them from the sequence
-        self.page_ids = [self.page_ids[i] for i in keep]
-        self._page_masks = [self._page_masks[i] for i in keep]
-        return len(dropped)
-
-    def keep_window(self, num_sink_tokens: int, window: int) -> int:
-        """Attention sink + sliding window: hide every KV slot but the first `num_sink_tokens`
-        and the last `window`, then free fully hidden pages. Returns the pages freed."""
-        end = self.kv_len - window
-        if end > num_sink_tokens:
-            self.mask(num_sink_tokens, end)
-        return self.drop_masked_pages()
-
     # -- export / import -----------------------------------------------------------------------
     def export(self, name: str, *, persistent: bool = False) -> None:
         """Publish this context's KV under `name` (tokens in the tenant's store) for `from_import`."""
         if any(any(m) for m in self._page_masks) or self.next_position != self.kv_len:
             raise ValueError(f"export {name!r}: a masked or windowed context cannot be exported")
+        self.settle()
         self.flush()
         self.synchronize()
         try:
@@ -367,6 +344,7 @@ class Context:
         """Free the pages, the sequence and the queue (idempotent)."""
         if self._closed:
             return
+        self.settle()
         self._release_dropped_futures()
         if self.page_ids:
             kv.free_pages(self.page_ids)

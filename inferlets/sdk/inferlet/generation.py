@@ -9,6 +9,11 @@ Constraints (host side, in the same pass as the sampling): `schema` (a JSON sche
 text), `regex` or `grammar` (Lark) make every token match the grammar; the sampler's penalties
 count the tokens of this generation; with `sampler.logprobs` every token's log-probability is
 kept in `logprobs`. `drafter` (inferlet.drafting) verifies drafted tokens in one pass each.
+
+`run()` and `steps()` run on host decode loops (inferlet.host_loop: the host chains the passes,
+the guest reads the tokens as they come) unless a drafter or a stop string needs the guest
+between tokens, more than 64 stop token ids are given, or `host_loop=False`; `step()` is always
+one pass. Both give the same tokens.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from typing import Iterator
 
 from inferlet._wit import Err, forward
 from inferlet.errors import InferletError
+from inferlet.host_loop import HostLoop
 from inferlet.model import decode
 from inferlet.sampling import Sampler
 from inferlet.text import TextStream
@@ -25,6 +31,8 @@ from inferlet.text import TextStream
 __all__ = ["Generation", "TokenLogprob", "generate_parallel", "wait_outputs", "host_grammar"]
 
 _GREEDY = Sampler()
+MAX_LOOP_TOKENS = 65536   # forward.submit-decode's bounds: max-tokens, stop-token-ids
+MAX_LOOP_STOP_IDS = 64
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ class Generation:
     def __init__(self, ctx, max_tokens: int, sampler: Sampler | None = None, *,
                  stop: tuple[str, ...] | list[str] | str = (), stop_token_ids=None,
                  stream_text: bool = False, schema=None, regex: str | None = None,
-                 grammar: str | None = None, drafter=None) -> None:
+                 grammar: str | None = None, drafter=None, host_loop: bool = True) -> None:
         if max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {max_tokens}")
         self.ctx = ctx
@@ -71,6 +79,8 @@ class Generation:
         self._text = TextStream(stop_strings) if stop_strings or stream_text else None
         self.logprobs: list[TokenLogprob] = []   # with sampler.logprobs: one per token
         self.drafter = drafter
+        self.host_loop = (host_loop and drafter is None and not stop_strings
+                          and len(self.stop_token_ids) <= MAX_LOOP_STOP_IDS)
         self.num_drafted = self.num_accepted = self.num_verify_passes = 0
         self.generation_id = _create_host_generation(self.sampler, schema, regex, grammar)
         self._sampled = self.sampler.extended or self.generation_id is not None
@@ -102,6 +112,10 @@ class Generation:
         """Wait for the step's pass, take its token; returns the new final text ("" if none)."""
         output = wait_outputs(future, self._sampled)[0].value
         self.ctx.passes_done()
+        return self._take(output)
+
+    def _take(self, output) -> str:
+        """Accept a pass's output (a token id, or token-logprobs); the new final text."""
         if isinstance(output, int):
             return self.accept(output)
         self.logprobs.append(TokenLogprob(output.token_id, output.logprob,
@@ -144,16 +158,42 @@ class Generation:
 
     def steps(self) -> Iterator[str]:
         """Run to the end, yielding each non-empty text delta."""
-        while not self.done:
-            delta = self.step()
-            if delta:
-                yield delta
+        deltas = self._loop_deltas() if self.host_loop else self._step_deltas()
+        try:
+            for delta in deltas:
+                if delta:
+                    yield delta
+        finally:
+            deltas.close()          # read no further: a host loop brings the context up to date
 
     def run(self) -> "Generation":
         """Run to the end."""
-        while not self.done:
-            self.step()
+        for _ in self._loop_deltas() if self.host_loop else self._step_deltas():
+            pass
         return self
+
+    def _step_deltas(self) -> Iterator[str]:
+        while not self.done:
+            yield self.step()
+
+    def _start_loop(self) -> HostLoop:
+        return HostLoop(self.ctx, min(self.max_tokens - len(self.token_ids), MAX_LOOP_TOKENS),
+                        self.sampler, self.sampler.options_wit(self.generation_id),
+                        self.stop_token_ids)
+
+    def _loop_deltas(self, loop: HostLoop | None = None) -> Iterator[str]:
+        """The text deltas of host decode loops (`loop` first, when started already), one loop
+        after another until done (a loop also ends when its spare pages run out)."""
+        while not self.done:
+            loop = loop or self._start_loop()
+            try:
+                for output in loop.outputs():
+                    yield self._take(output.value)
+                    if self.done:
+                        break
+            finally:
+                loop.close()
+            loop = None
 
     @property
     def mean_logprob(self) -> float:
@@ -189,8 +229,9 @@ def _create_host_generation(sampler: Sampler, schema, regex, grammar) -> int | N
 def generate_parallel(contexts: list, max_tokens: int, sampler: Sampler | list[Sampler] | None = None,
                       *, stop: tuple[str, ...] | str = (), on_text=None,
                       **options) -> list[Generation]:
-    """Generate on several contexts (typically forks) at once: every step submits one pass per
-    unfinished context, each on its own queue, all in flight together, then collects them.
+    """Generate on several contexts (typically forks) at once, each on its own queue, all in
+    flight together: on host loops (see Generation), else every step submits one pass per
+    unfinished context, then collects them.
 
     `sampler` is one for all or one per context; `on_text(index, delta)` streams text;
     `options` (schema=, regex=, grammar=) constrain every generation (no drafter here).
@@ -201,6 +242,9 @@ def generate_parallel(contexts: list, max_tokens: int, sampler: Sampler | list[S
         raise ValueError(f"{len(samplers)} samplers for {len(contexts)} contexts")
     generations = [Generation(ctx, max_tokens, s, stop=stop, stream_text=on_text is not None,
                               **options) for ctx, s in zip(contexts, samplers)]
+    if all(gen.host_loop for gen in generations):
+        _read_loops_in_turn(generations, on_text)
+        return generations
     active = list(enumerate(generations))
     while active:
         in_flight = [(index, gen, gen.submit()) for index, gen in active]
@@ -210,3 +254,21 @@ def generate_parallel(contexts: list, max_tokens: int, sampler: Sampler | list[S
                 on_text(index, delta)
         active = [(index, gen) for index, gen in active if not gen.done]
     return generations
+
+
+def _read_loops_in_turn(generations: list[Generation], on_text) -> None:
+    """Every generation on its own host loops, all running at once; read one token of each in
+    turn (a loop's tokens wait on the host meanwhile). Every loop starts before any is read,
+    so their first passes share a batch."""
+    active = [(index, gen, gen._loop_deltas(gen._start_loop()))
+              for index, gen in enumerate(generations)]
+    while active:
+        still_active = []
+        for index, gen, deltas in active:
+            delta = next(deltas, None)
+            if delta is None:
+                continue
+            if delta and on_text is not None:
+                on_text(index, delta)
+            still_active.append((index, gen, deltas))
+        active = still_active

@@ -19,11 +19,11 @@ def submit_verify(ctx, token_ids: list[int], num_drafted: int, sampler,
     """Submit `token_ids` (their last `num_drafted` are drafts) as one verify pass on `ctx`."""
     ctx._check_open()
     positions = list(range(ctx.next_position, ctx.next_position + len(token_ids)))
-    ctx._reserve(len(token_ids))
+    ctx.reserve(len(token_ids))
     future = forward.submit_verify(ctx.queue_id, ctx.sequence_id, token_ids, positions,
                                    ctx.last_page_len, num_drafted, sampler.to_wit(), options)
     ctx.next_position += len(token_ids)
-    ctx._unsynchronized = True
+    ctx.note_submitted()
     return future
 
 

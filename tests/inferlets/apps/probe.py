@@ -45,4 +45,23 @@ def main(args: list[str]) -> str:
         imported = inferlet.Context.from_import("probe-forks")
         runs = [c.generate_tokens(num_tokens, stop_token_ids=()) for c in forks + [ctx, imported]]
         return json.dumps(runs)
+    if mode == "loops":   # the same greedy tokens step by step, on host loops, and resumed
+        prompt, num_tokens, num_first = args[1], int(args[2]), int(args[3])
+        runs = []
+        for host_loop in (False, True):
+            ctx = inferlet.Context()
+            ctx.fill(prompt)
+            runs.append(ctx.generate_tokens(num_tokens, stop_token_ids=(), host_loop=host_loop))
+        ctx = inferlet.Context()
+        ctx.fill(prompt)
+        generation = ctx.generation(num_tokens, stop_token_ids=(), stream_text=True)
+        for _ in zip(range(num_first), generation.steps()):   # stop reading early
+            pass
+        first = list(generation.token_ids)
+        runs.append(first + ctx.generate_tokens(num_tokens - len(first), stop_token_ids=()))
+        ctx = inferlet.Context()                 # two generations in a row on one context
+        ctx.fill(prompt)
+        first = ctx.generate_tokens(num_first, stop_token_ids=())
+        runs.append(first + ctx.generate_tokens(num_tokens - num_first, stop_token_ids=()))
+        return json.dumps(runs)
     raise inferlet.InferletError(f"unknown mode {mode!r}")

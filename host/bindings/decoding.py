@@ -1,0 +1,224 @@
+"""`forward.submit-decode`: a decode loop the host runs, and its `decode-stream` resource.
+
+A guest's per-token decode step costs a round trip through the sandbox (submit, wake, get, lower,
+and the guest's own code between them); here the host chains the passes itself: when a pass has
+run, the thread that resolved it (the engine thread, usually) appends the output for the guest
+and submits the next pass on the same queue at once, so the next batch carries it without waiting
+for the guest. The guest reads the outputs with `decode-stream.next` as they come, one or many at
+a time.
+
+Every pass is prepared by `InstancePages` like a forward.submit (same checks, pins, copy-on-write);
+the first on the guest's thread (it may reclaim pages), the later ones without reclaim
+(`prepare_decode_step`): a pool too short for a copy-on-write ends the loop quietly, and the guest
+goes on with a new one. A later pass the guest's own calls made invalid (a spare freed meanwhile)
+traps the instance at its next `next`. The instance's end stops every loop before its queued
+passes are cancelled (`DecodeLoopTable.stop_all`), so no pass is submitted for an ended instance.
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any, Hashable
+
+from wasmtime.component import Record
+
+from engine.batch import ForwardResult, SamplerSpec
+from engine.paging import kv_len as paged_kv_len
+from host.bindings.context import BindingContext
+from host.bindings.samplers import lower_sampled, sampler_spec
+from host.errors import TrapError
+from host.kv import InstancePages
+from host.kv.page_ledger import NeedPages
+from host.scheduling.work import PreparedForward
+from host.sandbox.wit_codec import HostResource
+
+__all__ = ["DecodeLoop", "submit_decode", "next_outputs", "stop", "drop", "DECODE_STREAM_TYPE",
+           "MAX_DECODE_TOKENS", "MAX_STOP_TOKEN_IDS"]
+
+DECODE_STREAM_TYPE = 2
+MAX_DECODE_TOKENS = 65536     # outputs of one loop
+MAX_STOP_TOKEN_IDS = 64
+MAX_UNREAD_OUTPUTS = 64       # a loop runs at most this many outputs ahead of its reader
+
+
+class DecodeLoop:
+    """One loop's state. The pass chain runs on the threads that resolve its passes; the guest
+    reads with `take`. `stop` makes it submit nothing more (taken under the same lock as a
+    submission, so none follows it)."""
+
+    def __init__(self, pages: InstancePages, scheduler: Any, queue_key: Hashable, priority: str,
+                 sequence_id: int, sampler: SamplerSpec, max_tokens: int,
+                 stop_token_ids: frozenset[int], spare_page_ids: list[int]) -> None:
+        self._pages, self._scheduler = pages, scheduler
+        self._queue_key, self._priority = queue_key, priority
+        self._sequence_id, self._sampler = sequence_id, sampler
+        self._max_tokens, self._stop_token_ids = max_tokens, stop_token_ids
+        self._spare_page_ids = spare_page_ids
+        self._lock = threading.Lock()
+        self._outputs: list = []            # produced, not yet taken by the guest
+        self._num_outputs = 0
+        self._ended = self._stopped = False
+        self._error: str | None = None      # the engine failed a pass: next's err, once
+        self._trap: str | None = None       # the guest's calls broke a later pass
+        self._waiter: Future | None = None  # the guest's next(), blocked
+        self._in_flight = False             # a pass submitted, not resolved
+        self._paused_token: int | None = None   # the next pass's input, held for the reader
+        self._position = self._kv_len = self._num_pages = 0
+
+    def start(self, prepared: PreparedForward, position: int, page_size: int) -> None:
+        """Submit the first pass (prepared on the guest's thread)."""
+        request = prepared.request
+        self._page_size, self._position = page_size, position
+        self._num_pages = len(request.page_ids)
+        self._kv_len = paged_kv_len(self._num_pages, request.last_page_len, page_size)
+        with self._lock:
+            self._in_flight = True
+            future = self._scheduler.submit_forward(self._queue_key, self._priority, prepared)
+        future.add_done_callback(self._on_pass)
+
+    def stop(self) -> None:
+        """Submit no further pass; `take` ends once the one in flight (if any) has run."""
+        with self._lock:
+            self._stopped = True
+
+    def take(self) -> tuple[list, bool, Future | None]:
+        """(outputs not taken yet, ended, a future to wait on when there are none and the loop
+        goes on). After the last output, one more call returns the engine's error as the err
+        text (TrapError for a broken pass). Taking resumes a loop held for its reader."""
+        with self._lock:
+            if not self._outputs:
+                return self._nothing_to_take()
+            outputs, self._outputs = self._outputs, []
+            following = self._resume()
+        if following is not None:
+            following.add_done_callback(self._on_pass)
+        return outputs, False, None
+
+    def _nothing_to_take(self) -> tuple[list, bool, Future | None]:
+        """Under the lock: the end (err text once), a trap, or a future to wait on."""
+        if self._trap is not None:
+            raise TrapError(self._trap)
+        if (self._ended or self._stopped) and not self._in_flight:
+            error, self._error = self._error, None
+            return ([error] if error else []), True, None
+        self._waiter = Future()
+        return [], False, self._waiter
+
+    def _on_pass(self, future: Future) -> None:
+        """A pass resolved (any thread): keep its output, submit the next pass or end."""
+        try:
+            result: ForwardResult = future.result()
+        except Exception as exc:  # noqa: BLE001 -- the engine failed the batch, or cancelled
+            self._end(error=f"engine failed the batch: {exc}")
+            return
+        output = result.outputs[0]
+        token_id = output if isinstance(output, int) else output.token_id
+        with self._lock:
+            self._in_flight = False
+            self._outputs.append(output)
+            self._num_outputs += 1
+            following = None
+            if (self._stopped or self._num_outputs >= self._max_tokens
+                    or token_id in self._stop_token_ids):
+                self._ended = True
+            elif len(self._outputs) >= MAX_UNREAD_OUTPUTS:
+                self._paused_token = token_id      # the reader's next take resumes it
+            else:
+                following = self._submit_next(token_id)
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None and not self._scheduler.defer_wake(lambda: waiter.set_result(None)):
+            waiter.set_result(None)
+        if following is not None:
+            following.add_done_callback(self._on_pass)
+
+    def _resume(self) -> Future | None:
+        """Under the lock: submit the pass held for the reader, if any (and not stopped)."""
+        token_id, self._paused_token = self._paused_token, None
+        if token_id is None or self._stopped:
+            if token_id is not None:
+                self._ended = True
+            return None
+        return self._submit_next(token_id)
+
+    def _submit_next(self, token_id: int) -> Future | None:
+        """Under the lock: the next pass submitted, or None with the loop ended."""
+        kv_len = self._kv_len + 1
+        append_page_id = None
+        if kv_len > self._num_pages * self._page_size:
+            if not self._spare_page_ids:
+                self._ended = True                   # out of spares: the guest goes on
+                return None
+            append_page_id = self._spare_page_ids[0]
+        last_page_len = kv_len - (self._num_pages - (append_page_id is None)) * self._page_size
+        try:
+            prepared = self._pages.prepare_decode_step(
+                self._sequence_id, token_id, self._position + 1, last_page_len, self._sampler,
+                append_page_id)
+        except NeedPages:
+            self._ended = True                       # the pool is short: the guest reclaims
+            return None
+        except TrapError as exc:
+            self._ended, self._trap = True, str(exc)
+            return None
+        if append_page_id is not None:
+            self._spare_page_ids.pop(0)
+            self._num_pages += 1
+        self._kv_len, self._position = kv_len, self._position + 1
+        self._in_flight = True
+        return self._scheduler.submit_forward(self._queue_key, self._priority, prepared)
+
+    def _end(self, error: str) -> None:
+        with self._lock:
+            self._ended, self._error, self._in_flight = True, error, False
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.set_result(None)
+
+
+def submit_decode(ctx: BindingContext, queue_id: int, sequence_id: int, token_ids: list[int],
+                  positions: list[int], last_page_len: int, sampler: Record, options: Record,
+                  max_tokens: int, stop_token_ids: list[int],
+                  spare_page_ids: list[int]) -> HostResource:
+    call = "forward.submit-decode"
+    priority = ctx.tables.queues.priority(call, queue_id)
+    vocab_size = ctx.services.model_info.vocab_size
+    if not 1 <= max_tokens <= MAX_DECODE_TOKENS:
+        raise TrapError(f"{call}: max-tokens {max_tokens} outside 1..{MAX_DECODE_TOKENS}")
+    if len(stop_token_ids) > MAX_STOP_TOKEN_IDS or any(t >= vocab_size for t in stop_token_ids):
+        raise TrapError(f"{call}: at most {MAX_STOP_TOKEN_IDS} stop-token-ids, each below "
+                        f"{vocab_size}")
+    spec = sampler_spec(ctx, call, 0, sampler, options)
+    if spec.kind not in ("greedy", "sample"):
+        raise TrapError(f"{call}: the sampler must be greedy or sample, not {spec.kind}")
+    pages = ctx.tables.pages
+    pages.check_spare_pages(call, spare_page_ids)
+    prepared = pages.prepare_forward(sequence_id, token_ids, positions, last_page_len,
+                                     [len(token_ids) - 1] if token_ids else [], [spec], None,
+                                     call=call)
+    loop = DecodeLoop(pages, ctx.services.scheduler, (ctx.instance_id, queue_id), priority,
+                      sequence_id, spec, max_tokens, frozenset(stop_token_ids),
+                      list(spare_page_ids))
+    rep = ctx.tables.decode_loops.add(call, loop)
+    loop.start(prepared, positions[-1], pages.ledger.page_size)
+    return HostResource(rep, DECODE_STREAM_TYPE)
+
+
+def next_outputs(ctx: BindingContext, store: Any, rep: int) -> list | str:
+    """result<list<sampled>>: the outputs since the last call; [] once the loop has ended."""
+    call = "decode-stream.next"
+    loop: DecodeLoop = ctx.tables.decode_loops.get(call, rep)
+    while True:
+        outputs, ended, waiter = loop.take()
+        if waiter is None:
+            if ended and outputs:
+                return outputs[0]                   # the engine's error
+            return [lower_sampled(output) for output in outputs]
+        ctx.wait_future(waiter, call)
+
+
+def stop(ctx: BindingContext, store: Any, rep: int) -> None:
+    ctx.tables.decode_loops.get("decode-stream.stop", rep).stop()
+
+
+def drop(ctx: BindingContext, rep: int) -> None:
+    ctx.tables.decode_loops.drop(rep)

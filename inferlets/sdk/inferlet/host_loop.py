@@ -1,0 +1,92 @@
+"""`HostLoop`: a context's decode loop run by the host (`forward.submit-decode`).
+
+The host chains the passes (each inputs the token the previous one sampled), so a generation
+costs the guest one `next` call per handful of tokens instead of a submit and a get per token.
+The context is brought up to date in `close`: after n outputs read, the KV holds the prompt's
+pending tokens and the first n - 1 outputs (the last one stays pending, as after a step), and
+the spare pages those slots needed joined the context; spares left over are freed.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from inferlet._wit import Err, forward, kv
+from inferlet.errors import InferletError
+
+__all__ = ["HostLoop", "MAX_SPARE_PAGES"]
+
+MAX_SPARE_PAGES = 8     # pages one loop may grow by: the guest allocates them up front
+
+
+class HostLoop:
+    """One `forward.submit-decode` on `ctx` from its pending tokens; read `outputs()` (each a
+    forward.Sampled), then `close()` (also when stopping early: the tokens the host computed
+    past the last output read are cut off the context's KV)."""
+
+    def __init__(self, ctx, max_tokens: int, sampler, options: forward.SamplerOptions,
+                 stop_token_ids) -> None:
+        self.ctx = ctx
+        ctx.settle()
+        token_ids = ctx.take_pending()
+        if not token_ids:
+            raise InferletError("a decode loop needs a pending token to start from")
+        num_head = len(token_ids) - ((len(token_ids) - 1) % ctx.max_batch_tokens + 1)
+        if num_head:
+            ctx.submit(token_ids[:num_head])            # a long prompt: all but its last pass
+        tail = token_ids[num_head:]
+        positions = list(range(ctx.next_position, ctx.next_position + len(tail)))
+        ctx.reserve(len(tail))
+        self._num_pages_before = len(ctx.page_ids)
+        self._kv_len_before = ctx.kv_len
+        num_slots = ctx.kv_len + max_tokens - 1
+        num_spares = min(MAX_SPARE_PAGES, -(-num_slots // ctx.page_size) - len(ctx.page_ids))
+        self._spare_page_ids = list(kv.allocate_pages(num_spares)) if num_spares > 0 else []
+        self._stream = forward.submit_decode(
+            ctx.queue_id, ctx.sequence_id, tail, positions, ctx.last_page_len, sampler.to_wit(),
+            options, max_tokens, sorted(stop_token_ids), self._spare_page_ids)
+        ctx.next_position += len(tail)
+        ctx.note_submitted()
+        ctx.open_loop = self
+        self.num_read = 0          # outputs handed out by outputs()
+        self._num_produced = 0     # outputs the host returned
+        self._ended = False
+
+    def outputs(self) -> Iterator:
+        """The loop's outputs as they come; ends with the loop. An engine failure raises
+        InferletError("forward pass failed: ...")."""
+        while not self._ended and self.ctx.open_loop is self:     # closed by a settle: over
+            for output in self._next():
+                self.num_read += 1
+                yield output
+
+    def _next(self) -> list:
+        try:
+            outputs = self._stream.next()
+        except Err as err:
+            self._ended = True
+            raise InferletError(f"forward pass failed: {err.value}") from None
+        self._ended = not outputs
+        self._num_produced += len(outputs)
+        return outputs
+
+    def close(self) -> None:
+        """Stop the loop (when it runs on), drop the stream, and make the context's pages and
+        pending tokens match the outputs read. Idempotent."""
+        if self.ctx.open_loop is not self:
+            return
+        self.ctx.open_loop = None
+        if not self._ended:
+            self._stream.stop()
+            while not self._ended:
+                self._next()
+        self._stream.__exit__(None, None, None)
+        ctx = self.ctx
+        num_computed = max(0, self.num_read - 1)
+        kept_len = self._kv_len_before + num_computed
+        num_kept = max(0, -(-kept_len // ctx.page_size) - self._num_pages_before)
+        ctx.adopt_pages(self._spare_page_ids[:num_kept], kept_len)
+        if len(self._spare_page_ids) > num_kept:     # also off the sequence, if the host
+            kv.free_pages(self._spare_page_ids[num_kept:])   # computed past the last read
+        del ctx.pending_token_ids[:num_computed]
+        ctx.next_position += num_computed
+        ctx.passes_done()

@@ -1,0 +1,236 @@
+"""forward.submit-decode: the host-run decode loop, through its bindings, over the fake engine.
+
+The fake engine's outputs are a function of the tokens a position attends to, so the expected
+tokens are `fake_next_token` applied step by step; its pages record which token sits in each slot,
+so the KV layout after a loop (the prompt and every output but the last, spares appended in
+order) is checked slot by slot.
+"""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+from wasmtime.component import Record
+
+from host.bindings import decoding
+from host.errors import TrapError
+from host.kv import ExportRegistry, InstancePages, PageAllocator
+from host.sandbox.tables import InstanceTables
+from host.scheduling.scheduler import BatchScheduler
+from tests.host.fake_engine import FakeEngine, fake_next_token
+
+PAGE_SIZE = 4
+
+
+def _sampler(kind: str = "greedy") -> Record:
+    record = Record()
+    record.kind, record.temperature, record.seed = kind, 1.0, None
+    for name, value in (("top-k", 0), ("top-p", 1.0), ("min-p", 0.0), ("num-top", 4)):
+        setattr(record, name, value)
+    return record
+
+
+def _options() -> Record:
+    record = Record()
+    record.logprobs, record.generation = None, None
+    for name, value in (("logit-bias", []), ("allowed-token-ids", None), ("presence-penalty", 0.0),
+                        ("frequency-penalty", 0.0), ("repetition-penalty", 1.0)):
+        setattr(record, name, value)
+    return record
+
+
+class Setup:
+    """One instance's binding context over a fake engine (its scheduler not started until
+    `start`), with a sequence holding `prompt`'s slots."""
+
+    def __init__(self, prompt: list[int], num_pool_pages: int = 32) -> None:
+        self.engine = FakeEngine(num_pages=num_pool_pages, page_size=PAGE_SIZE)
+        self.pool = PageAllocator(num_pool_pages)
+        self.pages = InstancePages(self.pool, ExportRegistry(self.pool), instance_id="a",
+                                   tenant="t", page_quota=num_pool_pages, page_size=PAGE_SIZE,
+                                   vocab_size=self.engine.model_config.vocab_size)
+        self.scheduler = BatchScheduler(self.engine)
+        self.tables = InstanceTables(self.pages)
+        self.queue_id = self.tables.queues.create("normal")
+        self.ctx = SimpleNamespace(
+            instance_id="a", tables=self.tables,
+            services=SimpleNamespace(scheduler=self.scheduler, model_info=SimpleNamespace(
+                vocab_size=self.engine.model_config.vocab_size)),
+            wait_future=lambda future, call: future.result(timeout=10))
+        self.prompt = prompt
+        self.sequence_id = self.pages.create_sequence()
+        num_pages = -(-len(prompt) // PAGE_SIZE)
+        self.prompt_page_ids = self.pages.allocate_pages(num_pages)
+        self.pages.sequence_append(self.sequence_id, self.prompt_page_ids)
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def submit(self, max_tokens: int, *, num_spares: int = 0, stop_token_ids=(),
+               sampler: Record | None = None, spare_page_ids=None) -> int:
+        spares = (self.pages.allocate_pages(num_spares) if spare_page_ids is None
+                  else spare_page_ids)
+        self.spare_page_ids = spares
+        last_page_len = len(self.prompt) - (len(self.prompt_page_ids) - 1) * PAGE_SIZE
+        stream = decoding.submit_decode(
+            self.ctx, self.queue_id, self.sequence_id, self.prompt,
+            list(range(len(self.prompt))), last_page_len, sampler or _sampler(), _options(),
+            max_tokens, list(stop_token_ids), spares)
+        return stream.rep
+
+    def read_all(self, rep: int) -> list:
+        outputs: list = []
+        while True:
+            batch = decoding.next_outputs(self.ctx, None, rep)
+            if isinstance(batch, str) or not batch:
+                return outputs + ([batch] if isinstance(batch, str) else [])
+            outputs += [output.payload for output in batch]
+
+    def slots(self, page_ids) -> list[int]:
+        physical = [self.pages.ledger.pages[pid].physical_id for pid in page_ids]
+        return [t for pid in physical for t in self.engine.page_tokens(pid)]
+
+    def close(self) -> None:
+        self.tables.decode_loops.stop_all()
+        self.scheduler.cancel_owner("a")
+        self.scheduler.close()
+        self.tables.clear()
+
+
+def _expected(prompt: list[int], num_tokens: int) -> list[int]:
+    context, tokens = list(prompt), []
+    for _ in range(num_tokens):
+        tokens.append(fake_next_token(context))
+        context.append(tokens[-1])
+    return tokens
+
+
+@pytest.fixture
+def setups():
+    made: list[Setup] = []
+
+    def make(prompt: list[int], **kwargs) -> Setup:
+        made.append(Setup(prompt, **kwargs))
+        return made[-1]
+    yield make
+    for setup in made:
+        setup.close()
+        assert setup.pool.num_free() == setup.pool.num_pages, "every page returns"
+
+
+def test_outputs_equal_step_by_step_and_the_kv_holds_all_but_the_last(setups) -> None:
+    setup = setups([10, 11, 12, 13, 14])          # 2 pages, the second with 1 slot used
+    setup.start()
+    rep = setup.submit(9, num_spares=3)
+    expected = _expected(setup.prompt, 9)
+    assert setup.read_all(rep) == expected
+    # KV: 5 + 8 slots = 4 pages: the first two spares joined the sequence, in order
+    sequence = setup.pages.sequence_pages(setup.sequence_id)
+    assert sequence == setup.prompt_page_ids + setup.spare_page_ids[:2]
+    assert setup.slots(sequence)[:13] == setup.prompt + expected[:8]
+    assert setup.engine.statistics().num_requests == 9
+
+
+def test_a_stop_token_ends_the_loop_after_it(setups) -> None:
+    setup = setups([20, 21, 22])
+    setup.start()
+    expected = _expected(setup.prompt, 12)
+    index = next(i for i in range(2, 12) if expected[i] not in expected[:i])
+    rep = setup.submit(12, num_spares=4, stop_token_ids=[expected[index]])
+    assert setup.read_all(rep) == expected[:index + 1]
+    assert setup.engine.statistics().num_requests == index + 1
+
+
+def test_the_loop_ends_when_it_needs_a_page_and_no_spare_is_left(setups) -> None:
+    setup = setups([1, 2, 3])                     # one page, one free slot after the first pass
+    setup.start()
+    rep = setup.submit(10)
+    assert setup.read_all(rep) == _expected(setup.prompt, 2)   # the second pass fills the page
+    assert setup.pages.sequence_pages(setup.sequence_id) == setup.prompt_page_ids
+
+
+def test_stop_returns_the_pass_in_flight_then_ends(setups) -> None:
+    setup = setups([5, 6])
+    rep = setup.submit(50, num_spares=8)          # queued: the scheduler has not started
+    decoding.stop(setup.ctx, None, rep)
+    setup.start()
+    assert setup.read_all(rep) == _expected(setup.prompt, 1)
+    assert setup.engine.statistics().num_requests == 1
+
+
+def test_an_engine_failure_is_the_err_after_the_outputs_before_it(setups) -> None:
+    setup = setups([7, 8, 9])
+    rep = setup.submit(5, num_spares=2)
+    setup.engine.fail_next_batches(1)
+    setup.start()
+    outputs = setup.read_all(rep)
+    assert outputs == ["engine failed the batch: fake engine: injected failure"]
+
+
+def test_a_spare_freed_while_the_loop_runs_traps_at_next(setups) -> None:
+    setup = setups([1, 2, 3, 4])                  # the page is full: pass 2 needs a spare
+    rep = setup.submit(5, num_spares=1)
+    setup.pages.free_pages(setup.spare_page_ids)
+    setup.start()
+    assert decoding.next_outputs(setup.ctx, None, rep)[0].payload == _expected(setup.prompt, 1)[0]
+    with pytest.raises(TrapError, match="forward.submit-decode: page id .* was already freed"):
+        decoding.next_outputs(setup.ctx, None, rep)
+
+
+@pytest.mark.parametrize("field, kwargs, message", [
+    ("max-tokens", {"max_tokens": 0}, "max-tokens 0 outside 1..65536"),
+    ("max-tokens", {"max_tokens": 65537}, "max-tokens 65537 outside 1..65536"),
+    ("stop ids", {"stop_token_ids": list(range(65))}, "at most 64 stop-token-ids"),
+    ("stop ids", {"stop_token_ids": [1 << 20]}, "each below"),
+    ("spares", {"spare_page_ids": [4242]}, "unknown page id 4242"),
+    ("sampler", {"sampler": _sampler("distribution")}, "greedy or sample, not distribution"),
+])
+def test_bad_arguments_trap_and_queue_nothing(setups, field, kwargs, message) -> None:
+    setup = setups([1, 2])
+    max_tokens = kwargs.pop("max_tokens", 4)
+    with pytest.raises(TrapError, match=message):
+        setup.submit(max_tokens, **kwargs)
+    assert setup.scheduler.statistics().num_pending == 0 and len(setup.tables.decode_loops) == 0
+
+
+def test_a_repeated_spare_traps(setups) -> None:
+    setup = setups([1, 2])
+    spare = setup.pages.allocate_pages(1)
+    with pytest.raises(TrapError, match="listed twice"):
+        setup.submit(4, spare_page_ids=spare * 2)
+
+
+def test_stopping_every_loop_then_cancelling_leaves_nothing_queued(setups) -> None:
+    """The instance's end: after stop_all no loop submits again, whatever is in flight."""
+    setup = setups([3, 4, 5])
+    setup.start()
+    rep = setup.submit(1000, num_spares=8)
+    time.sleep(0.05)
+    setup.tables.decode_loops.stop_all()
+    setup.scheduler.cancel_owner("a")
+    time.sleep(0.05)
+    num_requests = setup.engine.statistics().num_requests
+    time.sleep(0.05)
+    assert setup.engine.statistics().num_requests == num_requests
+    assert setup.scheduler.statistics().num_pending == 0
+    outputs = setup.read_all(rep)
+    assert 1 <= len(outputs) < 1000
+
+
+def test_defer_wake_outside_a_batch_resolution_is_refused() -> None:
+    with BatchScheduler(FakeEngine()) as scheduler:
+        assert scheduler.defer_wake(lambda: None) is False
+
+
+def test_a_loop_waits_for_its_reader_past_max_unread_outputs(setups) -> None:
+    setup = setups([1, 2, 3], num_pool_pages=64)
+    setup.start()
+    rep = setup.submit(150, num_spares=40)
+    deadline = time.monotonic() + 5
+    while (setup.engine.statistics().num_requests < decoding.MAX_UNREAD_OUTPUTS
+           and time.monotonic() < deadline):
+        time.sleep(0.01)
+    time.sleep(0.1)                                  # it would run on, were it not held
+    assert setup.engine.statistics().num_requests == decoding.MAX_UNREAD_OUTPUTS
+    assert setup.read_all(rep) == _expected(setup.prompt, 150)
