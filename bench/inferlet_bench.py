@@ -3,7 +3,8 @@
     python bench/inferlet_bench.py [--tokens 64] [--repeats 3] [--dtype auto] [--json]
 
 Rows (medians of --repeats runs, wall time):
-  greedy x1   text_completion (--ignore-eos, greedy) vs Engine.generate_greedy, same prompt/tokens
+  greedy x1   text_completion (--ignore-eos, greedy; on host loops, or --step-by-step) vs
+              Engine.generate_greedy, same prompt/tokens
   greedy x8   8 concurrent instances vs Engine.generate_greedy_batch of the 8 prompts
   greedy x64  the same with 64 (the 8 prompts, each numbered)
   forks x8    parallel_generation with 8 forks vs 8 independent text_completion instances
@@ -59,8 +60,9 @@ def run_all(runtime: Runtime, program, arg_lists: list[list[str]]) -> list[str]:
     return [o.value for o in outcomes]
 
 
-def completion_args(prompt: str, num_tokens: int) -> list[str]:
-    return ["--prompt", prompt, "--max-tokens", str(num_tokens), "--ignore-eos", "--json"]
+def completion_args(prompt: str, num_tokens: int, step_by_step: bool = False) -> list[str]:
+    return (["--prompt", prompt, "--max-tokens", str(num_tokens), "--ignore-eos", "--json"]
+            + (["--step-by-step"] if step_by_step else []))
 
 
 def prompts_of(width: int) -> list[str]:
@@ -71,8 +73,9 @@ def prompts_of(width: int) -> list[str]:
 
 
 def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int,
-                 out=sys.stdout) -> dict[int, float]:
-    """Greedy completion through Wasm vs the engine's batched loop; {width: wasm / engine}."""
+                 out=sys.stdout, step_by_step: bool = False) -> dict[int, float]:
+    """Greedy completion through Wasm vs the engine's batched loop; {width: wasm / engine}.
+    The inferlets decode on host loops (the SDK's default), or `step_by_step`."""
     encode = engine.tokenizer.encode
     ratios = {}
     for width in WIDTHS:
@@ -80,12 +83,11 @@ def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int,
         engine_s = median_time(lambda: engine.generate_greedy_batch([encode(p) for p in prompts],
                                                                     num_tokens), repeats)
         before = runtime.statistics().engine
-        wasm_s = median_time(lambda: run_all(runtime, program,
-                                             [completion_args(p, num_tokens) for p in prompts]),
-                             repeats)
+        arg_lists = [completion_args(p, num_tokens, step_by_step) for p in prompts]
+        wasm_s = median_time(lambda: run_all(runtime, program, arg_lists), repeats)
         after = runtime.statistics().engine
         mean_batch = (after.num_requests - before.num_requests) / max(1, after.num_batches - before.num_batches)
-        results = run_all(runtime, program, [completion_args(p, num_tokens) for p in prompts])
+        results = run_all(runtime, program, arg_lists)
         same = [json.loads(r)["token_ids"] for r in results] == engine.generate_greedy_batch(
             [encode(p) for p in prompts], num_tokens)
         total = width * num_tokens
@@ -150,6 +152,8 @@ def main() -> None:
                         help="adaptive: the hold's bound as a fraction of the batch's engine time")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="sys.setswitchinterval for this process (GIL hand-off latency)")
+    parser.add_argument("--step-by-step", action="store_true",
+                        help="the inferlets decode one forward.submit per token, not on host loops")
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "pie-bench")
     opts = parser.parse_args()
     if opts.switch_interval_ms is not None:
@@ -164,13 +168,15 @@ def main() -> None:
     out = sys.stderr if opts.json else sys.stdout       # --json: stdout holds the object alone
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
           f"torch threads; model {engine.model_name}, dtype {opts.dtype}, {opts.tokens} new tokens, "
-          f"median of {opts.repeats}, scheduler {policy}", file=out)
+          f"median of {opts.repeats}, scheduler {policy}, "
+          f"{'step by step' if opts.step_by_step else 'host loops'}", file=out)
     with Runtime(engine, RuntimeConfig(cache_dir=opts.cache_dir, scheduler=policy)) as runtime:
         completion = runtime.load_program(completion_path.read_bytes())
         parallel = runtime.load_program(parallel_path.read_bytes())
         run_all(runtime, completion, [completion_args("warm up", 4)])   # first-call costs
         engine.generate_greedy(engine.tokenizer.encode("warm up"), 4)
-        ratios = bench_greedy(runtime, engine, completion, opts.tokens, opts.repeats, out)
+        ratios = bench_greedy(runtime, engine, completion, opts.tokens, opts.repeats, out,
+                              opts.step_by_step)
         if opts.json:
             print(json.dumps({f"wasm_vs_engine_{width}": round(ratios[width], 4)
                               for width in (8, 64)}))

@@ -50,6 +50,7 @@ class DecodeLoop:
                  sequence_id: int, sampler: SamplerSpec, max_tokens: int,
                  stop_token_ids: frozenset[int], spare_page_ids: list[int]) -> None:
         self._pages, self._scheduler = pages, scheduler
+        self._page_size = pages.ledger.page_size
         self._queue_key, self._priority = queue_key, priority
         self._sequence_id, self._sampler = sequence_id, sampler
         self._max_tokens, self._stop_token_ids = max_tokens, stop_token_ids
@@ -60,17 +61,18 @@ class DecodeLoop:
         self._ended = self._stopped = False
         self._error: str | None = None      # the engine failed a pass: next's err, once
         self._trap: str | None = None       # the guest's calls broke a later pass
-        self._waiter: Future | None = None  # the guest's next(), blocked
+        self._waiter: Future | None = None  # the guest's next(), blocked ...
+        self._wake_at = 1                   # ... until this many outputs (or the end)
         self._in_flight = False             # a pass submitted, not resolved
         self._paused_token: int | None = None   # the next pass's input, held for the reader
         self._position = self._kv_len = self._num_pages = 0
 
-    def start(self, prepared: PreparedForward, position: int, page_size: int) -> None:
-        """Submit the first pass (prepared on the guest's thread)."""
+    def start(self, prepared: PreparedForward, position: int) -> None:
+        """Submit the first pass (prepared on the guest's thread); `position`: its last token's."""
         request = prepared.request
-        self._page_size, self._position = page_size, position
+        self._position = position
         self._num_pages = len(request.page_ids)
-        self._kv_len = paged_kv_len(self._num_pages, request.last_page_len, page_size)
+        self._kv_len = paged_kv_len(self._num_pages, request.last_page_len, self._page_size)
         with self._lock:
             self._in_flight = True
             future = self._scheduler.submit_forward(self._queue_key, self._priority, prepared)
@@ -81,27 +83,31 @@ class DecodeLoop:
         with self._lock:
             self._stopped = True
 
-    def take(self) -> tuple[list, bool, Future | None]:
-        """(outputs not taken yet, ended, a future to wait on when there are none and the loop
-        goes on). After the last output, one more call returns the engine's error as the err
-        text (TrapError for a broken pass). Taking resumes a loop held for its reader."""
+    def take(self, min_outputs: int = 1) -> tuple[list, bool, Future | None]:
+        """(outputs not taken yet, ended, a future to wait on): the outputs once there are
+        `min_outputs` (1..MAX_UNREAD_OUTPUTS), or any once the loop is over or broken; else a
+        future that resolves when there are. After the last output, one more call returns the
+        engine's error as the err text (TrapError for a broken pass). Taking resumes a loop
+        held for its reader."""
         with self._lock:
-            if not self._outputs:
-                return self._nothing_to_take()
+            over = (self._ended or self._stopped) and not self._in_flight
+            if not self._outputs or (len(self._outputs) < min_outputs and not over
+                                     and self._trap is None):
+                return self._nothing_to_take(min_outputs, over)
             outputs, self._outputs = self._outputs, []
             following = self._resume()
         if following is not None:
             following.add_done_callback(self._on_pass)
         return outputs, False, None
 
-    def _nothing_to_take(self) -> tuple[list, bool, Future | None]:
+    def _nothing_to_take(self, min_outputs: int, over: bool) -> tuple[list, bool, Future | None]:
         """Under the lock: the end (err text once), a trap, or a future to wait on."""
         if self._trap is not None:
             raise TrapError(self._trap)
-        if (self._ended or self._stopped) and not self._in_flight:
+        if over:
             error, self._error = self._error, None
             return ([error] if error else []), True, None
-        self._waiter = Future()
+        self._waiter, self._wake_at = Future(), min_outputs
         return [], False, self._waiter
 
     def _on_pass(self, future: Future) -> None:
@@ -125,7 +131,11 @@ class DecodeLoop:
                 self._paused_token = token_id      # the reader's next take resumes it
             else:
                 following = self._submit_next(token_id)
-            waiter, self._waiter = self._waiter, None
+            waiter = self._waiter
+            if len(self._outputs) >= self._wake_at or self._ended:
+                self._waiter = None
+            else:
+                waiter = None
         if waiter is not None and not self._scheduler.defer_wake(lambda: waiter.set_result(None)):
             waiter.set_result(None)
         if following is not None:
@@ -199,16 +209,18 @@ def submit_decode(ctx: BindingContext, queue_id: int, sequence_id: int, token_id
                       sequence_id, spec, max_tokens, frozenset(stop_token_ids),
                       list(spare_page_ids))
     rep = ctx.tables.decode_loops.add(call, loop)
-    loop.start(prepared, positions[-1], pages.ledger.page_size)
+    loop.start(prepared, positions[-1])
     return HostResource(rep, DECODE_STREAM_TYPE)
 
 
-def next_outputs(ctx: BindingContext, store: Any, rep: int) -> list | str:
-    """result<list<sampled>>: the outputs since the last call; [] once the loop has ended."""
+def next_outputs(ctx: BindingContext, store: Any, rep: int, min_outputs: int) -> list | str:
+    """result<list<sampled>>: the outputs since the last call (once there are min-outputs,
+    clamped to 1..MAX_UNREAD_OUTPUTS, or the loop is over); [] once the loop has ended."""
     call = "decode-stream.next"
     loop: DecodeLoop = ctx.tables.decode_loops.get(call, rep)
+    min_outputs = min(max(min_outputs, 1), MAX_UNREAD_OUTPUTS)
     while True:
-        outputs, ended, waiter = loop.take()
+        outputs, ended, waiter = loop.take(min_outputs)
         if waiter is None:
             if ended and outputs:
                 return outputs[0]                   # the engine's error

@@ -4,6 +4,8 @@
 
 Greedy by default (--temperature 0); --seed makes sampling reproducible. --stream sends the text
 to the client as it is generated (and returns ""); --json returns {text, token_ids, finish_reason}.
+--step-by-step decodes with one forward.submit per token instead of the SDK's host loops (the
+same tokens; for comparison).
 """
 import inferlet
 
@@ -20,6 +22,8 @@ def main(args: list[str]) -> str:
     parser.add_argument("--stream", action="store_true", help="send text as it is generated")
     parser.add_argument("--json", action="store_true", help="return text, token ids, finish reason")
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at stop tokens")
+    parser.add_argument("--step-by-step", action="store_true",
+                        help="one forward.submit per token, not host loops")
     opts = parser.parse_args(args)
 
     if opts.temperature == 0:
@@ -33,7 +37,8 @@ def main(args: list[str]) -> str:
     else:
         ctx.fill(opts.prompt)
     generation = ctx.generation(opts.max_tokens, sampler, stream_text=opts.stream,
-                                stop_token_ids=() if opts.ignore_eos else None)
+                                stop_token_ids=() if opts.ignore_eos else None,
+                                host_loop=not opts.step_by_step)
     if opts.stream:
         for delta in generation.steps():
             inferlet.send(delta)

@@ -59,6 +59,8 @@ class Setup:
                 vocab_size=self.engine.model_config.vocab_size)),
             wait_future=lambda future, call: future.result(timeout=10))
         self.prompt = prompt
+        self.min_outputs = 1
+        self.batch_sizes: list[int] = []       # outputs per next() that returned some
         self.sequence_id = self.pages.create_sequence()
         num_pages = -(-len(prompt) // PAGE_SIZE)
         self.prompt_page_ids = self.pages.allocate_pages(num_pages)
@@ -82,9 +84,10 @@ class Setup:
     def read_all(self, rep: int) -> list:
         outputs: list = []
         while True:
-            batch = decoding.next_outputs(self.ctx, None, rep)
+            batch = decoding.next_outputs(self.ctx, None, rep, self.min_outputs)
             if isinstance(batch, str) or not batch:
                 return outputs + ([batch] if isinstance(batch, str) else [])
+            self.batch_sizes.append(len(batch))
             outputs += [output.payload for output in batch]
 
     def slots(self, page_ids) -> list[int]:
@@ -173,9 +176,9 @@ def test_a_spare_freed_while_the_loop_runs_traps_at_next(setups) -> None:
     rep = setup.submit(5, num_spares=1)
     setup.pages.free_pages(setup.spare_page_ids)
     setup.start()
-    assert decoding.next_outputs(setup.ctx, None, rep)[0].payload == _expected(setup.prompt, 1)[0]
+    assert decoding.next_outputs(setup.ctx, None, rep, 1)[0].payload == _expected(setup.prompt, 1)[0]
     with pytest.raises(TrapError, match="forward.submit-decode: page id .* was already freed"):
-        decoding.next_outputs(setup.ctx, None, rep)
+        decoding.next_outputs(setup.ctx, None, rep, 1)
 
 
 @pytest.mark.parametrize("field, kwargs, message", [
@@ -234,3 +237,12 @@ def test_a_loop_waits_for_its_reader_past_max_unread_outputs(setups) -> None:
     time.sleep(0.1)                                  # it would run on, were it not held
     assert setup.engine.statistics().num_requests == decoding.MAX_UNREAD_OUTPUTS
     assert setup.read_all(rep) == _expected(setup.prompt, 150)
+
+
+def test_next_waits_for_min_outputs_unless_the_loop_is_over(setups) -> None:
+    setup = setups([4, 5, 6], num_pool_pages=32)
+    setup.min_outputs = 10
+    rep = setup.submit(25, num_spares=8)
+    setup.start()
+    assert setup.read_all(rep) == _expected(setup.prompt, 25)
+    assert all(size >= 10 for size in setup.batch_sizes[:-1]) and sum(setup.batch_sizes) == 25

@@ -23,7 +23,7 @@ from typing import Iterator
 
 from inferlet._wit import Err, forward
 from inferlet.errors import InferletError
-from inferlet.host_loop import HostLoop
+from inferlet.host_loop import MAX_READ_AHEAD, HostLoop
 from inferlet.model import decode
 from inferlet.sampling import Sampler
 from inferlet.text import TextStream
@@ -158,7 +158,7 @@ class Generation:
 
     def steps(self) -> Iterator[str]:
         """Run to the end, yielding each non-empty text delta."""
-        deltas = self._loop_deltas() if self.host_loop else self._step_deltas()
+        deltas = self._loop_deltas(min_outputs=1) if self.host_loop else self._step_deltas()
         try:
             for delta in deltas:
                 if delta:
@@ -167,8 +167,9 @@ class Generation:
             deltas.close()          # read no further: a host loop brings the context up to date
 
     def run(self) -> "Generation":
-        """Run to the end."""
-        for _ in self._loop_deltas() if self.host_loop else self._step_deltas():
+        """Run to the end (on host loops, reading the tokens in bulk)."""
+        for _ in (self._loop_deltas(min_outputs=MAX_READ_AHEAD) if self.host_loop
+                  else self._step_deltas()):
             pass
         return self
 
@@ -181,13 +182,15 @@ class Generation:
                         self.sampler, self.sampler.options_wit(self.generation_id),
                         self.stop_token_ids)
 
-    def _loop_deltas(self, loop: HostLoop | None = None) -> Iterator[str]:
+    def _loop_deltas(self, loop: HostLoop | None = None, *,
+                     min_outputs: int = 1) -> Iterator[str]:
         """The text deltas of host decode loops (`loop` first, when started already), one loop
-        after another until done (a loop also ends when its spare pages run out)."""
+        after another until done (a loop also ends when its spare pages run out); the tokens
+        read `min_outputs` at a time (HostLoop.outputs)."""
         while not self.done:
             loop = loop or self._start_loop()
             try:
-                for output in loop.outputs():
+                for output in loop.outputs(min_outputs):
                     yield self._take(output.value)
                     if self.done:
                         break
@@ -260,7 +263,8 @@ def _read_loops_in_turn(generations: list[Generation], on_text) -> None:
     """Every generation on its own host loops, all running at once; read one token of each in
     turn (a loop's tokens wait on the host meanwhile). Every loop starts before any is read,
     so their first passes share a batch."""
-    active = [(index, gen, gen._loop_deltas(gen._start_loop()))
+    min_outputs = 1 if on_text is not None else MAX_READ_AHEAD
+    active = [(index, gen, gen._loop_deltas(gen._start_loop(), min_outputs=min_outputs))
               for index, gen in enumerate(generations)]
     while active:
         still_active = []

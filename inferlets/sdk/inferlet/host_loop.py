@@ -13,9 +13,10 @@ from typing import Iterator
 from inferlet._wit import Err, forward, kv
 from inferlet.errors import InferletError
 
-__all__ = ["HostLoop", "MAX_SPARE_PAGES"]
+__all__ = ["HostLoop", "MAX_SPARE_PAGES", "MAX_READ_AHEAD"]
 
 MAX_SPARE_PAGES = 8     # pages one loop may grow by: the guest allocates them up front
+MAX_READ_AHEAD = 64     # the host's bound on a loop's unread outputs (min-outputs of next)
 
 
 class HostLoop:
@@ -51,17 +52,18 @@ class HostLoop:
         self._num_produced = 0     # outputs the host returned
         self._ended = False
 
-    def outputs(self) -> Iterator:
-        """The loop's outputs as they come; ends with the loop. An engine failure raises
-        InferletError("forward pass failed: ...")."""
+    def outputs(self, min_outputs: int = 1) -> Iterator:
+        """The loop's outputs as they come, read `min_outputs` (1..64) at a time when the loop
+        goes on that long (1: as each token is sampled; more: fewer wake-ups); ends with the
+        loop. An engine failure raises InferletError("forward pass failed: ...")."""
         while not self._ended and self.ctx.open_loop is self:     # closed by a settle: over
-            for output in self._next():
+            for output in self._next(min_outputs):
                 self.num_read += 1
                 yield output
 
-    def _next(self) -> list:
+    def _next(self, min_outputs: int = 1) -> list:
         try:
-            outputs = self._stream.next()
+            outputs = self._stream.next(min_outputs)
         except Err as err:
             self._ended = True
             raise InferletError(f"forward pass failed: {err.value}") from None
