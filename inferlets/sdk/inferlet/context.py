@@ -239,6 +239,7 @@ class Context(MaskingMixin):
 
     def take_pending(self) -> list[int]:
         """The pending tokens, now counted as submitted (the caller submits them)."""
+        self.settle()
         token_ids, self.pending_token_ids = self.pending_token_ids, []
         return token_ids
 

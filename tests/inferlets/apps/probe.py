@@ -59,6 +59,14 @@ def main(args: list[str]) -> str:
             pass
         first = list(generation.token_ids)
         runs.append(first + ctx.generate_tokens(num_tokens - len(first), stop_token_ids=()))
+        ctx = inferlet.Context()                 # read part-way on loops, then stepped
+        ctx.fill(prompt)
+        generation = ctx.generation(num_tokens, stop_token_ids=(), stream_text=True)
+        for _ in zip(range(num_first), generation.steps()):
+            pass
+        while not generation.done:
+            generation.step()
+        runs.append(generation.token_ids)
         ctx = inferlet.Context()                 # two generations in a row on one context
         ctx.fill(prompt)
         first = ctx.generate_tokens(num_first, stop_token_ids=())
