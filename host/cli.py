@@ -52,6 +52,10 @@ def _add_run_parser(subparsers) -> None:
     parser.add_argument("--kv-dtype", choices=("auto", "float32", "float16"), default="auto",
                         help="the KV cache's dtype (CPU; auto: float16 on the GGUF-block "
                              "kernels, else the activation dtype)")
+    parser.add_argument("--max-pass-tokens", type=_positive_int, default=None,
+                        help="a batch of more input tokens runs as consecutive passes of at most "
+                             "this many (bounds a long prompt's memory; default: 512 on a CPU, "
+                             "no limit on CUDA)")
     parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
                         help="where the model runs (default: cuda when available, else cpu)")
     parser.add_argument("--cache-dir", type=Path, default=None,
@@ -138,11 +142,21 @@ def _program_path(program: Path, cache_dir: Path) -> Path | None:
     return path
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _load_engine(namespace: argparse.Namespace):
     """The engine on the chosen model (a progress bar on a terminal), or None after an error."""
     from engine.engine import load_default_engine, load_engine
     overrides = dict(kv_memory_mb=namespace.kv_memory_mb, dtype=namespace.dtype,
                      kv_dtype=namespace.kv_dtype, device=namespace.device)
+    if namespace.max_pass_tokens is not None:
+        overrides["max_pass_tokens"] = namespace.max_pass_tokens
     try:
         if namespace.model is None:
             return load_default_engine(progress=True, **overrides)
