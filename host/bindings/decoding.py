@@ -76,7 +76,7 @@ class DecodeLoop:
         with self._lock:
             self._in_flight = True
             future = self._scheduler.submit_forward(self._queue_key, self._priority, prepared)
-        future.add_done_callback(self._on_pass)
+        future.add_done_callback(self._on_first_pass)
 
     def stop(self) -> None:
         """Submit no further pass; `take` ends once the one in flight (if any) has run."""
@@ -95,9 +95,7 @@ class DecodeLoop:
                                      and self._trap is None):
                 return self._nothing_to_take(min_outputs, over)
             outputs, self._outputs = self._outputs, []
-            following = self._resume()
-        if following is not None:
-            following.add_done_callback(self._on_pass)
+            self._resume()
         return outputs, False, None
 
     def _nothing_to_take(self, min_outputs: int, over: bool) -> tuple[list, bool, Future | None]:
@@ -110,27 +108,32 @@ class DecodeLoop:
         self._waiter, self._wake_at = Future(), min_outputs
         return [], False, self._waiter
 
-    def _on_pass(self, future: Future) -> None:
-        """A pass resolved (any thread): keep its output, submit the next pass or end."""
+    def _on_first_pass(self, future: Future) -> None:
         try:
-            result: ForwardResult = future.result()
+            outcome = future.result()
         except Exception as exc:  # noqa: BLE001 -- the engine failed the batch, or cancelled
-            self._end(error=f"engine failed the batch: {exc}")
+            outcome = exc
+        self._on_pass(outcome)
+
+    def _on_pass(self, outcome: object) -> None:
+        """A pass resolved (on the thread that resolved it): keep its output, submit the next
+        pass (chained: no future) or end."""
+        if not isinstance(outcome, ForwardResult):
+            self._end(error=f"engine failed the batch: {outcome}")
             return
-        output = result.outputs[0]
+        output = outcome.outputs[0]
         token_id = output if isinstance(output, int) else output.token_id
         with self._lock:
             self._in_flight = False
             self._outputs.append(output)
             self._num_outputs += 1
-            following = None
             if (self._stopped or self._num_outputs >= self._max_tokens
                     or token_id in self._stop_token_ids):
                 self._ended = True
             elif len(self._outputs) >= MAX_UNREAD_OUTPUTS:
                 self._paused_token = token_id      # the reader's next take resumes it
             else:
-                following = self._submit_next(token_id)
+                self._submit_next(token_id)
             waiter = self._waiter
             if len(self._outputs) >= self._wake_at or self._ended:
                 self._waiter = None
@@ -138,26 +141,23 @@ class DecodeLoop:
                 waiter = None
         if waiter is not None and not self._scheduler.defer_wake(lambda: waiter.set_result(None)):
             waiter.set_result(None)
-        if following is not None:
-            following.add_done_callback(self._on_pass)
 
-    def _resume(self) -> Future | None:
+    def _resume(self) -> None:
         """Under the lock: submit the pass held for the reader, if any (and not stopped)."""
         token_id, self._paused_token = self._paused_token, None
-        if token_id is None or self._stopped:
-            if token_id is not None:
-                self._ended = True
-            return None
-        return self._submit_next(token_id)
+        if token_id is not None and self._stopped:
+            self._ended = True
+        elif token_id is not None:
+            self._submit_next(token_id)
 
-    def _submit_next(self, token_id: int) -> Future | None:
-        """Under the lock: the next pass submitted, or None with the loop ended."""
+    def _submit_next(self, token_id: int) -> None:
+        """Under the lock: submit the next pass, or end the loop."""
         kv_len = self._kv_len + 1
         append_page_id = None
         if kv_len > self._num_pages * self._page_size:
             if not self._spare_page_ids:
                 self._ended = True                   # out of spares: the guest goes on
-                return None
+                return
             append_page_id = self._spare_page_ids[0]
         last_page_len = kv_len - (self._num_pages - (append_page_id is None)) * self._page_size
         try:
@@ -166,16 +166,17 @@ class DecodeLoop:
                 append_page_id)
         except NeedPages:
             self._ended = True                       # the pool is short: the guest reclaims
-            return None
+            return
         except TrapError as exc:
             self._ended, self._trap = True, str(exc)
-            return None
+            return
         if append_page_id is not None:
             self._spare_page_ids.pop(0)
             self._num_pages += 1
         self._kv_len, self._position = kv_len, self._position + 1
-        self._in_flight = True
-        return self._scheduler.submit_forward(self._queue_key, self._priority, prepared)
+        self._in_flight = self._scheduler.submit_chained(self._queue_key, self._priority,
+                                                         prepared, self._on_pass)
+        self._ended = not self._in_flight              # refused: the scheduler is closed
 
     def _end(self, error: str) -> None:
         with self._lock:

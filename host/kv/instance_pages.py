@@ -270,13 +270,37 @@ class InstancePages:
                 sequence.page_ids.append(append_page_id)
                 sequence.physical_ids = None
             try:
-                return self._prepare_forward_locked(call, sequence_id, (token_id,), (position,),
-                                                    last_page_len, (0,), (sampler,), None)
+                return (self._decode_step_locked(sequence, token_id, position, last_page_len,
+                                                 sampler)
+                        or self._prepare_forward_locked(call, sequence_id, (token_id,),
+                                                        (position,), last_page_len, (0,),
+                                                        (sampler,), None))
             except NeedPages:
                 if append_page_id is not None:
                     sequence.page_ids.pop()
                     sequence.physical_ids = None
                 raise
+
+    def _decode_step_locked(self, sequence: PageSequence, token_id: int, position: int,
+                            last_page_len: int, sampler: SamplerSpec) -> PreparedForward | None:
+        """The common decode step without prepare_forward's generality: a valid shape, no
+        hidden slots, a tail page of this instance alone. None: anything else (the general path
+        checks, copies or traps)."""
+        page_size = self.ledger.page_size
+        num_pages = len(sequence.page_ids)
+        num_slots = (num_pages - 1) * page_size + last_page_len
+        if (not num_pages or not 1 <= last_page_len <= page_size or self.ledger.num_masked_pages
+                or (self.max_kv_len is not None and num_slots > self.max_kv_len)
+                or (self.vocab_size is not None and token_id >= self.vocab_size)):
+            return None
+        if self.ledger.pages_to_copy("forward.submit-decode", (sequence.page_ids[-1],)):
+            return None
+        if sequence.physical_ids is None:
+            sequence.physical_ids = tuple(self.ledger.pages[pid].physical_id
+                                          for pid in sequence.page_ids)
+        request = ForwardRequest((token_id,), (position,), sequence.physical_ids, last_page_len,
+                                 (0,), (sampler,), None)
+        return PreparedForward(request, (), self.ledger.pin())
 
     def _prepare_forward_locked(self, call: str, sequence_id: int, token_ids: Sequence[int],
                                 positions: Sequence[int], last_page_len: int,

@@ -47,12 +47,20 @@ def run_forward(engine: EngineLike, items: Sequence[Item]) -> list:
 
 
 def resolve(item: Item, outcome: object) -> None:
-    """End a whole item: `on_done` (never raises out), then the future's result or exception."""
+    """End a whole item: `on_done` (never raises out), then the future's result or exception
+    (a chained pass: its `on_outcome`)."""
     if item.on_done is not None:
         try:
             item.on_done()
         except Exception:
             _log.exception("scheduler: on_done callback failed")
+    if item.future is None:
+        if item.on_outcome is not None:
+            try:
+                item.on_outcome(outcome)
+            except Exception:
+                _log.exception("scheduler: on_outcome callback failed")
+        return
     try:
         if isinstance(outcome, BaseException):
             item.future.set_exception(outcome)

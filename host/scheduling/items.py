@@ -14,10 +14,11 @@ __all__ = ["Item", "Taken", "owner_of"]
 
 class Item:
     """A queued pass (request) or copies (request None); a chunk has `parent` set and no
-    future: its outputs go into the parent's."""
+    future: its outputs go into the parent's. A chained pass (submit_chained) has no future
+    either: `on_outcome` receives its result."""
 
     __slots__ = ("queue_key", "rank", "order", "request", "copies", "future", "on_done",
-                 "num_tokens", "enqueued_at", "parent", "output_slots", "outputs")
+                 "on_outcome", "num_tokens", "enqueued_at", "parent", "output_slots", "outputs")
 
     def __init__(self, queue_key: Hashable, rank: int, order: int, request, copies, on_done,
                  on_wait: Callable[[SubmissionFuture], None] | None) -> None:
@@ -28,6 +29,7 @@ class Item:
         self.copies = copies
         self.future = SubmissionFuture(owner_of(queue_key), on_wait) if on_wait else None
         self.on_done = on_done
+        self.on_outcome: Callable[[object], None] | None = None   # a chained pass: no future
         self.num_tokens = len(request.token_ids) if request is not None else 0
         self.enqueued_at = time.monotonic()
         self.parent: Item | None = None       # a chunk: the item whose pass it runs part of

@@ -49,6 +49,7 @@ from host.scheduling.fairness import FairShares
 from host.scheduling.forming import take_batch
 from host.scheduling.items import Item as _Item, owner_of as _owner
 from host.scheduling.types import PRIORITIES, SchedulerPolicy, SchedulerStats, SubmissionFuture
+from host.scheduling.wakes import DeferredWakes
 from host.scheduling.work import PreparedCopy, PreparedForward
 
 __all__ = ["BatchScheduler", "SchedulerPolicy", "SchedulerStats", "SubmissionFuture", "PRIORITIES"]
@@ -80,8 +81,7 @@ class BatchScheduler:
         self._histogram: dict[int, int] = {}
         self._recent: deque[int] = deque(maxlen=_NUM_RECENT)
         self._fair = FairShares(max_lag_tokens=policy.max_batch_tokens)
-        self._resolving: threading.Thread | None = None   # the thread resolving a batch
-        self._wakes: list[Callable[[], None]] = []       # deferred by defer_wake
+        self._wakes = DeferredWakes()
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -107,7 +107,7 @@ class BatchScheduler:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
         self._finish(items, [Cancelled("scheduler closed: submission not run")] * len(items))
-        self._run_wakes()
+        self._wakes.run()
 
     def __enter__(self) -> "BatchScheduler":
         self.start()
@@ -131,23 +131,47 @@ class BatchScheduler:
             copies, on_done = copies.copies, copies.on_done
         return self._submit(queue_key, priority, None, tuple(copies), on_done)
 
+    def submit_chained(self, queue_key: Hashable, priority: str, prepared: PreparedForward,
+                       on_outcome: Callable[[object], None]) -> bool:
+        """Queue a pass with no future (a host decode loop's next step): once it has run, failed
+        or been cancelled, its on_done and then `on_outcome(ForwardResult or exception)` are
+        called on the thread that resolves it. `synchronize` does not wait for it. False when
+        the scheduler is closed: nothing queued, on_done called, on_outcome never."""
+        item = _Item(queue_key, self._rank(priority), 0, prepared.request, tuple(prepared.copies),
+                     prepared.on_done, None)
+        item.on_outcome = on_outcome
+        if self._enqueue(item):
+            return True
+        item.on_outcome = None
+        resolve(item, None)
+        return False
+
     def _submit(self, queue_key, priority, request, copies, on_done) -> Future:
-        if priority not in PRIORITIES:
-            raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
-        item = _Item(queue_key, PRIORITIES.index(priority), 0, request, copies, on_done,
+        item = _Item(queue_key, self._rank(priority), 0, request, copies, on_done,
                      self._wait_started)
-        with self._cond:
-            accepted = not self._closed
-            if accepted:
-                item.order = next(self._orders)
-                self._queues.setdefault(queue_key, deque()).append(item)
-                self._last_futures[queue_key] = item.future
-                self._num_pending += 1
-                if not self._expected or self._engine_idle:   # it fires, or times the hold
-                    self._cond.notify()
-        if not accepted:
+        if not self._enqueue(item):
             self._finish([item], [Cancelled("scheduler closed: submission refused")])
         return item.future
+
+    @staticmethod
+    def _rank(priority: str) -> int:
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
+        return PRIORITIES.index(priority)
+
+    def _enqueue(self, item: _Item) -> bool:
+        """Queue `item` unless closed (False)."""
+        with self._cond:
+            if self._closed:
+                return False
+            item.order = next(self._orders)
+            self._queues.setdefault(item.queue_key, deque()).append(item)
+            if item.future is not None:
+                self._last_futures[item.queue_key] = item.future
+            self._num_pending += 1
+            if not self._expected or self._engine_idle:   # it fires, or times the hold
+                self._cond.notify()
+        return True
 
     def synchronize_future(self, queue_key: Hashable) -> Future | None:
         """A future done (maybe with an error) once everything submitted on the queue so far has
@@ -174,25 +198,10 @@ class BatchScheduler:
         return len(items)
 
     def defer_wake(self, wake: Callable[[], None]) -> bool:
-        """From a future's callback while its batch resolves: run `wake` (waking a guest) only
-        once the next batch has gone to the engine, or right after this one when none follows
-        at once, so the batch's other callbacks (a decode loop's next submit) and the next
-        batch's forming do not compete with the threads they wake. False, and nothing kept,
-        when called outside a batch's resolution: the caller wakes now."""
-        if self._resolving is not threading.current_thread():
-            return False
-        with self._cond:
-            self._wakes.append(wake)
-        return True
-
-    def _run_wakes(self) -> None:
-        with self._cond:
-            wakes, self._wakes = self._wakes, []
-        for wake in wakes:
-            try:
-                wake()
-            except Exception:
-                _log.exception("scheduler: a deferred wake failed")
+        """From a callback while its batch resolves: run `wake` (waking a guest) only once the
+        next batch has gone to the engine, or right after this one when none follows at once
+        (host/scheduling/wakes.py). False, and nothing kept, outside a batch's resolution."""
+        return self._wakes.defer(wake)
 
     def set_owner_group(self, owner_id: Hashable, group: Hashable) -> None:
         """Share batches fairly between groups (tenants) first, then between their owners."""
@@ -243,7 +252,7 @@ class BatchScheduler:
                     self._cond.notify_all()                # what is left is the engine's
                 next_is_due = self._num_pending and not self._expected and not self._closed
             if not next_is_due:                            # else the next batch runs them
-                self._run_wakes()
+                self._wakes.run()
 
     def _wait_started(self, future: SubmissionFuture) -> None:
         """`future`'s owner is about to block on it (`SubmissionFuture.wait_started`): run every
@@ -304,7 +313,8 @@ class BatchScheduler:
             return
         bound_s = min(self.policy.max_hold_ms / 1000, self.policy.hold_fraction * engine_s)
         self._expected = {_owner(item.queue_key) for item in forward_items
-                          if item.parent is None and item.future.awaited} if bound_s > 0 else set()
+                          if item.future is not None and item.future.awaited} \
+            if bound_s > 0 else set()
         self._hold_until = time.monotonic() + bound_s
         self._counts["holds"] += bool(self._expected)
 
@@ -319,7 +329,7 @@ class BatchScheduler:
     def _run_batch(self, copy_items: list[_Item], forward_items: list[_Item]) -> None:
         items = copy_items + forward_items
         copies = [copy for item in items for copy in item.copies]
-        self._run_wakes()                                  # the last batch's, deferred
+        self._wakes.run()                                  # the last batch's, deferred
         started = time.monotonic()
         try:
             if copies:
@@ -330,11 +340,8 @@ class BatchScheduler:
             outcomes = [None] * len(copy_items) + run_forward(self.engine, forward_items)
         failed = any(isinstance(outcome, BaseException) for outcome in outcomes)
         self._record(copy_items, forward_items, failed, time.monotonic() - started)
-        self._resolving = threading.current_thread()
-        try:
+        with self._wakes.resolving():
             self._finish(items, outcomes)
-        finally:
-            self._resolving = None
         self._forget(items)
 
     def _record(self, copy_items: list[_Item], forward_items: list[_Item], failed: bool,
@@ -355,7 +362,8 @@ class BatchScheduler:
         """Drop the synchronize entries that these (now resolved) items were the last of."""
         with self._cond:
             for item in items:
-                if item.parent is None and self._last_futures.get(item.queue_key) is item.future:
+                if (item.future is not None
+                        and self._last_futures.get(item.queue_key) is item.future):
                     del self._last_futures[item.queue_key]
 
     def _finish(self, items: list[_Item], outcomes: list) -> None:
