@@ -7,6 +7,7 @@ order) is checked slot by slot.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from types import SimpleNamespace
 
@@ -14,6 +15,7 @@ import pytest
 from wasmtime.component import Record
 
 from host.bindings import decoding
+from host.bindings.samplers import sampler_spec
 from host.errors import TrapError
 from host.kv import ExportRegistry, InstancePages, PageAllocator
 from host.sandbox.tables import InstanceTables
@@ -246,3 +248,24 @@ def test_next_waits_for_min_outputs_unless_the_loop_is_over(setups) -> None:
     setup.start()
     assert setup.read_all(rep) == _expected(setup.prompt, 25)
     assert all(size >= 10 for size in setup.batch_sizes[:-1]) and sum(setup.batch_sizes) == 25
+
+
+def test_submit_chained_calls_on_done_then_on_outcome_and_refuses_when_closed(setups) -> None:
+    setup = setups([1, 2])
+    prepared = setup.pages.prepare_forward(setup.sequence_id, [1, 2], [0, 1], 2, [1],
+                                           [sampler_spec(setup.ctx, "test", 0, _sampler(), None)])
+    calls: list = []
+    prepared = dataclasses.replace(prepared, on_done=lambda: calls.append("on_done"))
+    assert setup.scheduler.submit_chained(("a", setup.queue_id), "normal", prepared,
+                                          lambda outcome: calls.append(outcome))
+    assert setup.scheduler.synchronize_future(("a", setup.queue_id)) is None   # not waited for
+    setup.start()
+    deadline = time.monotonic() + 5
+    while len(calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert calls[0] == "on_done" and calls[1].outputs == (_expected([1, 2], 1)[0],)
+    setup.scheduler.close()
+    calls.clear()
+    assert not setup.scheduler.submit_chained(("a", setup.queue_id), "normal", prepared,
+                                              lambda outcome: calls.append(outcome))
+    assert calls == ["on_done"]
