@@ -28,8 +28,9 @@ and for what no blocked thread runs (a hold's bound, passes nobody waits on, k-o
 thread.
 
 Submitting never blocks (eager calls never wait on a batch); it returns a SubmissionFuture (a
-concurrent.futures.Future). An engine exception fails the futures of that batch with the exception
-and the scheduler goes on; a RequestError fails the pass it names alone (engine_calls.py).
+concurrent.futures.Future), or, for a chained pass (a host decode loop's next step), nothing: its
+`on_outcome` is called instead. An engine exception fails the futures of that batch with the
+exception and the scheduler goes on; a RequestError fails the pass it names alone (engine_calls.py).
 """
 from __future__ import annotations
 
