@@ -9,8 +9,10 @@ a time.
 
 Every pass is prepared by `InstancePages` like a forward.submit (same checks, pins, copy-on-write);
 the first on the guest's thread (it may reclaim pages), the later ones without reclaim
-(`prepare_decode_step`): a pool too short for a copy-on-write ends the loop quietly, and the guest
-goes on with a new one. A later pass the guest's own calls made invalid (a spare freed meanwhile)
+(`prepare_decode_step`, which also gives the sequence a new page of the instance when the last
+one is full): the quota reached, or a pool too short for that page or a copy-on-write, ends the
+loop quietly, and the guest goes on with a new one (whose own allocation reclaims or traps, as a
+step would). A later pass the guest's own calls made invalid (its sequence destroyed meanwhile)
 traps the instance at its next `next`. The instance's end stops every loop before its queued
 passes are cancelled (`DecodeLoopTable.stop_all`), so no pass is submitted for an ended instance.
 """
@@ -28,11 +30,10 @@ from host.bindings.context import BindingContext
 from host.bindings.samplers import lower_sampled, sampler_spec
 from host.errors import TrapError
 from host.kv import InstancePages
-from host.kv.page_ledger import NeedPages
 from host.scheduling.work import PreparedForward
 from host.sandbox.wit_codec import HostResource
 
-__all__ = ["DecodeLoop", "submit_decode", "next_outputs", "stop", "drop", "DECODE_STREAM_TYPE",
+__all__ = ["DecodeLoop", "submit_decode", "next_outputs", "added_pages", "stop", "drop", "DECODE_STREAM_TYPE",
            "MAX_DECODE_TOKENS", "MAX_STOP_TOKEN_IDS"]
 
 DECODE_STREAM_TYPE = 2
@@ -48,13 +49,13 @@ class DecodeLoop:
 
     def __init__(self, pages: InstancePages, scheduler: Any, queue_key: Hashable, priority: str,
                  sequence_id: int, sampler: SamplerSpec, max_tokens: int,
-                 stop_token_ids: frozenset[int], spare_page_ids: list[int]) -> None:
+                 stop_token_ids: frozenset[int]) -> None:
         self._pages, self._scheduler = pages, scheduler
         self._page_size = pages.ledger.page_size
         self._queue_key, self._priority = queue_key, priority
         self._sequence_id, self._sampler = sequence_id, sampler
         self._max_tokens, self._stop_token_ids = max_tokens, stop_token_ids
-        self._spare_page_ids = spare_page_ids
+        self.added_page_ids: list[int] = []  # pages the loop appended, in order
         self._lock = threading.Lock()
         self._outputs: list = []            # produced, not yet taken by the guest
         self._num_outputs = 0
@@ -153,25 +154,21 @@ class DecodeLoop:
     def _submit_next(self, token_id: int) -> None:
         """Under the lock: submit the next pass, or end the loop."""
         kv_len = self._kv_len + 1
-        append_page_id = None
-        if kv_len > self._num_pages * self._page_size:
-            if not self._spare_page_ids:
-                self._ended = True                   # out of spares: the guest goes on
-                return
-            append_page_id = self._spare_page_ids[0]
-        last_page_len = kv_len - (self._num_pages - (append_page_id is None)) * self._page_size
+        grow = kv_len > self._num_pages * self._page_size
+        last_page_len = kv_len - (self._num_pages - (not grow)) * self._page_size
         try:
-            prepared = self._pages.prepare_decode_step(
-                self._sequence_id, token_id, self._position + 1, last_page_len, self._sampler,
-                append_page_id)
-        except NeedPages:
-            self._ended = True                       # the pool is short: the guest reclaims
-            return
+            step = self._pages.prepare_decode_step(self._sequence_id, token_id,
+                                                   self._position + 1, last_page_len,
+                                                   self._sampler, grow)
         except TrapError as exc:
             self._ended, self._trap = True, str(exc)
             return
-        if append_page_id is not None:
-            self._spare_page_ids.pop(0)
+        if step is None:
+            self._ended = True            # no page without reclaim: the guest goes on
+            return
+        prepared, new_page_id = step
+        if new_page_id is not None:
+            self.added_page_ids.append(new_page_id)
             self._num_pages += 1
         self._kv_len, self._position = kv_len, self._position + 1
         self._in_flight = self._scheduler.submit_chained(self._queue_key, self._priority,
@@ -188,8 +185,7 @@ class DecodeLoop:
 
 def submit_decode(ctx: BindingContext, queue_id: int, sequence_id: int, token_ids: list[int],
                   positions: list[int], last_page_len: int, sampler: Record, options: Record,
-                  max_tokens: int, stop_token_ids: list[int],
-                  spare_page_ids: list[int]) -> HostResource:
+                  max_tokens: int, stop_token_ids: list[int]) -> HostResource:
     call = "forward.submit-decode"
     priority = ctx.tables.queues.priority(call, queue_id)
     vocab_size = ctx.services.model_info.vocab_size
@@ -202,13 +198,11 @@ def submit_decode(ctx: BindingContext, queue_id: int, sequence_id: int, token_id
     if spec.kind not in ("greedy", "sample"):
         raise TrapError(f"{call}: the sampler must be greedy or sample, not {spec.kind}")
     pages = ctx.tables.pages
-    pages.check_spare_pages(call, spare_page_ids)
     prepared = pages.prepare_forward(sequence_id, token_ids, positions, last_page_len,
                                      [len(token_ids) - 1] if token_ids else [], [spec], None,
                                      call=call)
     loop = DecodeLoop(pages, ctx.services.scheduler, (ctx.instance_id, queue_id), priority,
-                      sequence_id, spec, max_tokens, frozenset(stop_token_ids),
-                      list(spare_page_ids))
+                      sequence_id, spec, max_tokens, frozenset(stop_token_ids))
     rep = ctx.tables.decode_loops.add(call, loop)
     loop.start(prepared, positions[-1])
     return HostResource(rep, DECODE_STREAM_TYPE)
@@ -227,6 +221,11 @@ def next_outputs(ctx: BindingContext, store: Any, rep: int, min_outputs: int) ->
                 return outputs[0]                   # the engine's error
             return [lower_sampled(output) for output in outputs]
         ctx.wait_future(waiter, call)
+
+
+def added_pages(ctx: BindingContext, store: Any, rep: int) -> list[int]:
+    """The pages the loop appended to the sequence so far, in order."""
+    return list(ctx.tables.decode_loops.get("decode-stream.added-pages", rep).added_page_ids)
 
 
 def stop(ctx: BindingContext, store: Any, rep: int) -> None:

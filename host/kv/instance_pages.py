@@ -247,39 +247,44 @@ class InstancePages:
             call, sequence_id, token_ids, positions, last_page_len, output_indices, samplers,
             mask))
 
-    def check_spare_pages(self, call: str, page_ids: Sequence[int]) -> None:
-        """Trap unless every id is a distinct page this instance holds (a decode loop's spares)."""
-        with self.ledger.lock:
-            self.ledger.check_open(call)
-            self.ledger.check_page_ids(call, page_ids)
-
     def prepare_decode_step(self, sequence_id: int, token_id: int, position: int,
                             last_page_len: int, sampler: SamplerSpec,
-                            append_page_id: int | None) -> PreparedForward:
+                            grow: bool) -> tuple[PreparedForward, int | None] | None:
         """A decode loop's next pass (one token, its output sampled): prepare_forward without
         reclaim, for the thread that resolved the previous pass (it must not wait for pages).
-        `append_page_id` (a spare) first joins the end of the sequence. Raises NeedPages, with
-        the sequence as it was, when a copy-on-write needs pages the pool lacks; TrapError as
-        prepare_forward."""
+        `grow`: a new page (the instance's, within its quota) joins the end of the sequence
+        first; returns (the pass, that page's local id or None). None, with nothing changed,
+        when the quota is reached or the pool or a copy-on-write is short of pages (the loop
+        ends; the guest's own allocation may reclaim or trap). TrapError as prepare_forward."""
         call = "forward.submit-decode"
         with self.ledger.lock:
             self.ledger.check_open(call)
             sequence = self.ledger.sequence(call, sequence_id)
-            if append_page_id is not None:
-                self.ledger.check_page_ids(call, [append_page_id])
-                sequence.page_ids.append(append_page_id)
+            new_page_id = None
+            if grow:
+                if len(self.ledger.pages) >= self.ledger.page_quota:
+                    return None
+                try:
+                    new_page_id = self.ledger.add_local(self.ledger.take_pages(1)[0])
+                except NeedPages:
+                    return None
+                sequence.page_ids.append(new_page_id)
                 sequence.physical_ids = None
             try:
-                return (self._decode_step_locked(sequence, token_id, position, last_page_len,
-                                                 sampler)
-                        or self._prepare_forward_locked(call, sequence_id, (token_id,),
-                                                        (position,), last_page_len, (0,),
-                                                        (sampler,), None))
-            except NeedPages:
-                if append_page_id is not None:
+                prepared = (self._decode_step_locked(sequence, token_id, position, last_page_len,
+                                                     sampler)
+                            or self._prepare_forward_locked(call, sequence_id, (token_id,),
+                                                            (position,), last_page_len, (0,),
+                                                            (sampler,), None))
+            except (NeedPages, TrapError) as exc:
+                if new_page_id is not None:
                     sequence.page_ids.pop()
                     sequence.physical_ids = None
+                    self.ledger.drop_local(new_page_id)
+                if isinstance(exc, NeedPages):
+                    return None
                 raise
+            return prepared, new_page_id
 
     def _decode_step_locked(self, sequence: PageSequence, token_id: int, position: int,
                             last_page_len: int, sampler: SamplerSpec) -> PreparedForward | None:

@@ -2,8 +2,8 @@
 
 The fake engine's outputs are a function of the tokens a position attends to, so the expected
 tokens are `fake_next_token` applied step by step; its pages record which token sits in each slot,
-so the KV layout after a loop (the prompt and every output but the last, spares appended in
-order) is checked slot by slot.
+so the KV layout after a loop (the prompt and every output but the last, the pages the loop
+added appended in order) is checked slot by slot.
 """
 from __future__ import annotations
 
@@ -46,11 +46,13 @@ class Setup:
     """One instance's binding context over a fake engine (its scheduler not started until
     `start`), with a sequence holding `prompt`'s slots."""
 
-    def __init__(self, prompt: list[int], num_pool_pages: int = 32) -> None:
+    def __init__(self, prompt: list[int], num_pool_pages: int = 32,
+                 page_quota: int | None = None) -> None:
         self.engine = FakeEngine(num_pages=num_pool_pages, page_size=PAGE_SIZE)
         self.pool = PageAllocator(num_pool_pages)
         self.pages = InstancePages(self.pool, ExportRegistry(self.pool), instance_id="a",
-                                   tenant="t", page_quota=num_pool_pages, page_size=PAGE_SIZE,
+                                   tenant="t", page_quota=page_quota or num_pool_pages,
+                                   page_size=PAGE_SIZE,
                                    vocab_size=self.engine.model_config.vocab_size)
         self.scheduler = BatchScheduler(self.engine)
         self.tables = InstanceTables(self.pages)
@@ -71,16 +73,12 @@ class Setup:
     def start(self) -> None:
         self.scheduler.start()
 
-    def submit(self, max_tokens: int, *, num_spares: int = 0, stop_token_ids=(),
-               sampler: Record | None = None, spare_page_ids=None) -> int:
-        spares = (self.pages.allocate_pages(num_spares) if spare_page_ids is None
-                  else spare_page_ids)
-        self.spare_page_ids = spares
+    def submit(self, max_tokens: int, *, stop_token_ids=(), sampler: Record | None = None) -> int:
         last_page_len = len(self.prompt) - (len(self.prompt_page_ids) - 1) * PAGE_SIZE
         stream = decoding.submit_decode(
             self.ctx, self.queue_id, self.sequence_id, self.prompt,
             list(range(len(self.prompt))), last_page_len, sampler or _sampler(), _options(),
-            max_tokens, list(stop_token_ids), spares)
+            max_tokens, list(stop_token_ids))
         return stream.rep
 
     def read_all(self, rep: int) -> list:
@@ -127,12 +125,14 @@ def setups():
 def test_outputs_equal_step_by_step_and_the_kv_holds_all_but_the_last(setups) -> None:
     setup = setups([10, 11, 12, 13, 14])          # 2 pages, the second with 1 slot used
     setup.start()
-    rep = setup.submit(9, num_spares=3)
+    rep = setup.submit(9)
     expected = _expected(setup.prompt, 9)
     assert setup.read_all(rep) == expected
-    # KV: 5 + 8 slots = 4 pages: the first two spares joined the sequence, in order
+    # KV: 5 + 8 slots = 4 pages: the loop added two, in order
+    added = decoding.added_pages(setup.ctx, None, rep)
     sequence = setup.pages.sequence_pages(setup.sequence_id)
-    assert sequence == setup.prompt_page_ids + setup.spare_page_ids[:2]
+    assert len(added) == 2 and sequence == setup.prompt_page_ids + added
+    assert setup.pages.num_pages_held == 4
     assert setup.slots(sequence)[:13] == setup.prompt + expected[:8]
     assert setup.engine.statistics().num_requests == 9
 
@@ -142,22 +142,32 @@ def test_a_stop_token_ends_the_loop_after_it(setups) -> None:
     setup.start()
     expected = _expected(setup.prompt, 12)
     index = next(i for i in range(2, 12) if expected[i] not in expected[:i])
-    rep = setup.submit(12, num_spares=4, stop_token_ids=[expected[index]])
+    rep = setup.submit(12, stop_token_ids=[expected[index]])
     assert setup.read_all(rep) == expected[:index + 1]
     assert setup.engine.statistics().num_requests == index + 1
 
 
-def test_the_loop_ends_when_it_needs_a_page_and_no_spare_is_left(setups) -> None:
-    setup = setups([1, 2, 3])                     # one page, one free slot after the first pass
+def test_the_loop_ends_quietly_at_the_quota(setups) -> None:
+    setup = setups([1, 2, 3], page_quota=1)       # one page, one free slot after the first pass
     setup.start()
     rep = setup.submit(10)
     assert setup.read_all(rep) == _expected(setup.prompt, 2)   # the second pass fills the page
     assert setup.pages.sequence_pages(setup.sequence_id) == setup.prompt_page_ids
+    assert decoding.added_pages(setup.ctx, None, rep) == []
+
+
+def test_the_loop_ends_quietly_when_the_pool_is_short(setups) -> None:
+    setup = setups([1, 2, 3, 4, 5, 6, 7], num_pool_pages=3)   # 2 pages; the pool has 1 more
+    setup.pages.allocate_pages(1)                 # taken: none left, and nothing to reclaim
+    setup.start()
+    rep = setup.submit(10)
+    assert setup.read_all(rep) == _expected(setup.prompt, 2)
+    assert decoding.added_pages(setup.ctx, None, rep) == []
 
 
 def test_stop_returns_the_pass_in_flight_then_ends(setups) -> None:
     setup = setups([5, 6])
-    rep = setup.submit(50, num_spares=8)          # queued: the scheduler has not started
+    rep = setup.submit(50)                        # queued: the scheduler has not started
     decoding.stop(setup.ctx, None, rep)
     setup.start()
     assert setup.read_all(rep) == _expected(setup.prompt, 1)
@@ -166,20 +176,20 @@ def test_stop_returns_the_pass_in_flight_then_ends(setups) -> None:
 
 def test_an_engine_failure_is_the_err_after_the_outputs_before_it(setups) -> None:
     setup = setups([7, 8, 9])
-    rep = setup.submit(5, num_spares=2)
+    rep = setup.submit(5)
     setup.engine.fail_next_batches(1)
     setup.start()
     outputs = setup.read_all(rep)
     assert outputs == ["engine failed the batch: fake engine: injected failure"]
 
 
-def test_a_spare_freed_while_the_loop_runs_traps_at_next(setups) -> None:
-    setup = setups([1, 2, 3, 4])                  # the page is full: pass 2 needs a spare
-    rep = setup.submit(5, num_spares=1)
-    setup.pages.free_pages(setup.spare_page_ids)
+def test_a_sequence_destroyed_while_the_loop_runs_traps_at_next(setups) -> None:
+    setup = setups([1, 2, 3])
+    rep = setup.submit(5)
+    setup.pages.destroy_sequence(setup.sequence_id)
     setup.start()
     assert decoding.next_outputs(setup.ctx, None, rep, 1)[0].payload == _expected(setup.prompt, 1)[0]
-    with pytest.raises(TrapError, match="forward.submit-decode: page id .* was already freed"):
+    with pytest.raises(TrapError, match="forward.submit-decode: unknown sequence id"):
         decoding.next_outputs(setup.ctx, None, rep, 1)
 
 
@@ -188,7 +198,6 @@ def test_a_spare_freed_while_the_loop_runs_traps_at_next(setups) -> None:
     ("max-tokens", {"max_tokens": 65537}, "max-tokens 65537 outside 1..65536"),
     ("stop ids", {"stop_token_ids": list(range(65))}, "at most 64 stop-token-ids"),
     ("stop ids", {"stop_token_ids": [1 << 20]}, "each below"),
-    ("spares", {"spare_page_ids": [4242]}, "unknown page id 4242"),
     ("sampler", {"sampler": _sampler("distribution")}, "greedy or sample, not distribution"),
 ])
 def test_bad_arguments_trap_and_queue_nothing(setups, field, kwargs, message) -> None:
@@ -199,18 +208,11 @@ def test_bad_arguments_trap_and_queue_nothing(setups, field, kwargs, message) ->
     assert setup.scheduler.statistics().num_pending == 0 and len(setup.tables.decode_loops) == 0
 
 
-def test_a_repeated_spare_traps(setups) -> None:
-    setup = setups([1, 2])
-    spare = setup.pages.allocate_pages(1)
-    with pytest.raises(TrapError, match="listed twice"):
-        setup.submit(4, spare_page_ids=spare * 2)
-
-
 def test_stopping_every_loop_then_cancelling_leaves_nothing_queued(setups) -> None:
     """The instance's end: after stop_all no loop submits again, whatever is in flight."""
     setup = setups([3, 4, 5])
     setup.start()
-    rep = setup.submit(1000, num_spares=8)
+    rep = setup.submit(1000)
     time.sleep(0.05)
     setup.tables.decode_loops.stop_all()
     setup.scheduler.cancel_owner("a")
@@ -231,7 +233,7 @@ def test_defer_wake_outside_a_batch_resolution_is_refused() -> None:
 def test_a_loop_waits_for_its_reader_past_max_unread_outputs(setups) -> None:
     setup = setups([1, 2, 3], num_pool_pages=64)
     setup.start()
-    rep = setup.submit(150, num_spares=40)
+    rep = setup.submit(150)
     deadline = time.monotonic() + 5
     while (setup.engine.statistics().num_requests < decoding.MAX_UNREAD_OUTPUTS
            and time.monotonic() < deadline):
@@ -244,7 +246,7 @@ def test_a_loop_waits_for_its_reader_past_max_unread_outputs(setups) -> None:
 def test_next_waits_for_min_outputs_unless_the_loop_is_over(setups) -> None:
     setup = setups([4, 5, 6], num_pool_pages=32)
     setup.min_outputs = 10
-    rep = setup.submit(25, num_spares=8)
+    rep = setup.submit(25)
     setup.start()
     assert setup.read_all(rep) == _expected(setup.prompt, 25)
     assert all(size >= 10 for size in setup.batch_sizes[:-1]) and sum(setup.batch_sizes) == 25

@@ -1,6 +1,6 @@
 """Generations on host decode loops (forward.submit-decode) on the real model: the same tokens as
-step by step and as the engine's greedy loop, across several loops (a loop grows by at most
-MAX_SPARE_PAGES pages), and a context read part-way and then continued."""
+step by step and as the engine's greedy loop, over many pages the host adds, a context read
+part-way and then continued, and a generation that just fits the instance's page quota."""
 from __future__ import annotations
 
 import json
@@ -23,4 +23,22 @@ def test_host_loops_equal_steps_and_greedy(run_inferlet, runtime, engine, greedy
     assert resumed == expected          # read part-way, the context settled, then continued
     assert then_stepped == expected     # the same Generation, stepped after a partial read
     assert in_two == expected
+    assert runtime.statistics().pages.num_used == 0
+
+
+@pytest.mark.parametrize("how", ["loop", "step"])
+def test_a_generation_that_fits_the_quota_runs_and_one_that_does_not_traps(
+        run_inferlet, runtime, engine, greedy_oracle, how):
+    from host.runtime_config import InstanceLimits
+    prompt = "The three primary colours are"
+    num_prompt_tokens = len(engine.tokenizer.encode(prompt))
+    num_tokens = 3 * engine.page_size - num_prompt_tokens + 1    # the KV fills 3 pages exactly
+    expected = greedy_oracle([engine.tokenizer.encode(prompt)], num_tokens)[0]
+    fits = run_inferlet("probe", ["quota", prompt, str(num_tokens), how],
+                        limits=InstanceLimits(page_quota=3))
+    assert fits.status == "ok", fits.value
+    assert json.loads(fits.value) == expected
+    over = run_inferlet("probe", ["quota", prompt, str(num_tokens + 1), how],
+                        limits=InstanceLimits(page_quota=3))
+    assert over.status == "trap" and "quota 3" in over.value
     assert runtime.statistics().pages.num_used == 0

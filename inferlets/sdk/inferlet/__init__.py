@@ -17,7 +17,7 @@ from inferlet.entry import ArgumentParser, main
 from inferlet.errors import InferletError
 from inferlet.drafting import PromptLookupDrafter
 from inferlet.generation import Generation, TokenLogprob, generate_parallel, wait_outputs
-from inferlet.host_loop import MAX_SPARE_PAGES, HostLoop
+from inferlet.host_loop import HostLoop
 from inferlet.messaging import (Subscription, broadcast, receive, receive_json, send, send_json,
                                 store_delete, store_get, store_set, subscribe, try_receive)
 from inferlet.model import (ModelInfo, arguments, decode, encode, host_version, instance_id, log,
@@ -26,8 +26,7 @@ from inferlet.sampling import Sampler
 from inferlet.sharing import shared_system_context
 
 __all__ = [
-    "ArgumentParser", "Beam", "Context", "Generation", "HostLoop", "InferletError",
-    "MAX_SPARE_PAGES", "ModelInfo",
+    "ArgumentParser", "Beam", "Context", "Generation", "HostLoop", "InferletError", "ModelInfo",
     "PromptLookupDrafter", "Sampler", "TokenLogprob", "drafting", "speculative", "wait_outputs",
     "Subscription", "arguments", "beam_search", "broadcast", "decode", "encode",
     "generate_parallel", "host_version", "instance_id", "list_exports", "log", "main",

@@ -163,7 +163,7 @@ class Context(MaskingMixin):
         self.last_page_len = new_len - (len(self.page_ids) - 1) * self.page_size
 
     def adopt_pages(self, page_ids: list[int], kv_len: int) -> None:
-        """Pages the host appended to the sequence (a decode loop's spares) join the context,
+        """Pages the host appended to the sequence (a decode loop's) join the context,
         which now holds `kv_len` slots."""
         self.page_ids.extend(page_ids)
         self._page_masks.extend(bytearray(self.page_size) for _ in page_ids)

@@ -185,7 +185,7 @@ class Generation:
     def _loop_deltas(self, loop: HostLoop | None = None, *,
                      min_outputs: int = 1) -> Iterator[str]:
         """The text deltas of host decode loops (`loop` first, when started already), one loop
-        after another until done (a loop also ends when its spare pages run out); the tokens
+        after another until done (a loop also ends when it cannot get a page); the tokens
         read `min_outputs` at a time (HostLoop.outputs)."""
         while not self.done:
             loop = loop or self._start_loop()

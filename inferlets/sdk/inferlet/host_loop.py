@@ -4,7 +4,7 @@ The host chains the passes (each inputs the token the previous one sampled), so 
 costs the guest one `next` call per handful of tokens instead of a submit and a get per token.
 The context is brought up to date in `close`: after n outputs read, the KV holds the prompt's
 pending tokens and the first n - 1 outputs (the last one stays pending, as after a step), and
-the spare pages those slots needed joined the context; spares left over are freed.
+the pages the host added for those slots join the context; pages it added past them are freed.
 """
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from typing import Iterator
 from inferlet._wit import Err, forward, kv
 from inferlet.errors import InferletError
 
-__all__ = ["HostLoop", "MAX_SPARE_PAGES", "MAX_READ_AHEAD"]
+__all__ = ["HostLoop", "MAX_READ_AHEAD"]
 
-MAX_SPARE_PAGES = 8     # pages one loop may grow by: the guest allocates them up front
 MAX_READ_AHEAD = 64     # the host's bound on a loop's unread outputs (min-outputs of next)
 
 
@@ -39,12 +38,9 @@ class HostLoop:
         ctx.reserve(len(tail))
         self._num_pages_before = len(ctx.page_ids)
         self._kv_len_before = ctx.kv_len
-        num_slots = ctx.kv_len + max_tokens - 1
-        num_spares = min(MAX_SPARE_PAGES, -(-num_slots // ctx.page_size) - len(ctx.page_ids))
-        self._spare_page_ids = list(kv.allocate_pages(num_spares)) if num_spares > 0 else []
         self._stream = forward.submit_decode(
             ctx.queue_id, ctx.sequence_id, tail, positions, ctx.last_page_len, sampler.to_wit(),
-            options, max_tokens, sorted(stop_token_ids), self._spare_page_ids)
+            options, max_tokens, sorted(stop_token_ids))
         ctx.next_position += len(tail)
         ctx.note_submitted()
         ctx.open_loop = self
@@ -81,14 +77,15 @@ class HostLoop:
             self._stream.stop()
             while not self._ended:
                 self._next()
+        added_page_ids = list(self._stream.added_pages())
         self._stream.__exit__(None, None, None)
         ctx = self.ctx
         num_computed = max(0, self.num_read - 1)
         kept_len = self._kv_len_before + num_computed
         num_kept = max(0, -(-kept_len // ctx.page_size) - self._num_pages_before)
-        ctx.adopt_pages(self._spare_page_ids[:num_kept], kept_len)
-        if len(self._spare_page_ids) > num_kept:     # also off the sequence, if the host
-            kv.free_pages(self._spare_page_ids[num_kept:])   # computed past the last read
+        ctx.adopt_pages(added_page_ids[:num_kept], kept_len)
+        if len(added_page_ids) > num_kept:       # the host computed past the last output read:
+            kv.free_pages(added_page_ids[num_kept:])   # also off the sequence
         del ctx.pending_token_ids[:num_computed]
         ctx.next_position += num_computed
         ctx.passes_done()

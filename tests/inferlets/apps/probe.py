@@ -45,6 +45,11 @@ def main(args: list[str]) -> str:
         imported = inferlet.Context.from_import("probe-forks")
         runs = [c.generate_tokens(num_tokens, stop_token_ids=()) for c in forks + [ctx, imported]]
         return json.dumps(runs)
+    if mode == "quota":   # one generation on host loops under the instance's page quota
+        ctx = inferlet.Context()
+        ctx.fill(args[1])
+        return json.dumps(ctx.generate_tokens(int(args[2]), stop_token_ids=(),
+                                              host_loop=args[3] == "loop"))
     if mode == "loops":   # the same greedy tokens step by step, on host loops, and resumed
         prompt, num_tokens, num_first = args[1], int(args[2]), int(args[3])
         runs = []
