@@ -262,7 +262,7 @@ class InstancePages:
             sequence = self.ledger.sequence(call, sequence_id)
             new_page_id = None
             if grow:
-                if len(self.ledger.pages) >= self.ledger.page_quota:
+                if not self.ledger.within_quota(1):
                     return None
                 try:
                     new_page_id = self.ledger.add_local(self.ledger.take_pages(1)[0])
@@ -293,18 +293,15 @@ class InstancePages:
         checks, copies or traps)."""
         page_size = self.ledger.page_size
         num_pages = len(sequence.page_ids)
-        num_slots = (num_pages - 1) * page_size + last_page_len
+        num_slots = paged_kv_len(num_pages, last_page_len, page_size)
         if (not num_pages or not 1 <= last_page_len <= page_size or self.ledger.num_masked_pages
                 or (self.max_kv_len is not None and num_slots > self.max_kv_len)
                 or (self.vocab_size is not None and token_id >= self.vocab_size)):
             return None
         if self.ledger.pages_to_copy("forward.submit-decode", (sequence.page_ids[-1],)):
             return None
-        if sequence.physical_ids is None:
-            sequence.physical_ids = tuple(self.ledger.pages[pid].physical_id
-                                          for pid in sequence.page_ids)
-        request = ForwardRequest((token_id,), (position,), sequence.physical_ids, last_page_len,
-                                 (0,), (sampler,), None)
+        request = ForwardRequest((token_id,), (position,), self._physical_ids(sequence),
+                                 last_page_len, (0,), (sampler,), None)
         return PreparedForward(request, (), self.ledger.pin())
 
     def _prepare_forward_locked(self, call: str, sequence_id: int, token_ids: Sequence[int],
@@ -332,12 +329,16 @@ class InstancePages:
             masks = [self.ledger.pages[pid].mask_row for pid in sequence.page_ids]
             rows = fold_hidden(rows, num_tokens, kv_len,
                                hidden_intervals(masks, self.ledger.page_size, kv_len))
+        request = ForwardRequest(tuple(token_ids), tuple(positions), self._physical_ids(sequence),
+                                 last_page_len, tuple(output_indices), tuple(samplers), rows)
+        return PreparedForward(request, tuple(copies), on_done)
+
+    def _physical_ids(self, sequence: PageSequence) -> tuple[int, ...]:
+        """Under the lock: the sequence's pool pages, cached until the sequence changes."""
         if sequence.physical_ids is None:
             sequence.physical_ids = tuple(self.ledger.pages[pid].physical_id
                                           for pid in sequence.page_ids)
-        request = ForwardRequest(tuple(token_ids), tuple(positions), sequence.physical_ids,
-                                 last_page_len, tuple(output_indices), tuple(samplers), rows)
-        return PreparedForward(request, tuple(copies), on_done)
+        return sequence.physical_ids
 
     def _check_pass_shape(self, call: str, sequence: PageSequence, token_ids: Sequence[int],
                           positions: Sequence[int], last_page_len: int,

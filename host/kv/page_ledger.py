@@ -254,10 +254,14 @@ class PageLedger:
         if self._closed:
             raise TrapError(f"{call}: instance {self.instance_id} was released")
 
+    def within_quota(self, num_new: int) -> bool:
+        """Whether `num_new` more local pages stay within the quota."""
+        return len(self.pages) + num_new <= self.page_quota
+
     def check_quota(self, call: str, num_new: int) -> None:
         if num_new < 0:
             raise TrapError(f"{call}: negative page count {num_new}")
-        if len(self.pages) + num_new > self.page_quota:
+        if not self.within_quota(num_new):
             raise QuotaError(f"{call}: {num_new} pages asked, quota {self.page_quota} "
                              f"(holding {len(self.pages)})")
 
