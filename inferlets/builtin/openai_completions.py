@@ -12,7 +12,12 @@ validated and normalised by host/server/openai_schema.py:
 While generating with "stream" it sends one message per text delta: {"index": i, "delta": text}.
 Its result is {"choices": [{"index", "text", "finish_reason", "logprobs", "tool_calls", "offset"}],
 "usage": {"prompt_tokens", "completion_tokens"}}. Each prompt's KV is computed once and forked
-into its n choices, which generate in parallel, each on its own queue.
+into its n choices, which generate in parallel, each on its own queue. A streamed request steps
+token by token (host_loop=False), one that is not streamed runs on host decode loops: measured
+under load on a CPU (bench/load.py, 32 streaming clients), loops kept every generation in step, so
+requests ended and the clients' next requests arrived together and their prompts shared one long
+batch (TTFT p50 about 2x that of stepping, for the same throughput); a streamed request wakes
+its guest once per token either way.
 
 Tools are described in a system message and rendered with the chat template; earlier calls and
 results become <tool_call> / <tool_response> turns. A forced call (tool_choice a function, or
@@ -165,7 +170,7 @@ def main(args: list) -> str:
     ignore_eos = {"stop_token_ids": ()} if request.get("ignore_eos") else {}
     generations = generate_parallel(contexts, request["max_tokens"], samplers,
                                     stop=tuple(request["stop"]), on_text=on_text, schema=schema,
-                                    **ignore_eos)
+                                    host_loop=on_text is None, **ignore_eos)
     choices = [_choice(request, i, gen, prompts[i // num_choices], call_schema)
                for i, gen in enumerate(generations)]
     usage = {"prompt_tokens": sum(len(ids) for ids in prompt_ids),
