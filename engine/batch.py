@@ -64,7 +64,8 @@ class SamplerSpec:
 
     kind="greedy":        the argmax token.
     kind="sample":        a token drawn after temperature, then top_k (0 = off), top_p (1.0 = off),
-                          min_p (0.0 = off); `seed` makes the draw reproducible (None: fresh entropy).
+                          min_p (0.0 = off); `seed` makes the draw reproducible (with the position of the
+                          token it produces: engine.sampling.draw_seed; None: fresh entropy).
     kind="distribution":  the `num_top` most likely tokens and their probabilities after temperature.
     kind="entropy":       a probe: the entropy (nats) of softmax(logits / temperature), a float.
 

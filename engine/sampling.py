@@ -7,8 +7,11 @@ A row with a generation state advances it with the token it returns.
 
 Rows are grouped by kind and each group is done with whole-tensor ops (greedy for any number of
 rows is one argmax). Randomness is one uniform draw per sampled row, from a generator seeded with
-the row's own seed, so a seeded row gives the same token whatever else is in the batch; rows with
-seed None draw from the sampler's private generator (seeded from OS entropy).
+the row's own seed mixed with the position of the token it produces (`draw_seed`), so a seeded row
+gives the same token whatever else is in the batch, and a seeded generation draws afresh at every
+step (one seed for every step had drawn the same uniform each time: the same quantile of every
+step's distribution); rows with seed None draw from the sampler's private generator (seeded from
+OS entropy).
 
 Filter order for kind="sample": softmax(logits / temperature) -> top_k -> top_p (on the top-k
 renormalized mass; the most likely token is always kept) -> min_p (keep p >= min_p * p_max).
@@ -26,7 +29,14 @@ from engine.batch import (Distribution, ForwardBatch, ForwardResult, SamplerSpec
 from engine.constrain.processing import RowError, process_logits
 from engine.errors import RequestError
 
-__all__ = ["Sampler", "sample_batch", "greedy_tokens"]
+__all__ = ["Sampler", "sample_batch", "greedy_tokens", "draw_seed"]
+
+_WEYL = 0x9E3779B97F4A7C15          # 2**64 / golden ratio: spreads consecutive positions apart
+
+
+def draw_seed(seed: int, position: int) -> int:
+    """The generator seed of a seeded row whose token goes at `position` (0 <= result < 2**64)."""
+    return (seed + position * _WEYL) % (1 << 64)
 
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
@@ -38,11 +48,13 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
     return logits.argmax(dim=-1).tolist()
 
 
-def _uniforms(seeds: list[int | None], entropy: torch.Generator) -> torch.Tensor:
-    """[R] float64 uniforms in [0, 1): one per row, reproducible for a given seed."""
+def _uniforms(seeds: list[int | None], positions: Sequence[int],
+              entropy: torch.Generator) -> torch.Tensor:
+    """[R] float64 uniforms in [0, 1): one per row, reproducible for a given seed and position."""
     draws = []
-    for seed in seeds:
-        generator = entropy if seed is None else torch.Generator().manual_seed(seed)
+    for seed, position in zip(seeds, positions):
+        generator = (entropy if seed is None
+                     else torch.Generator().manual_seed(draw_seed(seed, position)))
         draws.append(torch.rand(1, generator=generator, dtype=torch.float64))
     return torch.cat(draws)
 
@@ -73,18 +85,23 @@ class Sampler:
         entropy_seed = seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
         self._entropy = torch.Generator().manual_seed(entropy_seed)
 
-    def sample(self, logits: torch.Tensor, specs: Sequence[SamplerSpec]) -> list:
+    def sample(self, logits: torch.Tensor, specs: Sequence[SamplerSpec],
+               positions: Sequence[int] | None = None) -> list:
         """logits: [R, vocab] float32, one SamplerSpec per row -> one output per row (an int,
-        a TokenLogprobs, a Distribution or a float entropy). Raises RowError (nothing advanced)
-        when a row's processing leaves no token."""
+        a TokenLogprobs, a Distribution or a float entropy). `positions`: where each row's
+        token goes in its sequence (seeded draws depend on it; default 0 for every row).
+        Raises RowError (nothing advanced) when a row's processing leaves no token."""
         if logits.shape[0] != len(specs):
             raise ValueError(f"{logits.shape[0]} logit rows but {len(specs)} samplers")
+        positions = [0] * len(specs) if positions is None else positions
+        if len(positions) != len(specs):
+            raise ValueError(f"{len(positions)} positions for {len(specs)} samplers")
         plain = all(s.kind == "greedy" and not s.processed and s.num_logprobs is None
                     and s.state is None for s in specs)
         if plain:                                  # the common case: no row gather at all
             return greedy_tokens(logits)
         raw = logits.cpu()                         # seeded draws and filters run on the CPU
-        outputs = self._choose(process_logits(raw, specs), specs)
+        outputs = self._choose(process_logits(raw, specs), specs, positions)
         for row, spec in enumerate(specs):
             if spec.kind not in ("greedy", "sample"):
                 continue
@@ -94,7 +111,8 @@ class Sampler:
                 outputs[row] = _token_logprobs(raw[row], outputs[row], spec.num_logprobs)
         return outputs
 
-    def _choose(self, logits: torch.Tensor, specs: Sequence[SamplerSpec]) -> list:
+    def _choose(self, logits: torch.Tensor, specs: Sequence[SamplerSpec],
+                positions: Sequence[int]) -> list:
         """One output per row of processed logits [R, V], by kind."""
         outputs: list = [None] * len(specs)
         greedy_rows, sample_rows, dist_rows = [], [], []
@@ -112,7 +130,8 @@ class Sampler:
             for row, token in zip(greedy_rows, tokens):
                 outputs[row] = token
         if sample_rows:
-            tokens = self._sample_rows(logits[sample_rows], [specs[r] for r in sample_rows])
+            tokens = self._sample_rows(logits[sample_rows], [specs[r] for r in sample_rows],
+                                       [positions[r] for r in sample_rows])
             for row, token in zip(sample_rows, tokens):
                 outputs[row] = token
         if dist_rows:
@@ -121,16 +140,19 @@ class Sampler:
                 outputs[row] = dist
         return outputs
 
-    def verify(self, logits: torch.Tensor, spec: SamplerSpec, draft_ids: Sequence[int]) -> Verified:
+    def verify(self, logits: torch.Tensor, spec: SamplerSpec, draft_ids: Sequence[int],
+               position: int = 0) -> Verified:
         """Verify drafts: logits [k + 1, V] at the position before each of the k drafts and
         after the last. Row i accepts draft i when greedy picks it, or (sampling) with
         probability p(draft) under the processed, filtered distribution; the first rejection
         draws from p with the draft removed (standard speculative sampling for a deterministic
         drafter, so the output has the distribution of plain sampling). Stops at the first
         rejection; all accepted gives one more token from the last row. Rows are processed one
-        by one, so penalties and the grammar see the drafts accepted before them."""
+        by one, so penalties and the grammar see the drafts accepted before them. `position`:
+        where row 0's token goes (a seeded spec's draws depend on it)."""
         logits = logits.cpu()
-        generator = self._entropy if spec.seed is None else torch.Generator().manual_seed(spec.seed)
+        generator = (self._entropy if spec.seed is None
+                     else torch.Generator().manual_seed(draw_seed(spec.seed, position)))
         chosen: list[int] = []
         for row in range(len(draft_ids) + 1):
             processed = process_logits(logits[row:row + 1], [spec])[0]           # [V]
@@ -154,12 +176,13 @@ class Sampler:
         return torch.zeros_like(probs[0]).scatter_(0, sorted_ids[0], kept[0])
 
 
-    def _sample_rows(self, logits: torch.Tensor, specs: list[SamplerSpec]) -> list[int]:
+    def _sample_rows(self, logits: torch.Tensor, specs: list[SamplerSpec],
+                     positions: list[int]) -> list[int]:
         temperatures = torch.tensor([s.temperature for s in specs]).unsqueeze(1)
         probs = torch.softmax(logits.double() / temperatures, dim=-1)          # [R, V]
         kept, sorted_ids = _filtered_sorted_probs(probs, specs)
         cumulative = kept.cumsum(dim=-1)                                       # [R, V]
-        targets = _uniforms([s.seed for s in specs], self._entropy) * cumulative[:, -1]
+        targets = _uniforms([s.seed for s in specs], positions, self._entropy) * cumulative[:, -1]
         picks = torch.searchsorted(cumulative, targets.unsqueeze(1), right=True)
         picks = picks.clamp(max=kept.shape[1] - 1)
         # never land on a removed token (float ties at the boundary): step back to a kept one
@@ -218,7 +241,7 @@ def sample_batch(sampler: Sampler, logits: torch.Tensor, batch: ForwardBatch) ->
     """logits [num_outputs, V] of a batch, in request order -> one ForwardResult per request.
     Verify passes are verified one by one; a row whose processing leaves no token raises
     RequestError (that request alone fails, engine.errors) before any generation state advanced."""
-    plain_rows, plain_specs, verify_starts, start = [], [], [], 0
+    plain_rows, plain_specs, plain_positions, verify_starts, start = [], [], [], [], 0
     for request in batch.requests:
         num_outputs = len(request.output_indices)
         if request.num_drafted:
@@ -226,10 +249,12 @@ def sample_batch(sampler: Sampler, logits: torch.Tensor, batch: ForwardBatch) ->
         else:
             plain_rows.extend(range(start, start + num_outputs))
             plain_specs.extend(request.samplers)
+            plain_positions.extend(request.positions[i] + 1 for i in request.output_indices)
         start += num_outputs
     plain_logits = logits if len(plain_rows) == len(logits) else logits[plain_rows]   # no copy
     try:
-        plain = sampler.sample(plain_logits, plain_specs) if plain_specs else []
+        plain = (sampler.sample(plain_logits, plain_specs, plain_positions) if plain_specs
+                 else [])
     except RowError as error:
         raise RequestError(_request_of(batch, plain_rows[error.row]), "samplers",
                            error.reason) from None
@@ -237,7 +262,8 @@ def sample_batch(sampler: Sampler, logits: torch.Tensor, batch: ForwardBatch) ->
     for request, first in zip([r for r in batch.requests if r.num_drafted], verify_starts):
         rows = logits[first:first + request.num_drafted + 1]
         outputs[first] = sampler.verify(rows, request.samplers[0],
-                                        request.token_ids[-request.num_drafted:])
+                                        request.token_ids[-request.num_drafted:],
+                                        request.positions[-request.num_drafted - 1] + 1)
     results, start = [], 0
     for request in batch.requests:
         if request.num_drafted:

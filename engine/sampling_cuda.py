@@ -61,8 +61,10 @@ class CudaSampler:
     def uses_flashinfer(self) -> bool:
         return self._flashinfer is not None
 
-    def sample(self, logits: torch.Tensor, specs: Sequence[SamplerSpec]) -> list[int | Distribution]:
-        """logits: [R, vocab] float32 (any device), one SamplerSpec per row -> one output per row."""
+    def sample(self, logits: torch.Tensor, specs: Sequence[SamplerSpec],
+               positions: Sequence[int] | None = None) -> list[int | Distribution]:
+        """logits: [R, vocab] float32 (any device), one SamplerSpec per row -> one output per row;
+        `positions` as Sampler.sample's (seeded rows run there)."""
         if logits.shape[0] != len(specs):
             raise ValueError(f"{logits.shape[0]} logit rows but {len(specs)} samplers")
         outputs: list[int | Distribution | None] = [None] * len(specs)
@@ -78,8 +80,9 @@ class CudaSampler:
                                                          [specs[r] for r in fused_rows]))
         if reference_rows:
             host_logits = logits[reference_rows].float().cpu()              # [Rr, vocab]
-            self._place(outputs, reference_rows,
-                        self._reference.sample(host_logits, [specs[r] for r in reference_rows]))
+            self._place(outputs, reference_rows, self._reference.sample(
+                host_logits, [specs[r] for r in reference_rows],
+                None if positions is None else [positions[r] for r in reference_rows]))
         return outputs  # type: ignore[return-value]
 
     def _fused(self, logits: torch.Tensor, specs: list[SamplerSpec]) -> list[int]:
@@ -95,9 +98,10 @@ class CudaSampler:
             probs, top_k, top_p, filter_apply_order="top_k_first", generator=self._generator)
         return tokens.tolist()
 
-    def verify(self, logits: torch.Tensor, spec: SamplerSpec, draft_ids: Sequence[int]):
+    def verify(self, logits: torch.Tensor, spec: SamplerSpec, draft_ids: Sequence[int],
+               position: int = 0):
         """Sampler.verify on the CPU (drafts are verified row by row)."""
-        return self._reference.verify(logits.float().cpu(), spec, draft_ids)
+        return self._reference.verify(logits.float().cpu(), spec, draft_ids, position)
 
     @staticmethod
     def _place(outputs: list, rows: list[int], values: Sequence) -> None:

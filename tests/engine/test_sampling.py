@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from engine.batch import Distribution, SamplerSpec
-from engine.sampling import Sampler, greedy_tokens
+from engine.batch import Distribution, ForwardBatch, ForwardRequest, SamplerSpec
+from engine.sampling import Sampler, draw_seed, greedy_tokens, sample_batch
 
 VOCAB = 50
 
@@ -81,6 +81,36 @@ def test_seed_reproducible_and_independent_of_batch():
     tokens = {Sampler().sample(logits[2:3], [SamplerSpec(kind="sample", temperature=2.0, seed=s)])[0]
               for s in range(40)}
     assert len(tokens) > 3
+
+
+def test_a_seeded_generation_draws_afresh_at_every_position():
+    """One seed for a whole generation: the draws depend on the position as well, so a flat
+    distribution does not give the same token at every step (one uniform for every step did)."""
+    flat = torch.zeros(1, VOCAB)
+    spec = SamplerSpec(kind="sample", seed=77)
+    tokens = [Sampler().sample(flat, [spec], [position])[0] for position in range(40, 80)]
+    assert len(set(tokens)) > 20
+    again = [Sampler(seed=3).sample(flat, [spec], [position])[0] for position in range(40, 80)]
+    assert again == tokens                                  # same seed and position, same draw
+    assert draw_seed(2**64 - 1, 1) < 2**64 and draw_seed(5, 0) == 5
+
+
+def test_sample_batch_seeds_by_the_position_each_token_goes_to():
+    """Through a batch: the same seed and logits at two requests whose tokens go to different
+    positions draw independently; at the same position, identically."""
+    logits = torch.zeros(3, VOCAB)
+    spec = SamplerSpec(kind="sample", seed=5)
+
+    def one_token(position: int) -> ForwardRequest:
+        return ForwardRequest((1,), (position,), (0,), position % 16 + 1, (0,), (spec,))
+    results = sample_batch(Sampler(), logits,
+                           ForwardBatch((one_token(3), one_token(9), one_token(3))))
+    first, second, third = (result.outputs[0] for result in results)
+    assert first == third == Sampler().sample(logits[:1], [spec], [4])[0]   # token goes at 3 + 1
+    differing = {sample_batch(Sampler(), logits[:1], ForwardBatch((one_token(p),)))[0].outputs[0]
+                 for p in range(20)}
+    assert len(differing) > 10
+    assert second in {Sampler().sample(logits[:1], [spec], [10])[0]}
 
 
 def test_distribution_descending_sums_at_most_one_and_matches_softmax():
