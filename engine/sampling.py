@@ -8,10 +8,8 @@ A row with a generation state advances it with the token it returns.
 Rows are grouped by kind and each group is done with whole-tensor ops (greedy for any number of
 rows is one argmax). Randomness is one uniform draw per sampled row, from a generator seeded with
 the row's own seed mixed with the position of the token it produces (`draw_seed`), so a seeded row
-gives the same token whatever else is in the batch, and a seeded generation draws afresh at every
-step (one seed for every step had drawn the same uniform each time: the same quantile of every
-step's distribution); rows with seed None draw from the sampler's private generator (seeded from
-OS entropy).
+gives the same token whatever else is in the batch, and a generation with one seed draws afresh at
+every step; rows with seed None draw from the sampler's private generator (seeded from OS entropy).
 
 Filter order for kind="sample": softmax(logits / temperature) -> top_k -> top_p (on the top-k
 renormalized mass; the most likely token is always kept) -> min_p (keep p >= min_p * p_max).
