@@ -239,7 +239,7 @@ def sample_batch(sampler: Sampler, logits: torch.Tensor, batch: ForwardBatch) ->
     """logits [num_outputs, V] of a batch, in request order -> one ForwardResult per request.
     Verify passes are verified one by one; a row whose processing leaves no token raises
     RequestError (that request alone fails, engine.errors) before any generation state advanced."""
-    plain_rows, plain_specs, plain_positions, verify_starts, start = [], [], [], [], 0
+    plain_rows, plain_specs, verify_starts, start = [], [], [], 0
     for request in batch.requests:
         num_outputs = len(request.output_indices)
         if request.num_drafted:
@@ -247,8 +247,10 @@ def sample_batch(sampler: Sampler, logits: torch.Tensor, batch: ForwardBatch) ->
         else:
             plain_rows.extend(range(start, start + num_outputs))
             plain_specs.extend(request.samplers)
-            plain_positions.extend(request.positions[i] + 1 for i in request.output_indices)
         start += num_outputs
+    # only seeded draws read the positions: no per-row work for the common batch
+    plain_positions = (_output_positions(batch) if any(s.seed is not None for s in plain_specs)
+                       else None)
     plain_logits = logits if len(plain_rows) == len(logits) else logits[plain_rows]   # no copy
     try:
         plain = (sampler.sample(plain_logits, plain_specs, plain_positions) if plain_specs
@@ -271,6 +273,12 @@ def sample_batch(sampler: Sampler, logits: torch.Tensor, batch: ForwardBatch) ->
                                                for i in range(len(request.output_indices)))))
         start += len(request.output_indices)
     return results
+
+
+def _output_positions(batch: ForwardBatch) -> list[int]:
+    """Where the token of each output row of the batch's plain (not drafted) requests goes."""
+    return [request.positions[i] + 1 for request in batch.requests if not request.num_drafted
+            for i in request.output_indices]
 
 
 def _request_of(batch: ForwardBatch, row: int) -> int:
