@@ -33,8 +33,8 @@ from host.kv import InstancePages
 from host.scheduling.work import PreparedForward
 from host.sandbox.wit_codec import HostResource
 
-__all__ = ["DecodeLoop", "submit_decode", "next_outputs", "added_pages", "stop", "drop", "DECODE_STREAM_TYPE",
-           "MAX_DECODE_TOKENS", "MAX_STOP_TOKEN_IDS"]
+__all__ = ["DecodeLoop", "submit_decode", "next_outputs", "added_pages", "stop", "drop",
+           "DECODE_STREAM_TYPE", "MAX_DECODE_TOKENS", "MAX_STOP_TOKEN_IDS"]
 
 DECODE_STREAM_TYPE = 2
 MAX_DECODE_TOKENS = 65536     # outputs of one loop
