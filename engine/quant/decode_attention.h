@@ -31,15 +31,26 @@ static inline size_t kv_value_bytes(int kv_half) {
 
 /* Writes each new token's K and V into the pool, then out = softmax(q K^T * scale) V over each
  * request's context (query head h reads KV head h / (num_q_heads / num_kv_heads)); the (request,
- * head) pairs are shared over up to num_threads threads when the batch is big enough. 0 on
+ * KV head) pairs, each with its group of query heads, are shared over up to num_threads threads
+ * when the batch is big enough. 0 on
  * success, -1 when no thread could allocate its scratch row of scores. level: matmul.h's LEVEL_*
  * of the inner loops (one the CPU supports). */
 int decode_attention(const decode_batch *batch, int level, int num_threads);
 
-/* The inner loops over one K or V row of d_len values (a multiple of 8), float32 or float16 */
+/* The inner loops over K or V rows of d_len values (a multiple of 8), float32 or float16, for
+ * a group of query heads that share the rows (GQA): each row is read (and widened) once. Row j
+ * is at base + rows[j] * row_bytes. Head g's query is q + g * d_len, its accumulator acc + g *
+ * d_len, its scores or weights [g * num_rows, (g + 1) * num_rows); each head's result is what
+ * it would be alone (same products, same order of sums). */
 typedef struct {
-    float (*dot)(const float *q, const void *k, int d_len);          /* q . k */
-    void (*axpy)(float *acc, float weight, const void *v, int d_len); /* acc += weight v */
+    /* scores[g * num_rows + j] = q_g . row j */
+    void (*dot_rows)(const float *q, int group, const char *base, const int64_t *rows,
+                     size_t row_bytes, int64_t num_rows, int d_len, float *scores);
+    /* acc_g += weights[g * num_rows + j] row j, for j = 0, 1, ... in turn */
+    void (*axpy_rows)(float *acc, const float *weights, int group, const char *base,
+                      const int64_t *rows, size_t row_bytes, int64_t num_rows, int d_len);
+    /* scores = exp(scores * scale - max(scores * scale)), in place (fast_exp.h's exp_approx) */
+    void (*softmax_weights)(float *scores, int64_t n, float scale);
     void (*store)(void *row, const float *values, int64_t n);        /* row = values, n % 8 == 0 */
 } attention_loops;
 

@@ -1,15 +1,20 @@
 /* AVX2 + FMA (+ F16C for a float16 pool) inner loops of decode attention (decode_attention.c
- * picks them when the CPU has them): a q.k product and an axpy over head_dim values, head_dim a
- * multiple of 8. -O3 does not vectorize the plain-C versions (a float sum may not be reordered). */
+ * picks them when the CPU has them): q.k products and axpys over head_dim values (a multiple of
+ * 8) for a group of query heads sharing one K / V row. -O3 does not vectorize the plain-C
+ * versions (a float sum may not be reordered). */
 #include "decode_attention.h"
 
+#include <math.h>
 #include <string.h>
+
+#include "fast_exp.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
 #define TARGET __attribute__((target("avx2,fma,f16c")))
 #define INLINE TARGET static inline __attribute__((always_inline))
+#define MAX_GROUP 8        /* query heads whose partial sums stay in registers at once */
 
 INLINE __m256 load8_f32(const void *row, int d) { return _mm256_loadu_ps((const float *)row + d); }
 
@@ -24,25 +29,126 @@ INLINE float horizontal_sum(__m256 sum) {
     return _mm_cvtss_f32(half);
 }
 
+/* Per head as one 8-wide dot would do it: sum0 takes d % 16 < 8, sum1 the rest (a last 8 in
+ * sum0), then one horizontal sum; the K values of a 16-value step are loaded once for the whole
+ * group. The V row likewise: each head's acc += weight v over the same loaded values. `n` heads
+ * at once (a constant where inlined, so the sums stay in registers). */
 #define ATTENTION_LOOPS(suffix, load8)                                                          \
-    TARGET static float dot_##suffix(const float *q, const void *k, int d_len) {                \
-        __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();                          \
+    INLINE void dot_heads_##suffix(const float *q, int n, const void *k, int d_len,             \
+                                   float *scores, int64_t score_stride) {                       \
+        __m256 sum0[MAX_GROUP], sum1[MAX_GROUP];                                                \
+        for (int g = 0; g < n; g++) sum0[g] = sum1[g] = _mm256_setzero_ps();                    \
         int d = 0;                                                                              \
         for (; d + 16 <= d_len; d += 16) {                                                      \
-            sum0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(k, d), sum0);                  \
-            sum1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), load8(k, d + 8), sum1);          \
+            __m256 k0 = load8(k, d), k1 = load8(k, d + 8);                                      \
+            for (int g = 0; g < n; g++) {                                                       \
+                const float *qh = q + (int64_t)g * d_len + d;                                   \
+                sum0[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qh), k0, sum0[g]);                    \
+                sum1[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8), k1, sum1[g]);                \
+            }                                                                                   \
         }                                                                                       \
-        if (d < d_len) sum0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(k, d), sum0);       \
-        return horizontal_sum(_mm256_add_ps(sum0, sum1));                                       \
+        if (d < d_len) {                                                                        \
+            __m256 k0 = load8(k, d);                                                            \
+            for (int g = 0; g < n; g++)                                                         \
+                sum0[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (int64_t)g * d_len + d), k0,      \
+                                          sum0[g]);                                             \
+        }                                                                                       \
+        for (int g = 0; g < n; g++)                                                             \
+            scores[g * score_stride] = horizontal_sum(_mm256_add_ps(sum0[g], sum1[g]));         \
     }                                                                                           \
-    TARGET static void axpy_##suffix(float *acc, float weight, const void *v, int d_len) {      \
-        __m256 w = _mm256_set1_ps(weight);                                                      \
-        for (int d = 0; d < d_len; d += 8)                                                      \
-            _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(w, load8(v, d), _mm256_loadu_ps(acc + d))); \
+    INLINE void axpy_heads_##suffix(float *acc, const float *weights, int64_t weight_stride,     \
+                                    int n, const void *v, int d_len) {                          \
+        __m256 w[MAX_GROUP];                                                                    \
+        for (int g = 0; g < n; g++) w[g] = _mm256_set1_ps(weights[g * weight_stride]);          \
+        for (int d = 0; d < d_len; d += 8) {                                                    \
+            __m256 v8 = load8(v, d);                                                            \
+            for (int g = 0; g < n; g++) {                                                       \
+                float *a = acc + (int64_t)g * d_len + d;                                        \
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(w[g], v8, _mm256_loadu_ps(a)));             \
+            }                                                                                   \
+        }                                                                                       \
+    }                                                                                           \
+    TARGET static void dot_rows_##suffix(const float *q, int group, const char *base,         \
+                                         const int64_t *rows, size_t row_bytes,                 \
+                                         int64_t num_rows, int d_len, float *scores) {          \
+        for (int g0 = 0; g0 < group; g0 += MAX_GROUP) {                                         \
+            const float *qg = q + (int64_t)g0 * d_len;                                          \
+            float *sg = scores + g0 * num_rows;                                                 \
+            int n = group - g0 < MAX_GROUP ? group - g0 : MAX_GROUP;                            \
+            for (int64_t j = 0; j < num_rows; j++) {                                            \
+                const void *k = base + rows[j] * row_bytes;                                     \
+                switch (n) {                                                                    \
+                case 1: dot_heads_##suffix(qg, 1, k, d_len, sg + j, num_rows); break;           \
+                case 2: dot_heads_##suffix(qg, 2, k, d_len, sg + j, num_rows); break;           \
+                case 3: dot_heads_##suffix(qg, 3, k, d_len, sg + j, num_rows); break;           \
+                case 4: dot_heads_##suffix(qg, 4, k, d_len, sg + j, num_rows); break;           \
+                default: dot_heads_##suffix(qg, n, k, d_len, sg + j, num_rows);                 \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+    }                                                                                           \
+    TARGET static void axpy_rows_##suffix(float *acc, const float *weights, int group,          \
+                                          const char *base, const int64_t *rows,                \
+                                          size_t row_bytes, int64_t num_rows, int d_len) {      \
+        for (int g0 = 0; g0 < group; g0 += MAX_GROUP) {                                         \
+            float *ag = acc + (int64_t)g0 * d_len;                                              \
+            const float *wg = weights + g0 * num_rows;                                          \
+            int n = group - g0 < MAX_GROUP ? group - g0 : MAX_GROUP;                            \
+            for (int64_t j = 0; j < num_rows; j++) {                                            \
+                const void *v = base + rows[j] * row_bytes;                                     \
+                switch (n) {                                                                    \
+                case 1: axpy_heads_##suffix(ag, wg + j, num_rows, 1, v, d_len); break;          \
+                case 2: axpy_heads_##suffix(ag, wg + j, num_rows, 2, v, d_len); break;          \
+                case 3: axpy_heads_##suffix(ag, wg + j, num_rows, 3, v, d_len); break;          \
+                case 4: axpy_heads_##suffix(ag, wg + j, num_rows, 4, v, d_len); break;          \
+                default: axpy_heads_##suffix(ag, wg + j, num_rows, n, v, d_len);                \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
     }
 
 ATTENTION_LOOPS(f32, load8_f32)
 ATTENTION_LOOPS(f16, load8_f16)
+
+/* fast_exp.h's exp_approx, eight at a time with the same operations (mul and add, no fused
+ * multiply-add), so each value is the scalar one bit for bit; min(88, x) keeps a NaN a NaN */
+INLINE __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), _mm256_min_ps(_mm256_set1_ps(88.0f), x));
+    __m256 n = _mm256_floor_ps(_mm256_add_ps(
+        _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
+    r = _mm256_add_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(2.12194440e-4f)));
+    static const float coefficients[] = {1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f,
+                                         1.0f};
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    for (int i = 0; i < 6; i++)
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(coefficients[i]));
+    __m256i bits = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);   /* 2^n */
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+/* scores = exp(scores * scale - max(scores * scale)) in place (softmax's weights, unnormalized) */
+TARGET static void softmax_weights(float *scores, int64_t n, float scale) {
+    __m256 scale8 = _mm256_set1_ps(scale), max8 = _mm256_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 s = _mm256_mul_ps(_mm256_loadu_ps(scores + j), scale8);
+        _mm256_storeu_ps(scores + j, s);
+        max8 = _mm256_max_ps(max8, s);
+    }
+    __m128 half = _mm_max_ps(_mm256_castps256_ps128(max8), _mm256_extractf128_ps(max8, 1));
+    half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+    float max_score = _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half)));
+    for (int64_t t = j; t < n; t++) {
+        scores[t] *= scale;
+        if (scores[t] > max_score) max_score = scores[t];
+    }
+    __m256 shift = _mm256_set1_ps(max_score);
+    for (j = 0; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(scores + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), shift)));
+    for (; j < n; j++) scores[j] = exp_approx(scores[j] - max_score);
+}
 
 TARGET static void store_f32(void *row, const float *values, int64_t n) {
     memcpy(row, values, (size_t)n * sizeof(float));
@@ -56,10 +162,10 @@ TARGET static void store_f16(void *row, const float *values, int64_t n) {
 }
 
 attention_loops attention_loops_avx2(int kv_half) {
-    return kv_half ? (attention_loops){dot_f16, axpy_f16, store_f16}
-                   : (attention_loops){dot_f32, axpy_f32, store_f32};
+    return kv_half ? (attention_loops){dot_rows_f16, axpy_rows_f16, softmax_weights, store_f16}
+                   : (attention_loops){dot_rows_f32, axpy_rows_f32, softmax_weights, store_f32};
 }
 
 #else  /* not x86: never called */
-attention_loops attention_loops_avx2(int kv_half) { return (attention_loops){0, 0, 0}; }
+attention_loops attention_loops_avx2(int kv_half) { return (attention_loops){0, 0, 0, 0}; }
 #endif

@@ -128,3 +128,54 @@ def test_out_of_range_indices_are_refused_before_the_kernel_reads_them() -> None
         attention(q, k, k, torch.zeros(64, HKV, HEAD_DIM, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="q must be CPU float32"):
         attention(q.double(), k, k, torch.zeros(64, HKV, HEAD_DIM))
+
+
+def _gqa_case(num_q_heads: int, num_kv_heads: int, head_dim: int, kv_dtype: torch.dtype,
+              seed: int):
+    """Three requests over random pages of a 16-page pool (page_size 4): (attention plan, q,
+    k_new, v_new, slot view, kv_rows, kv_lens)."""
+    generator = torch.Generator().manual_seed(seed)
+    page_size, num_pages = 4, 16
+    kv_lens = torch.tensor([1, 7, 13])
+    kv_rows = torch.zeros(3, 13, dtype=torch.int64)
+    for b, kv_len in enumerate(kv_lens.tolist()):
+        pages = torch.randperm(num_pages, generator=generator)[:-(-kv_len // page_size)]
+        rows = (pages[:, None] * 2 * page_size + torch.arange(page_size)).flatten()
+        kv_rows[b, :kv_len] = rows[:kv_len]
+    append_rows = kv_rows[torch.arange(3), kv_lens - 1]        # the new token: the last slot
+    plan = kernels.DecodeAttention(append_rows, kv_rows, kv_lens, page_size,
+                                   num_pages * 2 * page_size)
+    slots = torch.randn(num_pages * 2 * page_size, num_kv_heads, head_dim,
+                        generator=generator).to(kv_dtype)
+    q = torch.randn(3, num_q_heads, head_dim, generator=generator)
+    k_new, v_new = (torch.randn(3, num_kv_heads, head_dim, generator=generator) for _ in "kv")
+    return plan, q, k_new, v_new, slots, kv_rows, kv_lens
+
+
+@pytest.mark.parametrize("level", kernels.levels())
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("num_q_heads, num_kv_heads, head_dim",
+                         [(4, 4, 8), (9, 3, 24), (8, 1, 16), (20, 2, 8), (6, 2, 64)])
+def test_query_heads_sharing_a_kv_head_get_what_each_would_get_alone(
+        level: str, kv_dtype: torch.dtype, num_q_heads: int, num_kv_heads: int,
+        head_dim: int) -> None:
+    """GQA: each K / V row is read once for the query heads that share it (groups of 1, 3, 8
+    and 10 -- run as 8 + 2 -- heads; head dims with and without a last 8 past the 16-wide
+    steps). Every head's output is bit for bit its output with a KV head of its own (the rows
+    copied per query head), and matches the dense reference over the stored values."""
+    group = num_q_heads // num_kv_heads
+    plan, q, k_new, v_new, slots, kv_rows, kv_lens = _gqa_case(num_q_heads, num_kv_heads,
+                                                              head_dim, kv_dtype, seed=group)
+    own_slots = slots.repeat_interleave(group, dim=1).contiguous()
+    shared = plan(q, k_new, v_new, slots, level=level)
+    alone = plan(q, k_new.repeat_interleave(group, dim=1), v_new.repeat_interleave(group, dim=1),
+                 own_slots, level=level)
+    assert torch.equal(shared, alone)
+    page_size = plan.page_size
+    for b, kv_len in enumerate(kv_lens.tolist()):
+        rows = kv_rows[b, :kv_len]
+        keys = slots[rows].double().repeat_interleave(group, dim=1)          # [kv_len, Hq, D]
+        values = slots[rows + page_size].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,jhd->hj", q[b].double(), keys) / math.sqrt(head_dim)
+        expected = torch.einsum("hj,jhd->hd", scores.softmax(dim=-1), values)
+        torch.testing.assert_close(shared[b].double(), expected, atol=1e-5, rtol=1e-5)
