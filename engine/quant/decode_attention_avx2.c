@@ -16,6 +16,16 @@
 #define INLINE TARGET static inline __attribute__((always_inline))
 #define MAX_GROUP 8        /* query heads whose partial sums stay in registers at once */
 
+/* The rows are scattered over the pool's pages (and the pool over DRAM): each loop asks for the
+ * head's values of the row PREFETCH_ROWS ahead of the one it computes (one request's decode step
+ * at 1,024-1,424 slots: 19-21 ms without, 13-15 at 8 rows ahead, 12-16 at 16 or 32, 17-18 at 4;
+ * AVX2 Zen 3, two threads). */
+#define PREFETCH_ROWS 16
+INLINE void prefetch_span(const char *start, int num_bytes) {
+    for (int offset = 0; offset < num_bytes; offset += 64)
+        _mm_prefetch(start + offset, _MM_HINT_T0);
+}
+
 INLINE __m256 load8_f32(const void *row, int d) { return _mm256_loadu_ps((const float *)row + d); }
 
 INLINE __m256 load8_f16(const void *row, int d) {
@@ -33,7 +43,7 @@ INLINE float horizontal_sum(__m256 sum) {
  * sum0), then one horizontal sum; the K values of a 16-value step are loaded once for the whole
  * group. The V row likewise: each head's acc += weight v over the same loaded values. `n` heads
  * at once (a constant where inlined, so the sums stay in registers). */
-#define ATTENTION_LOOPS(suffix, load8)                                                          \
+#define ATTENTION_LOOPS(suffix, load8, VALUE_BYTES)                                             \
     INLINE void dot_heads_##suffix(const float *q, int n, const void *k, int d_len,             \
                                    float *scores, int64_t score_stride) {                       \
         __m256 sum0[MAX_GROUP], sum1[MAX_GROUP];                                                \
@@ -77,6 +87,9 @@ INLINE float horizontal_sum(__m256 sum) {
             int n = group - g0 < MAX_GROUP ? group - g0 : MAX_GROUP;                            \
             for (int64_t j = 0; j < num_rows; j++) {                                            \
                 const void *k = base + rows[j] * row_bytes;                                     \
+                if (j + PREFETCH_ROWS < num_rows)                                               \
+                    prefetch_span(base + rows[j + PREFETCH_ROWS] * row_bytes,                   \
+                                  VALUE_BYTES * d_len);                                         \
                 switch (n) {                                                                    \
                 case 1: dot_heads_##suffix(qg, 1, k, d_len, sg + j, num_rows); break;           \
                 case 2: dot_heads_##suffix(qg, 2, k, d_len, sg + j, num_rows); break;           \
@@ -96,6 +109,9 @@ INLINE float horizontal_sum(__m256 sum) {
             int n = group - g0 < MAX_GROUP ? group - g0 : MAX_GROUP;                            \
             for (int64_t j = 0; j < num_rows; j++) {                                            \
                 const void *v = base + rows[j] * row_bytes;                                     \
+                if (j + PREFETCH_ROWS < num_rows)                                               \
+                    prefetch_span(base + rows[j + PREFETCH_ROWS] * row_bytes,                   \
+                                  VALUE_BYTES * d_len);                                         \
                 switch (n) {                                                                    \
                 case 1: axpy_heads_##suffix(ag, wg + j, num_rows, 1, v, d_len); break;          \
                 case 2: axpy_heads_##suffix(ag, wg + j, num_rows, 2, v, d_len); break;          \
@@ -107,8 +123,8 @@ INLINE float horizontal_sum(__m256 sum) {
         }                                                                                       \
     }
 
-ATTENTION_LOOPS(f32, load8_f32)
-ATTENTION_LOOPS(f16, load8_f16)
+ATTENTION_LOOPS(f32, load8_f32, 4)
+ATTENTION_LOOPS(f16, load8_f16, 2)
 
 /* fast_exp.h's exp_approx, eight at a time with the same operations (mul and add, no fused
  * multiply-add), so each value is the scalar one bit for bit; min(88, x) keeps a NaN a NaN */
