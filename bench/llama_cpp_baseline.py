@@ -4,6 +4,7 @@ step (one llama_batch holding one token of each sequence, as a server would batc
 from __future__ import annotations
 
 import ctypes
+import statistics
 import time
 from typing import Callable
 
@@ -81,12 +82,17 @@ class LlamaCppRunner:
                          for i, t in enumerate(chunk)])
 
     def greedy(self, prompts: list[list[int]], num_new_tokens: int) -> None:
-        """Prefill every prompt (one decode each), then num_new_tokens - 1 batched decode steps."""
+        """Prefill every prompt (one decode each), then num_new_tokens - 1 batched decode steps;
+        `decode_started` is the perf_counter time the steps began."""
         self.clear()
         next_ids = []
         for s, prompt in enumerate(prompts):
-            self.decode([(t, i, s, i == len(prompt) - 1) for i, t in enumerate(prompt)])
-            next_ids.append(self.argmax(len(prompt) - 1))
+            for start in range(0, len(prompt), 512):           # the batch holds 512 tokens
+                chunk = prompt[start:start + 512]
+                self.decode([(t, start + i, s, start + i == len(prompt) - 1)
+                             for i, t in enumerate(chunk)])
+            next_ids.append(self.argmax((len(prompt) - 1) % 512))
+        self.decode_started = time.perf_counter()
         for step in range(num_new_tokens - 1):
             self.decode([(t, len(p) + step, s, True) for s, (t, p) in enumerate(zip(next_ids, prompts))])
             next_ids = [self.argmax(s) for s in range(len(prompts))]
@@ -101,17 +107,20 @@ def bench_llama_cpp(path: str, rows: list[str], prompts_for: Callable[[str], lis
         import llama_cpp  # noqa: F401
     except ImportError:
         return {}
-    max_sequences = max([int(r.removeprefix("decode_b")) for r in rows if r.startswith("decode_b")]
-                        or [1])
-    runner = LlamaCppRunner(path, max_sequences, max_tokens=640, num_threads=num_threads)
+    row_prompts = {row: prompts_for(row) for row in rows}
+    max_sequences = max(len(prompts) for prompts in row_prompts.values())
+    longest = max(len(prompt) for prompts in row_prompts.values() for prompt in prompts)
+    runner = LlamaCppRunner(path, max_sequences, max_tokens=max(640, longest + new_tokens + 8),
+                            num_threads=num_threads)
     results = {}
     for row in rows:
-        prompts = prompts_for(row)
+        prompts = row_prompts[row]
         if row == "prefill_512":
             results[row] = len(prompts[0]) / median_seconds(lambda: runner.prefill(prompts[0]), repeats)
             continue
-        prefill = median_seconds(lambda: runner.greedy(prompts, 1), repeats)
-        full = median_seconds(lambda: runner.greedy(prompts, new_tokens + 1), repeats)
-        # on a noisy machine the longer run can time shorter: no figure rather than a wrong one
-        results[row] = len(prompts) * new_tokens / (full - prefill) if full > prefill else None
+        rates = []
+        for _ in range(repeats + 1):                  # the first is a warm-up
+            runner.greedy(prompts, new_tokens + 1)
+            rates.append(len(prompts) * new_tokens / (time.perf_counter() - runner.decode_started))
+        results[row] = statistics.median(rates[1:])
     return results
