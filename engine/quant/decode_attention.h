@@ -32,9 +32,8 @@ static inline size_t kv_value_bytes(int kv_half) {
 /* Writes each new token's K and V into the pool, then out = softmax(q K^T * scale) V over each
  * request's context (query head h reads KV head h / (num_q_heads / num_kv_heads)); the (request,
  * KV head) pairs, each with its group of query heads, are shared over up to num_threads threads
- * when the batch is big enough. 0 on
- * success, -1 when no thread could allocate its scratch row of scores. level: matmul.h's LEVEL_*
- * of the inner loops (one the CPU supports). */
+ * when the batch is big enough. 0 on success, -1 when no thread could allocate its scratch rows
+ * of scores. level: matmul.h's LEVEL_* of the inner loops (one the CPU supports). */
 int decode_attention(const decode_batch *batch, int level, int num_threads);
 
 /* The inner loops over K or V rows of d_len values (a multiple of 8), float32 or float16, for

@@ -21,7 +21,11 @@
  * at 1,024-1,424 slots: 19-21 ms without, 13-15 at 8 rows ahead, 12-16 at 16 or 32, 17-18 at 4;
  * AVX2 Zen 3, two threads). */
 #define PREFETCH_ROWS 16
-INLINE void prefetch_span(const char *start, int num_bytes) {
+/* the num_bytes at row j + PREFETCH_ROWS, when there is one */
+INLINE void prefetch_ahead(const char *base, const int64_t *rows, int64_t j, int64_t num_rows,
+                           size_t row_bytes, int num_bytes) {
+    if (j + PREFETCH_ROWS >= num_rows) return;
+    const char *start = base + rows[j + PREFETCH_ROWS] * row_bytes;
     for (int offset = 0; offset < num_bytes; offset += 64)
         _mm_prefetch(start + offset, _MM_HINT_T0);
 }
@@ -87,9 +91,7 @@ INLINE float horizontal_sum(__m256 sum) {
             int n = group - g0 < MAX_GROUP ? group - g0 : MAX_GROUP;                            \
             for (int64_t j = 0; j < num_rows; j++) {                                            \
                 const void *k = base + rows[j] * row_bytes;                                     \
-                if (j + PREFETCH_ROWS < num_rows)                                               \
-                    prefetch_span(base + rows[j + PREFETCH_ROWS] * row_bytes,                   \
-                                  VALUE_BYTES * d_len);                                         \
+                prefetch_ahead(base, rows, j, num_rows, row_bytes, VALUE_BYTES * d_len);        \
                 switch (n) {                                                                    \
                 case 1: dot_heads_##suffix(qg, 1, k, d_len, sg + j, num_rows); break;           \
                 case 2: dot_heads_##suffix(qg, 2, k, d_len, sg + j, num_rows); break;           \
@@ -109,9 +111,7 @@ INLINE float horizontal_sum(__m256 sum) {
             int n = group - g0 < MAX_GROUP ? group - g0 : MAX_GROUP;                            \
             for (int64_t j = 0; j < num_rows; j++) {                                            \
                 const void *v = base + rows[j] * row_bytes;                                     \
-                if (j + PREFETCH_ROWS < num_rows)                                               \
-                    prefetch_span(base + rows[j + PREFETCH_ROWS] * row_bytes,                   \
-                                  VALUE_BYTES * d_len);                                         \
+                prefetch_ahead(base, rows, j, num_rows, row_bytes, VALUE_BYTES * d_len);        \
                 switch (n) {                                                                    \
                 case 1: axpy_heads_##suffix(ag, wg + j, num_rows, 1, v, d_len); break;          \
                 case 2: axpy_heads_##suffix(ag, wg + j, num_rows, 2, v, d_len); break;          \
