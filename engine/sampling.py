@@ -46,15 +46,18 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
     return logits.argmax(dim=-1).tolist()
 
 
+def _draw_generator(seed: int | None, position: int,
+                    entropy: torch.Generator) -> torch.Generator:
+    """The generator of one seeded draw (`draw_seed`), or the sampler's own for seed None."""
+    return entropy if seed is None else torch.Generator().manual_seed(draw_seed(seed, position))
+
+
 def _uniforms(seeds: list[int | None], positions: Sequence[int],
               entropy: torch.Generator) -> torch.Tensor:
     """[R] float64 uniforms in [0, 1): one per row, reproducible for a given seed and position."""
-    draws = []
-    for seed, position in zip(seeds, positions):
-        generator = (entropy if seed is None
-                     else torch.Generator().manual_seed(draw_seed(seed, position)))
-        draws.append(torch.rand(1, generator=generator, dtype=torch.float64))
-    return torch.cat(draws)
+    return torch.cat([torch.rand(1, generator=_draw_generator(seed, position, entropy),
+                                 dtype=torch.float64)
+                      for seed, position in zip(seeds, positions)])
 
 
 def _filtered_sorted_probs(probs: torch.Tensor, specs: Sequence[SamplerSpec]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,8 +152,7 @@ class Sampler:
         by one, so penalties and the grammar see the drafts accepted before them. `position`:
         where row 0's token goes (a seeded spec's draws depend on it)."""
         logits = logits.cpu()
-        generator = (self._entropy if spec.seed is None
-                     else torch.Generator().manual_seed(draw_seed(spec.seed, position)))
+        generator = _draw_generator(spec.seed, position, self._entropy)
         chosen: list[int] = []
         for row in range(len(draft_ids) + 1):
             processed = process_logits(logits[row:row + 1], [spec])[0]           # [V]
