@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 DEFAULT_THREADS = 2
+BATCH_TOKENS = 512          # one llama_batch's capacity (and n_batch)
 
 
 def _call(module, *names: str) -> Callable:
@@ -37,7 +38,7 @@ class LlamaCppRunner:
             path.encode(), model_params)
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = max_sequences * max_tokens
-        params.n_batch = params.n_ubatch = 512
+        params.n_batch = params.n_ubatch = BATCH_TOKENS
         params.n_seq_max = max_sequences
         params.n_threads = params.n_threads_batch = num_threads
         if hasattr(params, "kv_unified"):
@@ -47,7 +48,7 @@ class LlamaCppRunner:
         vocab = llama_cpp.llama_model_get_vocab(self.model) if hasattr(
             llama_cpp, "llama_model_get_vocab") else self.model
         self.vocab_size = _call(llama_cpp, "llama_vocab_n_tokens", "llama_n_vocab")(vocab)
-        self.batch = llama_cpp.llama_batch_init(512, 0, max_sequences)
+        self.batch = llama_cpp.llama_batch_init(BATCH_TOKENS, 0, max_sequences)
 
     def clear(self) -> None:
         lib = self.lib
@@ -57,7 +58,7 @@ class LlamaCppRunner:
             _call(lib, "llama_kv_self_clear", "llama_kv_cache_clear")(self.ctx)
 
     def decode(self, tokens: list[tuple[int, int, int, bool]]) -> None:
-        """tokens: (token id, position, sequence id, wants logits), at most 512."""
+        """tokens: (token id, position, sequence id, wants logits), at most BATCH_TOKENS."""
         batch = self.batch
         for i, (token, position, sequence, logits) in enumerate(tokens):
             batch.token[i] = token
@@ -74,12 +75,18 @@ class LlamaCppRunner:
         return int(np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)),
                                          shape=(self.vocab_size,)).argmax())
 
+    def feed_prompt(self, prompt: list[int], sequence: int) -> int:
+        """Decode `prompt` into `sequence` in batches of BATCH_TOKENS, logits at its last token;
+        returns that token's index in the last batch (for argmax)."""
+        for start in range(0, len(prompt), BATCH_TOKENS):
+            chunk = prompt[start:start + BATCH_TOKENS]
+            self.decode([(t, start + i, sequence, start + i == len(prompt) - 1)
+                         for i, t in enumerate(chunk)])
+        return (len(prompt) - 1) % BATCH_TOKENS
+
     def prefill(self, prompt: list[int]) -> None:
         self.clear()
-        for start in range(0, len(prompt), 512):
-            chunk = prompt[start:start + 512]
-            self.decode([(t, start + i, 0, start + i == len(prompt) - 1)
-                         for i, t in enumerate(chunk)])
+        self.feed_prompt(prompt, 0)
 
     def greedy(self, prompts: list[list[int]], num_new_tokens: int) -> None:
         """Prefill every prompt (one decode each), then num_new_tokens - 1 batched decode steps;
@@ -87,11 +94,7 @@ class LlamaCppRunner:
         self.clear()
         next_ids = []
         for s, prompt in enumerate(prompts):
-            for start in range(0, len(prompt), 512):           # the batch holds 512 tokens
-                chunk = prompt[start:start + 512]
-                self.decode([(t, start + i, s, start + i == len(prompt) - 1)
-                             for i, t in enumerate(chunk)])
-            next_ids.append(self.argmax((len(prompt) - 1) % 512))
+            next_ids.append(self.argmax(self.feed_prompt(prompt, s)))
         self.decode_started = time.perf_counter()
         for step in range(num_new_tokens - 1):
             self.decode([(t, len(p) + step, s, True) for s, (t, p) in enumerate(zip(next_ids, prompts))])
