@@ -46,6 +46,41 @@ def test_calibration_picks_a_limit_from_the_ladder() -> None:
     assert limit == 1 or limit in quant_linear.CALIBRATION_LADDER
 
 
+def rounds_of(rounds_by_rows: dict[int, list[tuple[float, float]]]):
+    """A time_pair for crossover_limit that replays given rounds per M (block faster by
+    default), recording how many rounds each M was timed."""
+    asked: dict[int, int] = {}
+
+    def time_pair(num_x_rows: int) -> tuple[float, float]:
+        asked[num_x_rows] = asked.get(num_x_rows, 0) + 1
+        rounds = rounds_by_rows.get(num_x_rows, [])
+        return rounds[asked[num_x_rows] - 1] if asked[num_x_rows] <= len(rounds) else (1.0, 2.0)
+    return time_pair, asked
+
+
+def test_one_disturbed_round_does_not_cut_the_limit() -> None:
+    time_pair, asked = rounds_of({16: [(5.0, 2.0), (1.0, 2.0)]})   # 16: a slow first round
+    assert quant_linear.crossover_limit(time_pair) == quant_linear.CALIBRATION_LADDER[-1]
+    assert asked[16] == 2 and asked[8] == 1
+
+
+def test_a_loss_that_holds_ends_the_ladder() -> None:
+    losing = [(3.0, 2.0)] * quant_linear.CALIBRATION_ROUNDS
+    time_pair, asked = rounds_of({32: losing, 64: [(1.0, 2.0)]})
+    assert quant_linear.crossover_limit(time_pair) == 16
+    assert asked[32] == quant_linear.CALIBRATION_ROUNDS and 64 not in asked
+    time_pair, _ = rounds_of({quant_linear.CALIBRATION_LADDER[0]: losing})
+    assert quant_linear.crossover_limit(time_pair) == 1
+
+
+def test_rounds_are_judged_on_the_best_times_so_far() -> None:
+    # round 2 alone shows the block kernel faster (1.2 < 1.5), but the GEMM's best (1.0, round 1)
+    # is faster than the block kernel's best in every round: the loss holds
+    time_pair, asked = rounds_of({8: [(2.0, 1.0), (1.2, 1.5), (1.1, 1.5)]})
+    assert quant_linear.crossover_limit(time_pair) == 4
+    assert asked[8] == 3
+
+
 def test_one_type_fuses_and_a_mix_concatenates() -> None:
     q4, q4_dense = random_weight(Q.Q4_0, 32, 256, seed=5)
     q8, q8_dense = random_weight(Q.Q8_0, 16, 256, seed=6)
