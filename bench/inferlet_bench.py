@@ -2,7 +2,8 @@
 
     python bench/inferlet_bench.py [--tokens 64] [--repeats 3] [--dtype auto] [--json]
 
-Rows (medians of --repeats runs, wall time):
+Rows (medians of --repeats runs, wall time; the greedy rows' engine and wasm runs in alternated
+pairs, their ratio the median of the pairs'):
   greedy x1   text_completion (--ignore-eos, greedy; on host loops, or --step-by-step) vs
               Engine.generate_greedy, same prompt/tokens
   greedy x8   8 concurrent instances vs Engine.generate_greedy_batch of the 8 prompts
@@ -72,29 +73,54 @@ def prompts_of(width: int) -> list[str]:
     return [f"{PROMPTS[i % len(PROMPTS)]} (story {i + 1})" for i in range(width)]
 
 
+def paired_times(engine_run, wasm_run, repeats: int) -> tuple[float, float, list[float]]:
+    """(engine s, wasm s, each pair's wasm / engine): medians of the times over `repeats`
+    pairs, the two runs of a pair back to back and their order alternated, so that both sides
+    of each ratio see the same phase of the machine (its speed drifts by 20-30% over tens of seconds here: timing all
+    engine runs, then all wasm runs, moved the 64-instance ratio between 0.8 and 1.2)."""
+    engine_times, wasm_times = [], []
+    pair = [(engine_run, engine_times), (wasm_run, wasm_times)]
+    for repeat in range(repeats):
+        for run, times in (pair if repeat % 2 == 0 else pair[::-1]):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+    pair_ratios = [w / e for w, e in zip(wasm_times, engine_times)]
+    return statistics.median(engine_times), statistics.median(wasm_times), pair_ratios
+
+
 def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int,
                  out=sys.stdout, step_by_step: bool = False) -> dict[int, float]:
-    """Greedy completion through Wasm vs the engine's batched loop; {width: wasm / engine}.
-    The inferlets decode on host loops (the SDK's default), or `step_by_step`."""
+    """Greedy completion through Wasm vs the engine's batched loop; {width: wasm / engine}
+    (the median of paired runs' ratios). The inferlets decode on host loops (the SDK's
+    default), or `step_by_step`."""
     encode = engine.tokenizer.encode
     ratios = {}
     for width in WIDTHS:
         prompts = prompts_of(width)
-        engine_s = median_time(lambda: engine.generate_greedy_batch([encode(p) for p in prompts],
-                                                                    num_tokens), repeats)
-        before = runtime.statistics().engine
         arg_lists = [completion_args(p, num_tokens, step_by_step) for p in prompts]
-        wasm_s = median_time(lambda: run_all(runtime, program, arg_lists), repeats)
-        after = runtime.statistics().engine
-        mean_batch = (after.num_requests - before.num_requests) / max(1, after.num_batches - before.num_batches)
+        wasm_counts = {"requests": 0, "batches": 0}
+
+        def wasm_run() -> None:
+            before = runtime.statistics().engine
+            run_all(runtime, program, arg_lists)
+            after = runtime.statistics().engine
+            wasm_counts["requests"] += after.num_requests - before.num_requests
+            wasm_counts["batches"] += after.num_batches - before.num_batches
+
+        engine_s, wasm_s, pair_ratios = paired_times(
+            lambda: engine.generate_greedy_batch([encode(p) for p in prompts], num_tokens),
+            wasm_run, repeats)
+        ratio = statistics.median(pair_ratios)
+        mean_batch = wasm_counts["requests"] / max(1, wasm_counts["batches"])
         results = run_all(runtime, program, arg_lists)
         same = [json.loads(r)["token_ids"] for r in results] == engine.generate_greedy_batch(
             [encode(p) for p in prompts], num_tokens)
         total = width * num_tokens
-        ratios[width] = wasm_s / engine_s
+        ratios[width] = ratio
         print(f"greedy x{width:<3} engine {engine_s:7.3f} s ({total / engine_s:7.1f} tok/s)   "
-              f"wasm {wasm_s:7.3f} s ({total / wasm_s:7.1f} tok/s)   ratio {wasm_s / engine_s:5.3f}"
-              f"   same tokens: {same}   wasm mean batch {mean_batch:.2f}", file=out)
+              f"wasm {wasm_s:7.3f} s ({total / wasm_s:7.1f} tok/s)   ratio {ratio:5.3f} (pairs "
+              f"{', '.join(f'{r:.3f}' for r in pair_ratios)})   same tokens: {same}   wasm mean batch {mean_batch:.2f}", file=out)
     return ratios
 
 
