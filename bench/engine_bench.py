@@ -2,7 +2,9 @@
 
 The header names the CPU, its SIMD flags, torch's capability and our kernels. llama.cpp runs
 through llama-cpp-python's low-level batch API (bench/llama_cpp_baseline.py: B sequences decoded
-in one batch per step) with 2 threads (`--threads N`: N for every side); `pip install 'pie-serve[bench]'` installs it.
+in one batch per step; in a process of its own, with your environment's OpenMP wait policy, while
+ours runs with the PASSIVE one `import engine` sets) with 2 threads (`--threads N`: N for every
+side); `pip install 'pie-serve[bench]'` installs it.
 
 Rows: prefill_512 (one 512-token prompt, tok/s), decode_b1 / decode_b8 / decode_b32 (greedy decode
 of `--new-tokens` tokens after 32-token prompts, aggregate tok/s over the batch, timed from the end
@@ -17,30 +19,22 @@ any baseline is loaded). Each figure is the median of `--repeats` runs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 import json
 import resource
 import statistics
 import time
-from typing import Callable
+
+USER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")     # before `import engine` sets it
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))      # bench/llama_cpp_baseline.py
-from llama_cpp_baseline import DEFAULT_THREADS, bench_llama_cpp  # noqa: E402
+from llama_cpp_baseline import DEFAULT_THREADS, bench_in_child, median_seconds  # noqa: E402
 from engine.loaders import default_gguf_path  # noqa: E402
 
 ROWS = ("prefill_512", "decode_b1", "decode_b8", "decode_b32", "decode_b1_ctx1024")
 PROMPT_LEN, PREFILL_LEN = 32, 512
-
-
-def median_seconds(run: Callable[[], object], repeats: int) -> float:
-    run()                                                       # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def make_prompts(vocab_size: int, batch: int, length: int) -> list[list[int]]:
@@ -179,7 +173,8 @@ def print_table(report: dict) -> None:
     print(f"ours: {report['kernels']}")
     print(f"load {report['load_s']:.2f} s, peak RSS {report['peak_rss_mb']:.0f} MB "
           f"(ours, dtype {report['dtype']}, before baselines); threads: ours {report['threads']}, "
-          f"llama.cpp {report['llama_cpp_threads']}")
+          f"llama.cpp {report['llama_cpp_threads']}; OpenMP wait policy: ours "
+          f"{report['omp_wait_policy']}, llama.cpp {report['llama_cpp_omp_wait_policy']}")
     print(f"{'row':<13}{'ours tok/s':>11}{'hf tok/s':>10}{'ours/hf':>9}{'llama.cpp':>11}"
           f"{'ours/llama':>12}")
     for row in report["rows"]:
@@ -212,15 +207,17 @@ def main() -> None:
     ours, load_s, peak_rss_mb, vocab, kernel_summary = bench_ours(rows, args.new_tokens,
                                                                   args.repeats, args.dtype)
     hf = {} if args.no_hf else bench_hf(rows, args.new_tokens, args.repeats, vocab)
-    cpp = {} if args.no_llama_cpp else bench_llama_cpp(
-        str(default_gguf_path()), rows, lambda row: prompts_for(row, vocab), args.new_tokens,
-        args.repeats, median_seconds, args.threads or DEFAULT_THREADS)
+    cpp = {} if args.no_llama_cpp else bench_in_child(
+        str(default_gguf_path()), {row: prompts_for(row, vocab) for row in rows}, args.new_tokens,
+        args.repeats, args.threads or DEFAULT_THREADS, USER_OMP_WAIT_POLICY)
     report = {
         "rows": [{"name": r, "ours_tok_s": ours.get(r), "hf_tok_s": hf.get(r),
                   "llama_cpp_tok_s": cpp.get(r)} for r in rows],
         "load_s": load_s, "peak_rss_mb": peak_rss_mb, "dtype": args.dtype,
         "new_tokens": args.new_tokens, "repeats": args.repeats, "threads": torch_threads(),
         "llama_cpp_threads": args.threads or DEFAULT_THREADS,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+        "llama_cpp_omp_wait_policy": USER_OMP_WAIT_POLICY or "default",
         "machine": cpu_description(), "kernels": kernel_summary,
     }
     for row in report["rows"]:

@@ -1,10 +1,19 @@
 """llama.cpp (through llama-cpp-python's low-level API) on the same GGUF and prompts as
 bench/engine_bench.py: prefill of one prompt, and greedy decode of B sequences in one batch per
-step (one llama_batch holding one token of each sequence, as a server would batch them)."""
+step (one llama_batch holding one token of each sequence, as a server would batch them).
+
+It runs in a process of its own (`bench_in_child`: this file as a script, the job as JSON on
+stdin, the results as JSON on stdout), with the OpenMP settings the user's environment had:
+llama.cpp's CPU backend loads the libgomp torch loaded, and `import engine` sets
+OMP_WAIT_POLICY=PASSIVE for ours, which made llama.cpp's decode ~35% slower in one process."""
 from __future__ import annotations
 
 import ctypes
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from typing import Callable
 
@@ -101,16 +110,42 @@ class LlamaCppRunner:
             next_ids = [self.argmax(s) for s in range(len(prompts))]
 
 
-def bench_llama_cpp(path: str, rows: list[str], prompts_for: Callable[[str], list[list[int]]],
-                    new_tokens: int, repeats: int, median_seconds: Callable,
-                    num_threads: int = DEFAULT_THREADS) -> dict:
-    """tok/s per row, as bench/engine_bench.py measures ours, on num_threads threads; {} without
-    llama-cpp-python."""
+def median_seconds(run: Callable[[], object], repeats: int) -> float:
+    """The median wall time of `repeats` calls of `run`, after one untimed call."""
+    run()                                                       # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_in_child(path: str, row_prompts: dict[str, list[list[int]]], new_tokens: int,
+                   repeats: int, num_threads: int, omp_wait_policy: str | None) -> dict:
+    """bench_llama_cpp in a fresh process whose OMP_WAIT_POLICY is `omp_wait_policy` (None:
+    unset, libgomp's default); {} without llama-cpp-python."""
+    env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+    if omp_wait_policy is not None:
+        env["OMP_WAIT_POLICY"] = omp_wait_policy
+    job = {"path": path, "row_prompts": row_prompts, "new_tokens": new_tokens,
+           "repeats": repeats, "num_threads": num_threads}
+    run = subprocess.run([sys.executable, __file__], input=json.dumps(job), env=env,
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"the llama.cpp baseline failed: {run.stderr[-2000:]}")
+    return json.loads(run.stdout)
+
+
+def bench_llama_cpp(path: str, row_prompts: dict[str, list[list[int]]], new_tokens: int,
+                    repeats: int, num_threads: int = DEFAULT_THREADS) -> dict:
+    """tok/s per row (its prompts), as bench/engine_bench.py measures ours, on num_threads
+    threads; {} without llama-cpp-python."""
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
         return {}
-    row_prompts = {row: prompts_for(row) for row in rows}
+    rows = list(row_prompts)
     max_sequences = max(len(prompts) for prompts in row_prompts.values())
     longest = max(len(prompt) for prompts in row_prompts.values() for prompt in prompts)
     runner = LlamaCppRunner(path, max_sequences, max_tokens=max(640, longest + new_tokens + 8),
@@ -127,3 +162,9 @@ def bench_llama_cpp(path: str, rows: list[str], prompts_for: Callable[[str], lis
             rates.append(len(prompts) * new_tokens / (time.perf_counter() - runner.decode_started))
         results[row] = statistics.median(rates[1:])
     return results
+
+
+if __name__ == "__main__":
+    job = json.load(sys.stdin)
+    print(json.dumps(bench_llama_cpp(job["path"], job["row_prompts"], job["new_tokens"],
+                                     job["repeats"], job["num_threads"])))
