@@ -3,8 +3,8 @@
 The header names the CPU, its SIMD flags, torch's capability and our kernels. llama.cpp runs
 through llama-cpp-python's low-level batch API (bench/llama_cpp_baseline.py: B sequences decoded
 in one batch per step; in a process of its own, with your environment's OpenMP wait policy, while
-ours runs with the PASSIVE one `import engine` sets) with 2 threads (`--threads N`: N for every
-side); `pip install 'pie-serve[bench]'` installs it.
+ours, and transformers beside it, run with the PASSIVE one `import engine` sets) with 2 threads
+(`--threads N`: N for every side); `pip install 'pie-serve[bench]'` installs it.
 
 Rows: prefill_512 (one 512-token prompt, tok/s), decode_b1 / decode_b8 / decode_b32 (greedy decode
 of `--new-tokens` tokens after 32-token prompts, aggregate tok/s over the batch, timed from the end

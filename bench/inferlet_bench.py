@@ -42,13 +42,15 @@ WIDTHS = (1, 8, 64)
 PREFIX = "Here is a list of eight short stories about animals, each one a single sentence.\n"
 
 
+def wall_seconds(run) -> float:
+    """The wall time of one call of `run`."""
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
 def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(wall_seconds(fn) for _ in range(repeats))
 
 
 def run_all(runtime: Runtime, program, arg_lists: list[list[str]]) -> list[str]:
@@ -76,15 +78,14 @@ def prompts_of(width: int) -> list[str]:
 def paired_times(engine_run, wasm_run, repeats: int) -> tuple[float, float, list[float]]:
     """(engine s, wasm s, each pair's wasm / engine): medians of the times over `repeats`
     pairs, the two runs of a pair back to back and their order alternated, so that both sides
-    of each ratio see the same phase of the machine (its speed drifts by 20-30% over tens of seconds here: timing all
-    engine runs, then all wasm runs, moved the 64-instance ratio between 0.8 and 1.2)."""
+    of each ratio see the same phase of the machine (its speed drifts by 20-30% over tens of
+    seconds here: timing all engine runs, then all wasm runs, moved the 64-instance ratio
+    between 0.8 and 1.2)."""
     engine_times, wasm_times = [], []
     pair = [(engine_run, engine_times), (wasm_run, wasm_times)]
     for repeat in range(repeats):
         for run, times in (pair if repeat % 2 == 0 else pair[::-1]):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
+            times.append(wall_seconds(run))
     pair_ratios = [w / e for w, e in zip(wasm_times, engine_times)]
     return statistics.median(engine_times), statistics.median(wasm_times), pair_ratios
 
@@ -120,7 +121,8 @@ def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int,
         ratios[width] = ratio
         print(f"greedy x{width:<3} engine {engine_s:7.3f} s ({total / engine_s:7.1f} tok/s)   "
               f"wasm {wasm_s:7.3f} s ({total / wasm_s:7.1f} tok/s)   ratio {ratio:5.3f} (pairs "
-              f"{', '.join(f'{r:.3f}' for r in pair_ratios)})   same tokens: {same}   wasm mean batch {mean_batch:.2f}", file=out)
+              f"{', '.join(f'{r:.3f}' for r in pair_ratios)})   same tokens: {same}   "
+              f"wasm mean batch {mean_batch:.2f}", file=out)
     return ratios
 
 

@@ -145,14 +145,12 @@ def bench_llama_cpp(path: str, row_prompts: dict[str, list[list[int]]], new_toke
         import llama_cpp  # noqa: F401
     except ImportError:
         return {}
-    rows = list(row_prompts)
     max_sequences = max(len(prompts) for prompts in row_prompts.values())
     longest = max(len(prompt) for prompts in row_prompts.values() for prompt in prompts)
     runner = LlamaCppRunner(path, max_sequences, max_tokens=max(640, longest + new_tokens + 8),
                             num_threads=num_threads)
     results = {}
-    for row in rows:
-        prompts = row_prompts[row]
+    for row, prompts in row_prompts.items():
         if row == "prefill_512":
             results[row] = len(prompts[0]) / median_seconds(lambda: runner.prefill(prompts[0]), repeats)
             continue
