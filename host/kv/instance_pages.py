@@ -291,18 +291,20 @@ class InstancePages:
         """The common decode step without prepare_forward's generality: a valid shape, no
         hidden slots, a tail page of this instance alone. None: anything else (the general path
         checks, copies or traps)."""
-        page_size = self.ledger.page_size
-        num_pages = len(sequence.page_ids)
-        num_slots = paged_kv_len(num_pages, last_page_len, page_size)
-        if (not num_pages or not 1 <= last_page_len <= page_size or self.ledger.num_masked_pages
-                or (self.max_kv_len is not None and num_slots > self.max_kv_len)
+        ledger = self.ledger
+        page_ids = sequence.page_ids
+        if (not page_ids or not 1 <= last_page_len <= ledger.page_size or ledger.num_masked_pages
                 or (self.vocab_size is not None and token_id >= self.vocab_size)):
             return None
-        if self.ledger.pages_to_copy("forward.submit-decode", (sequence.page_ids[-1],)):
+        if (self.max_kv_len is not None
+                and paged_kv_len(len(page_ids), last_page_len, ledger.page_size) > self.max_kv_len):
             return None
+        tail = ledger.pages[page_ids[-1]]
+        if tail.read_only or ledger.allocator.refcount(tail.physical_id) > 1:
+            return None                   # the general path traps (read-only) or copies it
         request = ForwardRequest((token_id,), (position,), self._physical_ids(sequence),
                                  last_page_len, (0,), (sampler,), None)
-        return PreparedForward(request, (), self.ledger.pin())
+        return PreparedForward(request, (), ledger.pin())
 
     def _prepare_forward_locked(self, call: str, sequence_id: int, token_ids: Sequence[int],
                                 positions: Sequence[int], last_page_len: int,

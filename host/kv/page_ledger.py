@@ -132,8 +132,9 @@ class PageLedger:
                 if pin_id not in self._pins_in_flight:
                     return
                 self._pins_in_flight.discard(pin_id)
-                self._flush_deferred()
-                self._pins_done.notify_all()
+                if self._deferred:          # else nothing to flush, and nobody waits
+                    self._flush_deferred()
+                    self._pins_done.notify_all()
         return on_done
 
     def _flush_deferred(self) -> None:

@@ -26,12 +26,8 @@ def run_forward(engine: EngineLike, items: Sequence[Item]) -> list:
     outcomes: dict[int, object] = {}
     remaining = list(range(len(items)))
     while remaining:
-        batch = ForwardBatch(tuple(items[i].request for i in remaining))
         try:
-            results = engine.forward(batch)
-            if len(results) != len(remaining):
-                raise RuntimeError(f"engine returned {len(results)} results for "
-                                   f"{len(remaining)} requests")
+            results = _forward(engine, [items[i] for i in remaining])
         except RequestError as error:
             if not 0 <= error.request_index < len(remaining):
                 outcomes.update((i, error) for i in remaining)
@@ -41,9 +37,18 @@ def run_forward(engine: EngineLike, items: Sequence[Item]) -> list:
         except Exception as error:
             outcomes.update((i, error) for i in remaining)
         else:
+            if len(remaining) == len(items):            # the common case: all ran at once
+                return results
             outcomes.update(zip(remaining, results))
         break
     return [outcomes[i] for i in range(len(items))]
+
+
+def _forward(engine: EngineLike, items: Sequence[Item]) -> list:
+    results = engine.forward(ForwardBatch(tuple(item.request for item in items)))
+    if len(results) != len(items):
+        raise RuntimeError(f"engine returned {len(results)} results for {len(items)} requests")
+    return list(results)
 
 
 def resolve(item: Item, outcome: object) -> None:

@@ -59,6 +59,9 @@ class FairShares:
 
 
 def _settle(served: dict[Hashable, float], active: set[Hashable], max_lag: int) -> None:
+    if len(active) == 1:                       # alone, it is its own floor
+        served.setdefault(next(iter(active)), 0.0)
+        return
     known = [served[name] for name in active if name in served]
     if not known:
         for name in active:

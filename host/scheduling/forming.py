@@ -19,7 +19,7 @@ from collections import deque
 from typing import Hashable
 
 from host.scheduling.fairness import FairShares
-from host.scheduling.items import Item, Taken, owner_of
+from host.scheduling.items import Item, Taken
 from host.scheduling.types import SchedulerPolicy
 
 __all__ = ["take_batch"]
@@ -30,17 +30,26 @@ Queues = dict[Hashable, deque[Item]]
 def take_batch(queues: Queues, fair: FairShares, policy: SchedulerPolicy,
                page_size: int) -> tuple[list[Item], list[Item]]:
     """(copy items, forward items) of the next batch, in run order."""
-    owners = {owner_of(key) for key in queues}
+    owners = {queue[0].owner for queue in queues.values()}   # a queue holds one owner's items
     fair.settle(owners)
-    taken = Taken(policy.max_batch_tokens, len(owners) > 1)
-    if _every_head_fits(queues, policy, taken.contended):
-        return _take_every_head(queues, fair, taken)
-    return _take_by_heap(queues, fair, policy, page_size, taken)
+    contended = len(owners) > 1
+    if _every_head_fits(queues, policy, contended):
+        return _take_every_head(queues, fair)
+    return _take_by_heap(queues, fair, policy, page_size,
+                         Taken(policy.max_batch_tokens, contended))
 
 
 def _head_key(fair: FairShares, queue: deque[Item]) -> tuple:
     head = queue[0]
-    return (*fair.key(owner_of(head.queue_key)), head.rank, head.order)
+    return (*fair.key(head.owner), head.rank, head.order)
+
+
+def _forward_head(queue: deque[Item]) -> Item | None:
+    """The queue's first pass (copies may be queued before it), or None."""
+    head = queue[0]
+    if head.request is not None:
+        return head
+    return next((item for item in queue if item.request is not None), None)
 
 
 def _every_head_fits(queues: Queues, policy: SchedulerPolicy, contended: bool) -> bool:
@@ -48,19 +57,17 @@ def _every_head_fits(queues: Queues, policy: SchedulerPolicy, contended: bool) -
     than one owner, each owner's fit max_tokens_per_owner."""
     num_tokens = 0
     per_owner: dict[Hashable, int] = {}
-    for key, queue in queues.items():
-        head = next((item for item in queue if item.request is not None), None)
+    for queue in queues.values():
+        head = _forward_head(queue)
         if head is not None:
             num_tokens += head.num_tokens
-            owner = owner_of(key)
-            per_owner[owner] = per_owner.get(owner, 0) + head.num_tokens
+            per_owner[head.owner] = per_owner.get(head.owner, 0) + head.num_tokens
     if num_tokens > policy.max_batch_tokens:
         return False
     return not contended or max(per_owner.values(), default=0) <= policy.max_tokens_per_owner
 
 
-def _take_every_head(queues: Queues, fair: FairShares,
-                     taken: Taken) -> tuple[list[Item], list[Item]]:
+def _take_every_head(queues: Queues, fair: FairShares) -> tuple[list[Item], list[Item]]:
     copy_items: list[Item] = []
     forward_items: list[Item] = []
     for key in sorted(queues, key=lambda key: _head_key(fair, queues[key])):
@@ -70,8 +77,7 @@ def _take_every_head(queues: Queues, fair: FairShares,
         if queue:
             item = queue.popleft()
             forward_items.append(item)
-            taken.add(owner_of(key), item.num_tokens)
-            fair.charge(owner_of(key), item.num_tokens)
+            fair.charge(item.owner, item.num_tokens)
         if not queue:
             del queues[key]
     return copy_items, forward_items
@@ -97,7 +103,7 @@ def _take_by_heap(queues: Queues, fair: FairShares, policy: SchedulerPolicy, pag
             item = _take_forward(queue, taken, policy, page_size)
             if item is not None:
                 forward_items.append(item)
-                fair.charge(owner_of(key), item.num_tokens)
+                fair.charge(item.owner, item.num_tokens)
         if not queue:
             del queues[key]
     return copy_items, forward_items
@@ -109,7 +115,7 @@ def _take_forward(queue: deque[Item], taken: Taken, policy: SchedulerPolicy,
     max_tokens_per_owner (the rest stays at the head); or None (this owner's share is used, or
     the batch is full)."""
     head = queue[0]
-    owner = owner_of(head.queue_key)
+    owner = head.owner
     max_per_owner = policy.max_tokens_per_owner
     batch_room, owner_room = taken.room(owner, max_per_owner)
     if head.num_tokens <= owner_room or not taken.num_tokens and not taken.contended:

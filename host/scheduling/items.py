@@ -17,17 +17,18 @@ class Item:
     future: its outputs go into the parent's. A chained pass (submit_chained) has no future
     either: `on_outcome` receives its result."""
 
-    __slots__ = ("queue_key", "rank", "order", "request", "copies", "future", "on_done",
+    __slots__ = ("queue_key", "owner", "rank", "order", "request", "copies", "future", "on_done",
                  "on_outcome", "num_tokens", "enqueued_at", "parent", "output_slots", "outputs")
 
     def __init__(self, queue_key: Hashable, rank: int, order: int, request, copies, on_done,
                  on_wait: Callable[[SubmissionFuture], None] | None) -> None:
         self.queue_key = queue_key
+        self.owner = owner_of(queue_key)
         self.rank = rank
         self.order = order
         self.request = request                 # ForwardRequest, or None for a copy item
         self.copies = copies
-        self.future = SubmissionFuture(owner_of(queue_key), on_wait) if on_wait else None
+        self.future = SubmissionFuture(self.owner, on_wait) if on_wait else None
         self.on_done = on_done
         self.on_outcome: Callable[[object], None] | None = None   # a chained pass: no future
         self.num_tokens = len(request.token_ids) if request is not None else 0

@@ -45,6 +45,7 @@ from typing import Callable, Hashable, Sequence
 from engine.batch import ForwardResult, TokenCopy
 from engine.protocol import EngineLike
 from host.errors import Cancelled
+from host.scheduling.counts import BatchCounts
 from host.scheduling.engine_calls import resolve, run_forward
 from host.scheduling.fairness import FairShares
 from host.scheduling.forming import take_batch
@@ -55,7 +56,6 @@ from host.scheduling.work import PreparedCopy, PreparedForward
 
 __all__ = ["BatchScheduler", "SchedulerPolicy", "SchedulerStats", "SubmissionFuture", "PRIORITIES"]
 
-_NUM_RECENT = 64
 _log = logging.getLogger(__name__)
 
 
@@ -66,27 +66,26 @@ class BatchScheduler:
     def __init__(self, engine: EngineLike, policy: SchedulerPolicy = SchedulerPolicy()) -> None:
         self.engine = engine
         self.policy = policy
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()           # `with self._lock`: C-level, unlike the
+        self._cond = threading.Condition(self._lock)   # Condition's own enter / exit
         self._queues: dict[Hashable, deque[_Item]] = {}
         self._last_futures: dict[Hashable, Future] = {}
         self._orders = itertools.count()
         self._num_pending = 0
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._counts = {"batches": 0, "failed": 0, "forwards": 0, "copies": 0, "cancelled": 0,
-                        "holds": 0, "hold_timeouts": 0}
+        self._counts = BatchCounts()
         self._expected: set[Hashable] = set()   # adaptive: owners the next batch is held for
         self._hold_until = 0.0                  # monotonic end of that hold
         self._running = False                   # a batch is running (engine or waiting thread)
         self._engine_idle = False               # the engine thread waits with no timer
-        self._histogram: dict[int, int] = {}
-        self._recent: deque[int] = deque(maxlen=_NUM_RECENT)
         self._fair = FairShares(max_lag_tokens=policy.max_batch_tokens)
         self._wakes = DeferredWakes()
+        self._chained: list[_Item] = []         # submitted while a batch resolves, on its thread
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        with self._cond:
+        with self._lock:
             if self._thread is not None:
                 return
             self._thread = threading.Thread(target=self._run_loop, name="pie-engine", daemon=True)
@@ -94,7 +93,7 @@ class BatchScheduler:
 
     def close(self) -> None:
         """Stop the engine thread (after the batch it is running); pending futures get Cancelled."""
-        with self._cond:
+        with self._lock:
             self._closed = True
             while self._running:                  # the batch in flight ends first
                 self._cond.wait()
@@ -137,11 +136,16 @@ class BatchScheduler:
         """Queue a pass with no future (a host decode loop's next step): once it has run, failed
         or been cancelled, its on_done and then `on_outcome(ForwardResult or exception)` are
         called on the thread that resolves it. `synchronize` does not wait for it. False when
-        the scheduler is closed: nothing queued, on_done called, on_outcome never."""
+        the scheduler is closed: nothing queued, on_done called, on_outcome never. Submitted
+        while a batch resolves, on its thread, it is queued with the batch's other chained
+        passes once they all are (one lock; if closed by then, it is cancelled)."""
         item = _Item(queue_key, self._rank(priority), 0, prepared.request, tuple(prepared.copies),
                      prepared.on_done, None)
         item.on_outcome = on_outcome
-        if self._enqueue(item):
+        if self._wakes.resolving_here():
+            self._chained.append(item)
+            return True
+        if self._enqueue([item]):
             return True
         item.on_outcome = None
         resolve(item, None)
@@ -150,7 +154,7 @@ class BatchScheduler:
     def _submit(self, queue_key, priority, request, copies, on_done) -> Future:
         item = _Item(queue_key, self._rank(priority), 0, request, copies, on_done,
                      self._wait_started)
-        if not self._enqueue(item):
+        if not self._enqueue([item]):
             self._finish([item], [Cancelled("scheduler closed: submission refused")])
         return item.future
 
@@ -160,38 +164,45 @@ class BatchScheduler:
             raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
         return PRIORITIES.index(priority)
 
-    def _enqueue(self, item: _Item) -> bool:
-        """Queue `item` unless closed (False)."""
-        with self._cond:
+    def _enqueue(self, items: list[_Item]) -> bool:
+        """Queue `items` in order unless closed (False)."""
+        with self._lock:
             if self._closed:
                 return False
-            item.order = next(self._orders)
-            self._queues.setdefault(item.queue_key, deque()).append(item)
-            if item.future is not None:
-                self._last_futures[item.queue_key] = item.future
-            self._num_pending += 1
+            for item in items:
+                item.order = next(self._orders)
+                self._queues.setdefault(item.queue_key, deque()).append(item)
+                if item.future is not None:
+                    self._last_futures[item.queue_key] = item.future
+            self._num_pending += len(items)
             if not self._expected or self._engine_idle:   # it fires, or times the hold
                 self._cond.notify()
         return True
 
+    def _enqueue_chained(self) -> None:
+        """Queue the chained passes submitted while the last batch resolved."""
+        items, self._chained = self._chained, []
+        if items and not self._enqueue(items):
+            self._finish(items, [Cancelled("scheduler closed: submission not run")] * len(items))
+
     def synchronize_future(self, queue_key: Hashable) -> Future | None:
         """A future done (maybe with an error) once everything submitted on the queue so far has
         run; None when nothing is pending or running there."""
-        with self._cond:
+        with self._lock:
             future = self._last_futures.get(queue_key)
         return None if future is None or future.done() else future
 
     def cancel_owner(self, owner_id: str) -> int:
         """Drop the pending items of every queue whose key starts with `owner_id`; their futures
         get Cancelled. A batch already running is not interrupted. Returns the count dropped."""
-        with self._cond:
+        with self._lock:
             keys = [key for key in self._queues if _owner(key) == owner_id]
             items = [item for key in keys for item in self._queues.pop(key)]
             for key in [key for key in self._last_futures if _owner(key) == owner_id]:
                 if any(item.future is self._last_futures[key] for item in items):
                     del self._last_futures[key]
             self._num_pending -= len(items)
-            self._counts["cancelled"] += len(items)
+            self._counts.num_cancelled += len(items)
             self._fair.forget(owner_id)
         self.owner_waiting(owner_id)                       # an ended owner is not waited for
         error = Cancelled(f"instance {owner_id} terminated: pending submission cancelled")
@@ -206,34 +217,26 @@ class BatchScheduler:
 
     def set_owner_group(self, owner_id: Hashable, group: Hashable) -> None:
         """Share batches fairly between groups (tenants) first, then between their owners."""
-        with self._cond:
+        with self._lock:
             self._fair.set_group(owner_id, group)
 
     def owner_waiting(self, owner_id: Hashable) -> None:
         """`owner_id` is about to block (on a pass, a synchronize, a receive) or has ended: the
         hold after the last batch no longer waits for it."""
-        with self._cond:
+        with self._lock:
             if owner_id in self._expected:
                 self._expected.discard(owner_id)
                 if not self._expected:
                     self._cond.notify()
 
     def statistics(self) -> SchedulerStats:
-        with self._cond:
-            c = self._counts
-            return SchedulerStats(
-                num_batches=c["batches"], num_failed_batches=c["failed"],
-                num_forwards=c["forwards"], num_copy_items=c["copies"],
-                num_cancelled=c["cancelled"], num_pending=self._num_pending,
-                num_queues=len(self._queues), max_batch_size=max(self._histogram, default=0),
-                batch_size_histogram=tuple(sorted(self._histogram.items())),
-                recent_batch_sizes=tuple(self._recent), num_holds=c["holds"],
-                num_hold_timeouts=c["hold_timeouts"])
+        with self._lock:
+            return self._counts.stats(self._num_pending, len(self._queues))
 
     # ---------------------------------------------------------- engine thread
     def _run_loop(self) -> None:
         while True:
-            with self._cond:
+            with self._lock:
                 if not self._wait_for_batch():
                     return
                 self._running = True
@@ -247,7 +250,7 @@ class BatchScheduler:
         except Exception:                                  # never let a runner die
             _log.exception("scheduler: unexpected error running a batch")
         finally:
-            with self._cond:
+            with self._lock:
                 self._running = False
                 if self._closed or (self._engine_idle and self._num_pending):
                     self._cond.notify_all()                # what is left is the engine's
@@ -260,7 +263,7 @@ class BatchScheduler:
         batch the adaptive policy fires now on this thread, while `future` is pending and no
         batch runs elsewhere; else (as `owner_waiting`) let the engine thread fire or time it."""
         while not future.done():
-            with self._cond:
+            with self._lock:
                 self._expected.discard(future.owner)
                 if (self._running or self._closed or self._expected or not self._num_pending
                         or self.policy.kind != "adaptive" or not self.policy.run_on_waiter):
@@ -288,7 +291,7 @@ class BatchScheduler:
                 if wait_s > 0:
                     self._cond.wait(wait_s)
                     continue
-                self._counts["hold_timeouts"] += 1
+                self._counts.num_hold_timeouts += 1
                 self._expected.clear()
             if not self._num_pending:
                 self._wait_idle()
@@ -317,7 +320,7 @@ class BatchScheduler:
                           if item.future is not None and item.future.awaited} \
             if bound_s > 0 else set()
         self._hold_until = time.monotonic() + bound_s
-        self._counts["holds"] += bool(self._expected)
+        self._counts.num_holds += bool(self._expected)
 
     def _take_batch(self) -> tuple[list[_Item], list[_Item]]:
         """Under the lock: apply the rule (host/scheduling/forming.py). Returns (copy items,
@@ -341,27 +344,25 @@ class BatchScheduler:
             outcomes = [None] * len(copy_items) + run_forward(self.engine, forward_items)
         failed = any(isinstance(outcome, BaseException) for outcome in outcomes)
         self._record(copy_items, forward_items, failed, time.monotonic() - started)
-        with self._wakes.resolving():
+        self._wakes.start_resolving()
+        try:
             self._finish(items, outcomes)
+        finally:
+            self._wakes.stop_resolving()
+            self._enqueue_chained()
         self._forget(items)
 
     def _record(self, copy_items: list[_Item], forward_items: list[_Item], failed: bool,
                 engine_s: float) -> None:
-        with self._cond:
+        with self._lock:
             self._expect(forward_items, engine_s)
-            c = self._counts
-            c["copies"] += len(copy_items)
-            if forward_items:
-                c["batches"] += 1
-                c["failed"] += failed
-                c["forwards"] += len(forward_items)
-                size = len(forward_items)
-                self._histogram[size] = self._histogram.get(size, 0) + 1
-                self._recent.append(size)
+            self._counts.record_batch(len(copy_items), len(forward_items), failed)
 
     def _forget(self, items: list[_Item]) -> None:
         """Drop the synchronize entries that these (now resolved) items were the last of."""
-        with self._cond:
+        if all(item.future is None for item in items):     # chained passes and chunks
+            return
+        with self._lock:
             for item in items:
                 if (item.future is not None
                         and self._last_futures.get(item.queue_key) is item.future):
@@ -374,8 +375,8 @@ class BatchScheduler:
             if item.parent is not None:
                 self._finish_chunk(item, outcome)
                 continue
-            if isinstance(outcome, ForwardResult):
-                outcome = item.merged(outcome)
+            if item.outputs is not None and isinstance(outcome, ForwardResult):
+                outcome = item.merged(outcome)                 # a chunked pass's last part
             resolve(item, outcome)
 
     def _finish_chunk(self, chunk: _Item, outcome: object) -> None:
@@ -385,7 +386,7 @@ class BatchScheduler:
         if not isinstance(outcome, BaseException):
             parent.merged(outcome, chunk.output_slots)
             return
-        with self._cond:
+        with self._lock:
             queue = self._queues.get(parent.queue_key)
             if not queue or queue[0] is not parent:
                 return                                # cancelled meanwhile

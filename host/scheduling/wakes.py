@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable
 
 __all__ = ["DeferredWakes"]
 
@@ -23,21 +22,23 @@ class DeferredWakes:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wakes: list[Callable[[], None]] = []
-        self._resolving: threading.Thread | None = None
+        self._resolving: int | None = None     # the resolving thread's ident
 
-    @contextmanager
-    def resolving(self) -> Iterator[None]:
-        """The calling thread resolves a batch meanwhile."""
-        self._resolving = threading.current_thread()
-        try:
-            yield
-        finally:
-            self._resolving = None
+    def start_resolving(self) -> None:
+        """The calling thread resolves a batch until `stop_resolving`."""
+        self._resolving = threading.get_ident()
+
+    def stop_resolving(self) -> None:
+        self._resolving = None
+
+    def resolving_here(self) -> bool:
+        """Whether the calling thread is resolving a batch."""
+        return self._resolving == threading.get_ident()
 
     def defer(self, wake: Callable[[], None]) -> bool:
         """Keep `wake` for `run`, when called on the thread resolving a batch; else False (and
         nothing kept): the caller wakes now."""
-        if self._resolving is not threading.current_thread():
+        if not self.resolving_here():
             return False
         with self._lock:
             self._wakes.append(wake)

@@ -44,10 +44,10 @@ def _state(seed: int, max_tokens: int):
 def _taken(queues, fair, policy, path):
     owners = {key[0] for key in queues}
     fair.settle(owners)
-    taken = Taken(policy.max_batch_tokens, len(owners) > 1)
     if path == "sort":
-        copies, forwards = forming._take_every_head(queues, fair, taken)
+        copies, forwards = forming._take_every_head(queues, fair)
     else:
+        taken = Taken(policy.max_batch_tokens, len(owners) > 1)
         copies, forwards = forming._take_by_heap(queues, fair, policy, 16, taken)
     return ({id(item) for item in copies}, {id(item) for item in forwards},
             {key: [id(item) for item in queue] for key, queue in queues.items()},
