@@ -243,6 +243,15 @@ class InstancePages:
         only. Hidden slots (mask-tokens) are folded into the mask rows; with none and no guest
         mask the request has mask=None. Without a remap or a mask the work is O(num_tokens).
         """
+        if (mask is None and len(token_ids) == 1 and len(positions) == 1
+                and len(output_indices) == 1 and output_indices[0] == 0 and len(samplers) == 1):
+            with self.ledger.lock:                    # a decode step: the common case first
+                self.ledger.check_open(call)
+                prepared = self._decode_step_locked(self.ledger.sequence(call, sequence_id),
+                                                    token_ids[0], positions[0], last_page_len,
+                                                    samplers[0])
+            if prepared is not None:
+                return prepared
         return self.ledger.with_reclaim(call, lambda: self._prepare_forward_locked(
             call, sequence_id, token_ids, positions, last_page_len, output_indices, samplers,
             mask))
