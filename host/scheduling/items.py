@@ -7,15 +7,15 @@ from typing import Callable, Hashable
 
 from engine.batch import ForwardResult
 from engine.chunking import split_request
-from host.scheduling.types import SubmissionFuture
+from host.scheduling.types import PRIORITIES, SubmissionFuture
 
-__all__ = ["Item", "Taken", "owner_of"]
+__all__ = ["Item", "Taken", "owner_of", "rank_of"]
 
 
 class Item:
     """A queued pass (request) or copies (request None); a chunk has `parent` set and no
     future: its outputs go into the parent's. A chained pass (submit_chained) has no future
-    either: `on_outcome` receives its result."""
+    either: `on_outcome` receives its result. `owner`: its queue key's owner (owner_of)."""
 
     __slots__ = ("queue_key", "owner", "rank", "order", "request", "copies", "future", "on_done",
                  "on_outcome", "num_tokens", "enqueued_at", "parent", "output_slots", "outputs")
@@ -87,3 +87,10 @@ class Taken:
 def owner_of(queue_key: Hashable) -> Hashable:
     """The owner (instance id) of a queue key (instance id, local queue id)."""
     return queue_key[0] if isinstance(queue_key, tuple) and queue_key else queue_key
+
+
+def rank_of(priority: str) -> int:
+    """A priority's rank (0 goes first). ValueError for a priority not in PRIORITIES."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
+    return PRIORITIES.index(priority)

@@ -49,7 +49,7 @@ from host.scheduling.counts import BatchCounts
 from host.scheduling.engine_calls import resolve, run_forward
 from host.scheduling.fairness import FairShares
 from host.scheduling.forming import take_batch
-from host.scheduling.items import Item as _Item, owner_of as _owner
+from host.scheduling.items import Item as _Item, owner_of as _owner, rank_of
 from host.scheduling.types import PRIORITIES, SchedulerPolicy, SchedulerStats, SubmissionFuture
 from host.scheduling.wakes import DeferredWakes
 from host.scheduling.work import PreparedCopy, PreparedForward
@@ -66,8 +66,8 @@ class BatchScheduler:
     def __init__(self, engine: EngineLike, policy: SchedulerPolicy = SchedulerPolicy()) -> None:
         self.engine = engine
         self.policy = policy
-        self._lock = threading.RLock()           # `with self._lock`: C-level, unlike the
-        self._cond = threading.Condition(self._lock)   # Condition's own enter / exit
+        self._lock = threading.RLock()     # entered directly: the Condition's enter is Python
+        self._cond = threading.Condition(self._lock)
         self._queues: dict[Hashable, deque[_Item]] = {}
         self._last_futures: dict[Hashable, Future] = {}
         self._orders = itertools.count()
@@ -136,14 +136,14 @@ class BatchScheduler:
         """Queue a pass with no future (a host decode loop's next step): once it has run, failed
         or been cancelled, its on_done and then `on_outcome(ForwardResult or exception)` are
         called on the thread that resolves it. `synchronize` does not wait for it. False when
-        the scheduler is closed: nothing queued, on_done called, on_outcome never. Submitted
-        while a batch resolves, on its thread, it is queued with the batch's other chained
-        passes once they all are (one lock; if closed by then, it is cancelled)."""
-        item = _Item(queue_key, self._rank(priority), 0, prepared.request, tuple(prepared.copies),
+        closed: nothing queued, on_done called, on_outcome never. From a batch's resolution, on
+        its thread, it is queued with the batch's other chained passes once it has resolved."""
+        item = _Item(queue_key, rank_of(priority), 0, prepared.request, tuple(prepared.copies),
                      prepared.on_done, None)
         item.on_outcome = on_outcome
         if self._wakes.resolving_here():
-            self._chained.append(item)
+            with self._lock:                     # cancel_owner drops them from here too
+                self._chained.append(item)
             return True
         if self._enqueue([item]):
             return True
@@ -152,17 +152,11 @@ class BatchScheduler:
         return False
 
     def _submit(self, queue_key, priority, request, copies, on_done) -> Future:
-        item = _Item(queue_key, self._rank(priority), 0, request, copies, on_done,
+        item = _Item(queue_key, rank_of(priority), 0, request, copies, on_done,
                      self._wait_started)
         if not self._enqueue([item]):
             self._finish([item], [Cancelled("scheduler closed: submission refused")])
         return item.future
-
-    @staticmethod
-    def _rank(priority: str) -> int:
-        if priority not in PRIORITIES:
-            raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
-        return PRIORITIES.index(priority)
 
     def _enqueue(self, items: list[_Item]) -> bool:
         """Queue `items` in order unless closed (False)."""
@@ -180,9 +174,12 @@ class BatchScheduler:
         return True
 
     def _enqueue_chained(self) -> None:
-        """Queue the chained passes submitted while the last batch resolved."""
-        items, self._chained = self._chained, []
-        if items and not self._enqueue(items):
+        """Queue the chained passes submitted while the last batch resolved (and not dropped
+        by cancel_owner meanwhile)."""
+        with self._lock:
+            items, self._chained = self._chained, []
+            queued = self._enqueue(items) if items else True
+        if not queued:
             self._finish(items, [Cancelled("scheduler closed: submission not run")] * len(items))
 
     def synchronize_future(self, queue_key: Hashable) -> Future | None:
@@ -202,6 +199,8 @@ class BatchScheduler:
                 if any(item.future is self._last_futures[key] for item in items):
                     del self._last_futures[key]
             self._num_pending -= len(items)
+            items += [item for item in self._chained if item.owner == owner_id]   # not queued yet
+            self._chained = [item for item in self._chained if item.owner != owner_id]
             self._counts.num_cancelled += len(items)
             self._fair.forget(owner_id)
         self.owner_waiting(owner_id)                       # an ended owner is not waited for

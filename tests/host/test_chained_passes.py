@@ -65,3 +65,28 @@ def test_a_chained_pass_queued_after_the_scheduler_closed_is_cancelled() -> None
     assert calls[0] == "on_done" and isinstance(calls[1], Cancelled)
     assert [first_tokens(batch) for batch in engine.batches] == [[1]]
     assert scheduler.statistics().num_pending == 0
+
+
+def test_cancel_owner_drops_chained_passes_not_queued_yet(fake_engine) -> None:
+    """An instance's end (its loops stopped, then cancel_owner) while the batch that chained
+    its next pass still resolves: that pass never runs, on pages the instance no longer holds."""
+    scheduler = BatchScheduler(fake_engine)
+    calls: list = []
+
+    def on_first(_future) -> None:          # on the thread resolving the first batch
+        prepared = pass_on(0, [2], 2)
+        prepared = type(prepared)(prepared.request, (), lambda: calls.append("on_done"))
+        assert scheduler.submit_chained(("a", 0), "normal", prepared, calls.append)
+        canceller = threading.Thread(target=scheduler.cancel_owner, args=("a",))
+        canceller.start()
+        canceller.join(timeout=10)
+
+    scheduler.submit_forward(("a", 0), "normal", pass_on(0, [1], 1)).add_done_callback(on_first)
+    scheduler.submit_forward(("b", 0), "normal", pass_on(1, [5], 1))
+    with scheduler:
+        _wait_for(lambda: len(calls) == 2)
+        time.sleep(0.05)                    # a pass queued anyway would have run by now
+    assert calls[0] == "on_done" and isinstance(calls[1], Cancelled)
+    assert [first_tokens(batch) for batch in fake_engine.batches] == [[1, 5]]
+    stats = scheduler.statistics()
+    assert (stats.num_pending, stats.num_cancelled) == (0, 1)
