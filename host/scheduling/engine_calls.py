@@ -45,6 +45,7 @@ def run_forward(engine: EngineLike, items: Sequence[Item]) -> list:
 
 
 def _forward(engine: EngineLike, items: Sequence[Item]) -> list:
+    """One engine call for `items`' passes: a result each (RuntimeError if the count differs)."""
     results = engine.forward(ForwardBatch(tuple(item.request for item in items)))
     if len(results) != len(items):
         raise RuntimeError(f"engine returned {len(results)} results for {len(items)} requests")
