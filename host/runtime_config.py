@@ -128,9 +128,10 @@ class RuntimeConfig:
                    memories and an instance that hit it is told so whatever the guest reports.
                    Costs copy-on-write images: a componentize-py instance's 12.6 MiB heap
                    image is copied, so it starts ~8 ms later (instantiation ~9 ms instead of ~1
-                   on a 2-vCPU EPYC) and an idle one holds ~12 MB instead of ~5. False: Wasmtime's memories,
-                   memory_mb split evenly over max_memories, the limit named when the guest's
-                   own report shows it (MemoryError, an allocation failure).
+                   on a 2-vCPU EPYC) and an idle one holds ~12 MB instead of ~5. False:
+                   Wasmtime's memories, memory_mb split evenly over max_memories, the limit
+                   named when the guest's own report shows it (MemoryError, an allocation
+                   failure).
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)

@@ -44,21 +44,13 @@ def _head_key(fair: FairShares, queue: deque[Item]) -> tuple:
     return (*fair.key(head.owner), head.rank, head.order)
 
 
-def _forward_head(queue: deque[Item]) -> Item | None:
-    """The queue's first pass (copies may be queued before it), or None."""
-    head = queue[0]
-    if head.request is not None:
-        return head
-    return next((item for item in queue if item.request is not None), None)
-
-
 def _every_head_fits(queues: Queues, policy: SchedulerPolicy, contended: bool) -> bool:
     """Whether every queue's head pass goes in whole: their tokens fit the batch and, with more
     than one owner, each owner's fit max_tokens_per_owner."""
     num_tokens = 0
     per_owner: dict[Hashable, int] = {}
     for queue in queues.values():
-        head = _forward_head(queue)
+        head = next((item for item in queue if item.request is not None), None)
         if head is not None:
             num_tokens += head.num_tokens
             per_owner[head.owner] = per_owner.get(head.owner, 0) + head.num_tokens

@@ -374,8 +374,8 @@ class BatchScheduler:
             if item.parent is not None:
                 self._finish_chunk(item, outcome)
                 continue
-            if item.outputs is not None and isinstance(outcome, ForwardResult):
-                outcome = item.merged(outcome)                 # a chunked pass's last part
+            if isinstance(outcome, ForwardResult):
+                outcome = item.merged(outcome)
             resolve(item, outcome)
 
     def _finish_chunk(self, chunk: _Item, outcome: object) -> None:

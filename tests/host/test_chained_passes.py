@@ -3,6 +3,7 @@ queued together once the batch has resolved, in the order submitted; cancelled w
 scheduler closed meanwhile."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -54,8 +55,7 @@ def test_a_chained_pass_queued_after_the_scheduler_closed_is_cancelled() -> None
         closer.start()                      # close() marks the scheduler closed, then waits
         _wait_for(lambda: scheduler.submit_forward(("probe", 0), "normal",
                                                    pass_on(3, [9], 1)).done())
-        prepared = pass_on(0, [2], 2)
-        prepared = type(prepared)(prepared.request, (), lambda: calls.append("on_done"))
+        prepared = dataclasses.replace(pass_on(0, [2], 2), on_done=lambda: calls.append("on_done"))
         assert scheduler.submit_chained(("a", 0), "normal", prepared, calls.append)
 
     scheduler.submit_forward(("a", 0), "normal", pass_on(0, [1], 1)).add_done_callback(on_first)
@@ -74,8 +74,7 @@ def test_cancel_owner_drops_chained_passes_not_queued_yet(fake_engine) -> None:
     calls: list = []
 
     def on_first(_future) -> None:          # on the thread resolving the first batch
-        prepared = pass_on(0, [2], 2)
-        prepared = type(prepared)(prepared.request, (), lambda: calls.append("on_done"))
+        prepared = dataclasses.replace(pass_on(0, [2], 2), on_done=lambda: calls.append("on_done"))
         assert scheduler.submit_chained(("a", 0), "normal", prepared, calls.append)
         canceller = threading.Thread(target=scheduler.cancel_owner, args=("a",))
         canceller.start()
