@@ -79,6 +79,11 @@ class ExportRegistry:
         with self._lock:
             return set(self._pages.get(namespace, ()))
 
+    def num_pages(self) -> int:
+        """The distinct physical pages all exports hold together."""
+        with self._lock:
+            return len(set().union(*self._pages.values()))
+
     def namespaces(self) -> set[str]:
         """The namespaces holding at least one export."""
         with self._lock:

@@ -45,6 +45,7 @@ class RuntimeFigures:
     num_running_instances: int
     num_pages_used: int
     num_pages_free: int
+    num_pages_exported: int             # held by exports (a part of num_pages_used)
     queue_depth: int
     num_batches: int
     batch_size_counts: dict[int, int]   # batch size (passes) -> number of batches of that size
@@ -118,6 +119,8 @@ class _RuntimeCollector:
                      figures.num_running_instances)
         yield _gauge("pie_kv_pages_used", "KV pages in use", figures.num_pages_used)
         yield _gauge("pie_kv_pages_free", "KV pages free", figures.num_pages_free)
+        yield _gauge("pie_kv_pages_exported", "KV pages held by exports (part of the used)",
+                     figures.num_pages_exported)
         yield _gauge("pie_scheduler_queue_depth", "Forward passes waiting for a batch",
                      figures.queue_depth)
         yield _gauge("pie_tokens_per_second", "Generated tokens per second (sliding window)",

@@ -133,8 +133,9 @@ class OpenAIFrontend:
             return _error(400, too_long[1], param=param, code="context_length_exceeded")
         receive = EventSink()
         try:
-            handle = await self.service.launch(tenant, self.program, BUILTIN_NAME,
-                                               (json.dumps(parsed),), receive)
+            argument = json.dumps(dict(parsed, prefix_cache_pages=tenant.prefix_cache_pages))
+            handle = await self.service.launch(tenant, self.program, BUILTIN_NAME, (argument,),
+                                               receive)
         except ServiceError as exc:
             return _error(503 if "shutting down" in str(exc) else 429, str(exc),
                           "server_error" if "shutting down" in str(exc) else "rate_limit_error")

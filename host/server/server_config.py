@@ -138,6 +138,9 @@ class LimitsSection:
         _positive("limits", memory_mb=self.memory_mb, max_idle_s=self.max_idle_s)
 
 
+DEFAULT_PREFIX_CACHE_PAGES = 32   # TenantConfig.prefix_cache_pages when unset
+
+
 @dataclass(frozen=True)
 class TenantConfig:
     """One tenant: its name (a namespace), its API token and its quotas."""
@@ -149,11 +152,17 @@ class TenantConfig:
     max_kv_pages: int = 4096   # KV pages held by all its instances together
     max_program_bytes: int = 256 * 1024 * 1024  # stored programs, all together
     kv_share_pages: int | None = None  # guaranteed KV pages; None = an equal part of the rest
+    # KV pages the built-in's shared chat prefixes may hold (0: off; None: the default below)
+    prefix_cache_pages: int | None = None
 
     def __post_init__(self) -> None:
         if self.kv_share_pages is not None and self.kv_share_pages < 0:
             raise ValueError(f"tenant {self.name!r}: kv_share_pages must be >= 0, "
                              f"got {self.kv_share_pages}")
+        cache_pages = self.prefix_cache_pages
+        if cache_pages is not None and not 0 <= cache_pages <= self.max_kv_pages:
+            raise ValueError(f"tenant {self.name!r}: prefix_cache_pages must be in 0.."
+                             f"{self.max_kv_pages} (max_kv_pages), got {self.prefix_cache_pages}")
         if not self.name or not set(self.name) <= NAME_CHARS:
             raise ValueError(f"tenants: name must be non-empty letters, digits, '_-.', "
                              f"got {self.name!r}")
@@ -161,6 +170,13 @@ class TenantConfig:
             raise ValueError(f"tenant {self.name!r}: give exactly one of token, token_env")
         _positive(f"tenant {self.name!r}", max_instances=self.max_instances,
                   max_kv_pages=self.max_kv_pages, max_program_bytes=self.max_program_bytes)
+
+    @property
+    def resolved_prefix_cache_pages(self) -> int:
+        """`prefix_cache_pages`, or by default 32 pages but at most 1/16 of max_kv_pages."""
+        if self.prefix_cache_pages is not None:
+            return self.prefix_cache_pages
+        return min(DEFAULT_PREFIX_CACHE_PAGES, self.max_kv_pages // 16)
 
     def resolved_token(self) -> str:
         """The token, read from the environment when `token_env` is set."""

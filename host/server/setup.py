@@ -66,6 +66,7 @@ def runtime_figures(runtime: Any) -> RuntimeFigures:
     return RuntimeFigures(
         num_running_instances=stats.num_running,
         num_pages_used=pool.num_used, num_pages_free=pool.num_free,
+        num_pages_exported=runtime.exports.num_pages(),
         queue_depth=scheduler.num_pending, num_batches=scheduler.num_batches,
         batch_size_counts=dict(scheduler.batch_size_histogram),
         num_output_tokens=engine.num_output_tokens, num_input_tokens=engine.num_input_tokens)

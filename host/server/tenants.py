@@ -7,6 +7,8 @@ own (the runtime namespaces exports/topics/store by the `tenant` given at launch
   (default max_kv_pages // max_instances) and the runtime holds it to that; the reservations of a
   tenant's live instances never sum past max_kv_pages, so neither do the pages they hold;
 - max_program_bytes: bytes of stored programs;
+- prefix_cache_pages: the most KV pages the built-in OpenAI inferlet's shared chat prefixes hold
+  for the tenant (persistent exports, so also within kv_share_pages); 0 turns the sharing off;
 - kv_share_pages: the tenant's guaranteed share of the pool (`resolve_kv_shares`): its instances
   within it are never terminated for another tenant's demand, and its exports (persistent ones
   included) count against it and never hold more (host/kv/contention.py).
@@ -44,6 +46,7 @@ class Tenant:
     max_instances: int
     max_kv_pages: int
     max_program_bytes: int
+    prefix_cache_pages: int = 0      # the built-in's shared chat prefixes (TenantConfig)
 
     @property
     def default_kv_pages(self) -> int:
@@ -55,8 +58,10 @@ class TenantRegistry:
     """Bearer token -> Tenant, compared in constant time."""
 
     def __init__(self, tenants: tuple[TenantConfig, ...]) -> None:
-        self._by_token = [(t.resolved_token().encode(), Tenant(t.name, t.max_instances,
-                           t.max_kv_pages, t.max_program_bytes)) for t in tenants]
+        self._by_token = [(t.resolved_token().encode(),
+                           Tenant(t.name, t.max_instances, t.max_kv_pages, t.max_program_bytes,
+                                  t.resolved_prefix_cache_pages))
+                          for t in tenants]
 
     def authenticate(self, token: str) -> Tenant | None:
         """The tenant whose token this is, or None."""

@@ -7,17 +7,22 @@ validated and normalised by host/server/openai_schema.py:
      "tool_call_id"?}] | "prompts": [str], "echo": bool, "max_tokens", "temperature", "top_p",
      "presence_penalty", "frequency_penalty", "logit_bias": [[id, bias]], "logprobs": int | null,
      "response_format": {"schema"} | null, "tools": [{"name", "description", "parameters"}],
-     "tool_choice": "none" | "auto" | "required" | {"name"}, "seed", "stop", "n", "stream"}
+     "tool_choice": "none" | "auto" | "required" | {"name"}, "seed", "stop", "n", "stream",
+     "prefix_cache_pages"}
 
 While generating with "stream" it sends one message per text delta: {"index": i, "delta": text}.
 Its result is {"choices": [{"index", "text", "finish_reason", "logprobs", "tool_calls", "offset"}],
 "usage": {"prompt_tokens", "completion_tokens"}}. Each prompt's KV is computed once and forked
-into its n choices, which generate in parallel, each on its own queue. A streamed request steps
-token by token (host_loop=False), one that is not streamed runs on host decode loops: measured
-under load on a CPU (bench/load.py, 32 streaming clients), loops kept every generation in step, so
-requests ended and the clients' next requests arrived together and their prompts shared one long
-batch (TTFT p50 about 2x that of stepping, for the same throughput); a streamed request wakes
-its guest once per token either way.
+into its n choices, which generate in parallel, each on its own queue. A chat's leading part (the
+template's text up to the first non-system message's content: the system prompt, or the one the
+template adds) is shared between the tenant's requests in whole KV pages: kept as a persistent
+export named by its tokens' hash (inferlet.prefix_context), at most MAX_PREFIX_EXPORTS of them,
+each of at most prefix_cache_pages / MAX_PREFIX_EXPORTS pages (the tenant's setting; 0: off).
+A streamed request steps token by token (host_loop=False), one that is not streamed runs on
+host decode loops: measured under load on a CPU (bench/load.py, 32 streaming clients), loops
+kept every generation in step, so requests ended and the clients' next requests arrived
+together and their prompts shared one long batch (TTFT p50 about 2x that of stepping, for the
+same throughput); a streamed request wakes its guest once per token either way.
 
 Tools are described in a system message and rendered with the chat template; earlier calls and
 results become <tool_call> / <tool_response> turns. A forced call (tool_choice a function, or
@@ -27,8 +32,10 @@ matches the function's parameters; with "auto" a <tool_call> block in the answer
 import json
 
 import inferlet
-from inferlet import Context, Sampler, decode, encode, generate_parallel, render_chat, send_json
+from inferlet import (Sampler, decode, encode, generate_parallel, model_info, prefix_context,
+                      render_chat, send_json)
 
+MAX_PREFIX_EXPORTS = 4     # chat prefixes a tenant keeps computed (inferlet.prefix_context)
 _FINISH_REASONS = {"length": "length", "stop_token": "stop", "stop_string": "stop"}
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -125,10 +132,32 @@ def _prompts(request: dict) -> list:
     return request["prompts"]
 
 
-def _contexts(prompt_ids: list, num_choices: int) -> list:
-    """One context per choice; forks share the prompt's KV, computed once."""
-    ctx = Context()
-    ctx.fill(prompt_ids)
+def _num_shared(request: dict, prompt_ids: list) -> int:
+    """Whole pages of a chat prompt that every request with the same leading system messages
+    shares: the template's text up to the first other message's content (found by rendering
+    the chat again with that content changed), less one token for the boundary; 0 if none."""
+    messages = request["messages"] if request["mode"] == "chat" else []
+    if not request.get("prefix_cache_pages"):
+        return 0
+    first = next((i for i, m in enumerate(messages) if m["role"] != "system"), None)
+    if first is None:
+        return 0
+    content = "\x02" if messages[first]["content"].startswith("\x01") else "\x01"
+    probe = dict(request, messages=[*messages[:first], dict(messages[first], content=content),
+                                    *messages[first + 1:]])
+    probe_ids = encode(_chat_text(probe))
+    common = next((i for i, (a, b) in enumerate(zip(prompt_ids, probe_ids)) if a != b),
+                  min(len(prompt_ids), len(probe_ids)))
+    page_size = model_info().page_size
+    max_pages = request.get("prefix_cache_pages", 0) // MAX_PREFIX_EXPORTS
+    usable = min(common - 1, len(prompt_ids) - 1, max_pages * page_size)
+    return max(0, usable) // page_size * page_size
+
+
+def _contexts(prompt_ids: list, num_choices: int, num_shared: int) -> list:
+    """One context per choice; forks share the prompt's KV, computed once (its first
+    `num_shared` tokens' once per tenant while their export lasts)."""
+    ctx = prefix_context(prompt_ids, num_shared, MAX_PREFIX_EXPORTS)
     if num_choices == 1:
         return [ctx]
     forks = [ctx.fork() for _ in range(num_choices)]
@@ -154,7 +183,8 @@ def main(args: list) -> str:
     num_choices = request["n"]
     prompts = _prompts(request)
     prompt_ids = [encode(p) for p in prompts]
-    contexts = [c for ids in prompt_ids for c in _contexts(ids, num_choices)]
+    num_shared = _num_shared(request, prompt_ids[0])
+    contexts = [c for ids in prompt_ids for c in _contexts(ids, num_choices, num_shared)]
     call_schema = _call_schema(request)
     fmt = request.get("response_format")
     schema = call_schema or (fmt["schema"] if fmt else None)

@@ -68,6 +68,7 @@ def test_health_and_metrics(fake_server) -> None:
                                                            "model": "fake-byte-model"}
     text = httpx.get(f"{fake_server.url}/metrics").text
     for name in ("pie_instances_running", "pie_kv_pages_used", "pie_kv_pages_free",
+                 "pie_kv_pages_exported",
                  "pie_scheduler_queue_depth", "pie_tokens_per_second", "pie_batch_size_bucket",
                  "pie_generated_tokens_total", "pie_instances_launched_total"):
         assert f"\n{name}" in text, name

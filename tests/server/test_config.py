@@ -26,11 +26,22 @@ TENANT = {"name": "a", "token": "t"}
     ({"tenants": [TENANT], "scheduler": {"policy": "fifo"}}, "scheduler.policy must be"),
     ({"tenants": [TENANT], "scheduler": {"max_hold_ms": -1}}, "scheduler.max_hold_ms must be >= 0, got -1"),
     ({"tenants": [TENANT], "server": {"port": 70000}}, "server.port must be in 0..65535"),
+    ({"tenants": [{**TENANT, "prefix_cache_pages": -1}]},
+     "prefix_cache_pages must be in 0..4096 (max_kv_pages), got -1"),
+    ({"tenants": [{**TENANT, "max_kv_pages": 64, "prefix_cache_pages": 65}]},
+     "prefix_cache_pages must be in 0..64 (max_kv_pages), got 65"),
 ])
 def test_invalid_configs_are_named(data: dict, expected: str) -> None:
     with pytest.raises(ConfigError) as error:
         parse_config(data)
     assert expected in str(error.value)
+
+
+def test_prefix_cache_pages_default_to_32_but_a_sixteenth_of_the_tenants_pages() -> None:
+    tenants = parse_config({"tenants": [
+        TENANT, {"name": "b", "token": "u", "max_kv_pages": 160},
+        {"name": "c", "token": "v", "max_kv_pages": 160, "prefix_cache_pages": 0}]}).tenants
+    assert [t.resolved_prefix_cache_pages for t in tenants] == [32, 10, 0]
 
 
 def test_load_config_reads_toml_and_names_the_file(tmp_path) -> None:

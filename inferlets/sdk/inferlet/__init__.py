@@ -23,14 +23,14 @@ from inferlet.messaging import (Subscription, broadcast, receive, receive_json, 
 from inferlet.model import (ModelInfo, arguments, decode, encode, host_version, instance_id, log,
                             model_info, render_chat, vocabulary)
 from inferlet.sampling import Sampler
-from inferlet.sharing import shared_system_context
+from inferlet.sharing import prefix_context, shared_system_context
 
 __all__ = [
     "ArgumentParser", "Beam", "Context", "Generation", "HostLoop", "InferletError", "ModelInfo",
     "PromptLookupDrafter", "Sampler", "TokenLogprob", "drafting", "speculative", "wait_outputs",
     "Subscription", "arguments", "beam_search", "broadcast", "decode", "encode",
     "generate_parallel", "host_version", "instance_id", "list_exports", "log", "main",
-    "model_info", "receive", "receive_json", "release_export", "render_chat", "sampling", "send",
-    "send_json", "shared_system_context", "store_delete", "store_get", "store_set", "subscribe",
-    "try_receive", "vocabulary",
+    "model_info", "prefix_context", "receive", "receive_json", "release_export", "render_chat",
+    "sampling", "send", "send_json", "shared_system_context", "store_delete", "store_get",
+    "store_set", "subscribe", "try_receive", "vocabulary",
 ]

@@ -1,10 +1,13 @@
-"""A system prompt's KV shared between instances of one tenant through a named export."""
+"""KV shared between instances of one tenant through named exports: a system prompt's
+(`shared_system_context`), or a prompt's leading pages named by their tokens (`prefix_context`)."""
 from __future__ import annotations
 
-from inferlet.context import Context, list_exports
+import hashlib
+
+from inferlet.context import Context, list_exports, release_export
 from inferlet.errors import InferletError
 
-__all__ = ["shared_system_context"]
+__all__ = ["PREFIX_EXPORT", "prefix_context", "shared_system_context"]
 
 
 def shared_system_context(system: str, export_name: str) -> tuple[Context, bool]:
@@ -24,3 +27,53 @@ def shared_system_context(system: str, export_name: str) -> tuple[Context, bool]
         except InferletError:
             pass   # another instance exported it first; this one computed its own copy
     return ctx, False
+
+
+PREFIX_EXPORT = "pie.prefix."   # name prefix of the exports `prefix_context` makes
+
+
+def prefix_context(token_ids: list[int], num_shared: int, max_exports: int) -> Context:
+    """A context holding `token_ids`, whose first `num_shared` tokens' KV is shared between the
+    instances of one tenant through a persistent export named by those tokens' hash.
+
+    The prompt is always computed in the same two parts (the shared tokens, then the rest), so
+    a request's outputs do not depend on whether its prefix was imported or computed. When the
+    tenant already holds `max_exports` such exports, the first by name (an arbitrary one: names
+    are hashes) is released to make room; a lost race (another instance exported or released the
+    same name first) only costs this instance the sharing. `num_shared` 0: no export, one part.
+    """
+    if num_shared <= 0:
+        ctx = Context()
+        ctx.fill(token_ids)
+        return ctx
+    digest = hashlib.sha256(",".join(map(str, token_ids[:num_shared])).encode()).hexdigest()
+    name = PREFIX_EXPORT + digest[:32]
+    names = [n for n in list_exports() if n.startswith(PREFIX_EXPORT)]
+    ctx = _imported(name, token_ids[:num_shared]) if name in names else None
+    if ctx is None:
+        ctx = Context()
+        ctx.fill(token_ids[:num_shared])
+        for old in sorted(names)[:max(0, len(names) - max_exports + 1)]:
+            try:
+                release_export(old)
+            except InferletError:
+                pass       # released by another instance meanwhile
+        try:
+            ctx.export(name, persistent=True)
+        except InferletError:
+            ctx.flush()    # exported by another instance first: keep this copy, same two parts
+    ctx.fill(token_ids[num_shared:])
+    return ctx
+
+
+def _imported(name: str, token_ids: list[int]) -> Context | None:
+    """The export's context when it holds exactly `token_ids` (an instance of the tenant may have
+    published other tokens under the name), else None."""
+    try:
+        ctx = Context.from_import(name)
+    except InferletError:
+        return None        # released between the listing and the import
+    if ctx.token_ids != token_ids:
+        ctx.close()
+        return None
+    return ctx
