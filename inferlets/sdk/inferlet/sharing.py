@@ -7,7 +7,7 @@ import hashlib
 from inferlet.context import Context, list_exports, release_export
 from inferlet.errors import InferletError
 
-__all__ = ["PREFIX_EXPORT", "prefix_context", "shared_system_context"]
+__all__ = ["PREFIX_EXPORT", "prefix_context", "prefix_export_name", "shared_system_context"]
 
 
 def shared_system_context(system: str, export_name: str) -> tuple[Context, bool]:
@@ -46,8 +46,7 @@ def prefix_context(token_ids: list[int], num_shared: int, max_exports: int) -> C
         ctx = Context()
         ctx.fill(token_ids)
         return ctx
-    digest = hashlib.sha256(",".join(map(str, token_ids[:num_shared])).encode()).hexdigest()
-    name = PREFIX_EXPORT + digest[:32]
+    name = prefix_export_name(token_ids[:num_shared])
     names = [n for n in list_exports() if n.startswith(PREFIX_EXPORT)]
     ctx = _imported(name, token_ids[:num_shared]) if name in names else None
     if ctx is None:
@@ -64,6 +63,11 @@ def prefix_context(token_ids: list[int], num_shared: int, max_exports: int) -> C
             ctx.flush()    # exported by another instance first: keep this copy, same two parts
     ctx.fill(token_ids[num_shared:])
     return ctx
+
+
+def prefix_export_name(token_ids: list[int]) -> str:
+    """The export name `prefix_context` gives these shared tokens."""
+    return PREFIX_EXPORT + hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()[:32]
 
 
 def _imported(name: str, token_ids: list[int]) -> Context | None:

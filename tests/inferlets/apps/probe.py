@@ -2,7 +2,7 @@
 import json
 
 import inferlet
-from inferlet import _wit
+from inferlet import _wit, sharing
 
 
 @inferlet.main
@@ -77,4 +77,21 @@ def main(args: list[str]) -> str:
         first = ctx.generate_tokens(num_first, stop_token_ids=())
         runs.append(first + ctx.generate_tokens(num_tokens - num_first, stop_token_ids=()))
         return json.dumps(runs)
+    if mode == "prefix":   # prefix_context beside a bogus export of its name, then alone
+        token_ids, num_tokens = inferlet.encode(args[1]), int(args[2])
+        num_shared = inferlet.model_info().page_size
+        name = sharing.prefix_export_name(token_ids[:num_shared])
+        bogus = inferlet.Context()                 # the right name, other tokens
+        bogus.fill(list(reversed(token_ids[:num_shared])))
+        bogus.export(name)
+        runs = []
+        for _ in range(4):                          # refused twice; then computed, imported
+            if len(runs) == 2:
+                inferlet.release_export(name)
+            ctx = inferlet.prefix_context(token_ids, num_shared, 4)
+            runs.append(ctx.generate_tokens(num_tokens, stop_token_ids=()))
+            ctx.close()
+        kept = name in inferlet.list_exports()
+        inferlet.release_export(name)
+        return json.dumps({"runs": runs, "kept": kept, "left": inferlet.list_exports()})
     raise inferlet.InferletError(f"unknown mode {mode!r}")
