@@ -136,9 +136,10 @@ def _num_shared(request: dict, prompt_ids: list) -> int:
     """Whole pages of a chat prompt that every request with the same leading system messages
     shares: the template's text up to the first other message's content (found by rendering
     the chat again with that content changed), less one token for the boundary; 0 if none."""
-    messages = request["messages"] if request["mode"] == "chat" else []
-    if not request.get("prefix_cache_pages"):
+    max_pages = request.get("prefix_cache_pages", 0) // MAX_PREFIX_EXPORTS
+    if request["mode"] != "chat" or max_pages == 0:
         return 0
+    messages = request["messages"]
     first = next((i for i, m in enumerate(messages) if m["role"] != "system"), None)
     if first is None:
         return 0
@@ -149,7 +150,6 @@ def _num_shared(request: dict, prompt_ids: list) -> int:
     common = next((i for i, (a, b) in enumerate(zip(prompt_ids, probe_ids)) if a != b),
                   min(len(prompt_ids), len(probe_ids)))
     page_size = model_info().page_size
-    max_pages = request.get("prefix_cache_pages", 0) // MAX_PREFIX_EXPORTS
     usable = min(common - 1, len(prompt_ids) - 1, max_pages * page_size)
     return max(0, usable) // page_size * page_size
 
