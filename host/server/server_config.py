@@ -162,7 +162,7 @@ class TenantConfig:
         cache_pages = self.prefix_cache_pages
         if cache_pages is not None and not 0 <= cache_pages <= self.max_kv_pages:
             raise ValueError(f"tenant {self.name!r}: prefix_cache_pages must be in 0.."
-                             f"{self.max_kv_pages} (max_kv_pages), got {self.prefix_cache_pages}")
+                             f"{self.max_kv_pages} (max_kv_pages), got {cache_pages}")
         if not self.name or not set(self.name) <= NAME_CHARS:
             raise ValueError(f"tenants: name must be non-empty letters, digits, '_-.', "
                              f"got {self.name!r}")

@@ -46,12 +46,13 @@ def prefix_context(token_ids: list[int], num_shared: int, max_exports: int) -> C
         ctx = Context()
         ctx.fill(token_ids)
         return ctx
-    name = prefix_export_name(token_ids[:num_shared])
+    shared = token_ids[:num_shared]
+    name = prefix_export_name(shared)
     names = [n for n in list_exports() if n.startswith(PREFIX_EXPORT)]
-    ctx = _imported(name, token_ids[:num_shared]) if name in names else None
+    ctx = _imported(name, shared) if name in names else None
     if ctx is None:
         ctx = Context()
-        ctx.fill(token_ids[:num_shared])
+        ctx.fill(shared)
         for old in sorted(names)[:max(0, len(names) - max_exports + 1)]:
             try:
                 release_export(old)
