@@ -7,16 +7,25 @@ Rows (each with the baseline it is read against, measured in the same run):
     over an engine that sleeps a GPU-like 5 ms per batch: the time spent inside host calls per step
     (timed around every host call) less the engine's own time; the guest's own time (CPython in
     Wasm) and the process CPU per step are shown beside it. The SDK decodes on host loops
-    (forward.submit-decode); the same guest step by step (host_loop=False) is the row below it;
+    (forward.submit-decode), here with overlapped batches (SchedulerPolicy.overlap, what a GPU
+    engine gets); the rows below it: without overlap, and step by step (host_loop=False);
   - launch_ms: a cached Python guest, launch to result (median), and the load from the disk cache;
     beside it the launch with counted linear memories (`pie serve`, `pie run`);
-  - batch_fill_256 / host_share_256: 256 WAT guests decoding at once over an engine that sleeps a
-    GPU-like 5 ms per batch: mean passes per batch / 256, and the host time per batch (wall less
-    engine time) as a fraction of the engine time;
+  - batch_fill_256 / host_share_256: 256 Python guests decoding at once (host loops, overlap)
+    over an engine that sleeps a GPU-like 5 ms per batch: mean passes per batch / 256, and the
+    host time per batch as a fraction of the engine time: a guest's time between two tokens less
+    a batch's engine time (`_wall`: the whole run's wall less engine time, the guests' start and
+    end included); the same without overlap (`_no_overlap`) and 256 WAT guests step by step
+    (forward.submit + get + drop, `_stepped`);
   - tpot_overhead_llama1b: Python guests (1, 8, 64) decoding over an engine that sleeps 16.8 ms
-    per batch (the Pie paper's vLLM time per output token, Llama-3-1B): the time per output token
-    less one batch's engine time, as a fraction of it; the worst of the three (`--stepped`: the
-    guests step by step instead of on host loops, the A/B of the loops);
+    per batch (the Pie paper's vLLM time per output token, Llama-3-1B), with overlap: the time
+    between two tokens of a guest (TPOT: its last token's batch end less its first's, over the
+    tokens between) less one batch's engine time, as a fraction of it; the worst of the three;
+    `_wall`: the wall time per token from the release of the lined-up batch to the last guest's
+    end (their ends included); `_no_overlap` the same without overlap (`--stepped`: the guests
+    step by step instead of on host loops, the A/B of the loops). The engine's time per batch
+    is the fake engine's forward (its sleep); it ignores its input tokens, so the tokens fed to
+    overlapped passes cost it nothing;
   - idle_instance_mb: resident memory per instance blocked in receive() (Python guest), N of them.
 Runs that several instances make are lined up first: the engine holds its first batch until every
 instance has queued its first pass, so launch time is not counted as batching.
@@ -39,110 +48,17 @@ REPO_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_DIR))
 
 import torch  # noqa: E402
-from wasmtime import _ffi as ffi  # noqa: E402
 
-from engine.batch import ForwardBatch, ForwardResult  # noqa: E402
 from host import Runtime, RuntimeConfig  # noqa: E402
-from host.sandbox import fast_calls  # noqa: E402
 from host.sandbox.build import build_cached  # noqa: E402
 from host.scheduling.scheduler import SchedulerPolicy  # noqa: E402
 from tests.host.components import ComponentBuilder  # noqa: E402
-from tests.host.fake_engine import FakeEngine  # noqa: E402
+from host_parts import BenchEngine, HostCallTimer, lined_up, run_to_end  # noqa: E402
 
 GUEST_APP = REPO_DIR / "bench" / "guests" / "host_bench.py"
 GPU_STEP_S = 0.005           # batch_fill_256: a GPU-like engine step
 LLAMA1B_TPOT_S = 0.0168      # the Pie paper: vLLM, Llama-3-1B, time per output token
 BARE_COUNT = 20000
-
-
-class BenchEngine(FakeEngine):
-    """The fake engine without its per-token bookkeeping: every forward sleeps `batch_delay_s`
-    (the GIL released, like a GPU step) and answers token 97 for each output. `engine_s` sums
-    the time spent in forward. `hold()` makes the next forward wait for `release()` (not counted)."""
-
-    def __init__(self, batch_delay_s: float = 0.0) -> None:
-        super().__init__(num_pages=16384, page_size=16, batch_delay_s=batch_delay_s,
-                         keep_log=False)
-        self.engine_s = 0.0
-        self.num_held = 0               # passes of the batch waiting at the gate
-        self._gate = threading.Event()
-        self._gate.set()
-
-    def hold(self) -> None:
-        self._gate.clear()
-
-    def release(self) -> None:
-        self._gate.set()
-
-    def forward(self, batch: ForwardBatch) -> list[ForwardResult]:
-        if not self._gate.is_set():
-            self.num_held = len(batch.requests)
-            self._gate.wait()
-        started = time.perf_counter()
-        if self.batch_delay_s:
-            time.sleep(self.batch_delay_s)
-        results = [ForwardResult((97,) * len(request.output_indices))
-                   for request in batch.requests]
-        self.engine_s += time.perf_counter() - started
-        return results
-
-
-class HostCallTimer:
-    """Registers a timed copy of the host-call callback (for the Runtimes built while active):
-    `seconds` / `calls` sum every host call's duration and count."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.calls = 0
-        self._original = fast_calls._call_host_function
-        self._callback = ffi.wasmtime_component_func_callback_t(self._timed)
-
-    def _timed(self, *args):  # type: ignore[no-untyped-def]
-        started = time.perf_counter()
-        try:
-            return fast_calls.host_call(*args)
-        finally:
-            self.seconds += time.perf_counter() - started
-            self.calls += 1
-
-    def __enter__(self) -> "HostCallTimer":
-        fast_calls._call_host_function = self._callback
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        fast_calls._call_host_function = self._original
-
-
-def run_to_end(runtime: Runtime, program, args) -> float:
-    started = time.perf_counter()
-    outcome = runtime.wait(runtime.launch(program, args), timeout=600)
-    assert outcome.status == "ok", outcome
-    return time.perf_counter() - started
-
-
-def lined_up(runtime: Runtime, engine: BenchEngine, program, args: list[str],
-             num_instances: int) -> dict:
-    """Launch `num_instances`, hold the engine until each has queued its first pass, then time
-    the run to the end: wall s, engine s, batches and passes in that window."""
-    engine.hold()
-    engine.num_held = 0
-    ids = [runtime.launch(program, args) for _ in range(num_instances)]
-    deadline = time.monotonic() + 600
-    while engine.num_held + runtime.statistics().scheduler.num_pending < num_instances:
-        if time.monotonic() > deadline:
-            raise SystemExit("instances did not line up within 600 s")
-        time.sleep(0.005)
-    before, engine_before = runtime.statistics().scheduler, engine.engine_s
-    started, cpu_started = time.perf_counter(), time.process_time()
-    engine.release()
-    for instance_id in ids:
-        outcome = runtime.wait(instance_id, timeout=600)
-        assert outcome.status == "ok", outcome
-    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-    after = runtime.statistics().scheduler
-    return {"wall_s": wall, "cpu_s": cpu, "engine_s": engine.engine_s - engine_before,
-            "num_batches": after.num_batches - before.num_batches,
-            "num_forwards": after.num_forwards - before.num_forwards}
 
 
 def bare_noop_rate(wasm: bytes, count: int) -> float:
@@ -200,10 +116,12 @@ def python_step_rows(py_wasm: bytes, config: RuntimeConfig, num_steps: int) -> t
     """host_us_per_step: one Python guest decoding over a 5 ms engine, host calls timed; on
     host loops (the SDK's default), then step by step."""
     rows, figures = [], {}
-    for mode, label, key in (("decode", "host loops", "host_us_per_step"),
-                             ("decode-steps", "step by step", "host_us_per_step_stepped")):
+    for mode, label, key, overlap in (
+            ("decode", "host loops, overlap", "host_us_per_step", True),
+            ("decode", "host loops, no overlap", "host_us_per_step_no_overlap", False),
+            ("decode-steps", "step by step", "host_us_per_step_stepped", False)):
         engine = BenchEngine(GPU_STEP_S)
-        with HostCallTimer() as timer, Runtime(engine, config) as runtime:
+        with HostCallTimer() as timer, Runtime(engine, with_overlap(config, overlap)) as runtime:
             program = runtime.load_program(py_wasm)
             run_to_end(runtime, program, [mode, "8"])            # warm up
             timer.seconds, timer.calls, engine.engine_s = 0.0, 0, 0.0
@@ -244,38 +162,66 @@ def _median_launch(runtime: Runtime, program, repeats: int) -> float:
     return statistics.median(run_to_end(runtime, program, ["noop"]) for _ in range(repeats))
 
 
-def batch_fill_rows(wat: bytes, config: RuntimeConfig, num_steps: int) -> tuple[list, dict]:
-    engine = BenchEngine(GPU_STEP_S)
-    with Runtime(engine, config) as runtime:
-        run = lined_up(runtime, engine, runtime.load_program(wat), ["step", str(num_steps)], 256)
-    fill = run["num_forwards"] / run["num_batches"] / 256
-    share = (run["wall_s"] - run["engine_s"]) / run["engine_s"]
-    per_batch_ms = 1e3 * run["wall_s"] / run["num_batches"]
-    rows = [("256 WAT guests, 5 ms engine: batch fill", f"{fill:.3f}",
-             f"target >= 0.9; {run['num_batches']} batches, {per_batch_ms:.2f} ms each"),
-            ("  host time per batch / engine time", f"{share:.3f}",
-             f"target <= 0.05; process CPU {1e6 * run['cpu_s'] / run['num_forwards']:.0f} us/pass")]
-    return rows, {"batch_fill_256": fill, "host_share_256": share}
+def with_overlap(config: RuntimeConfig, overlap: bool) -> RuntimeConfig:
+    return dataclasses.replace(config, scheduler=dataclasses.replace(config.scheduler,
+                                                                     overlap=overlap))
+
+
+def batch_fill_rows(py_wasm: bytes, wat: bytes, config: RuntimeConfig, num_steps: int,
+                    num_instances: int = 256) -> tuple[list, dict]:
+    """256 guests decoding over a 5 ms engine: Python guests on host loops with overlapped
+    batches (the goal's row), the same without overlap, and WAT guests step by step."""
+    rows, figures = [], {}
+    for label, program, args, overlap, key in (
+            ("Python guests, host loops, overlap", py_wasm, ["decode", str(num_steps)], True, ""),
+            ("  the same, no overlap", py_wasm, ["decode", str(num_steps)], False, "_no_overlap"),
+            ("  WAT guests step by step", wat, ["step", str(num_steps)], False, "_stepped")):
+        engine = BenchEngine(GPU_STEP_S)
+        with Runtime(engine, with_overlap(config, overlap)) as runtime:
+            run = lined_up(runtime, engine, runtime.load_program(program), args, num_instances)
+        fill = run["num_forwards"] / run["num_batches"] / num_instances
+        share = (run["wall_s"] - run["engine_s"]) / run["engine_s"]
+        gap_share = run["inter_token_s"] / (run["engine_s"] / run["num_batches"]) - 1
+        rows.append((f"{num_instances} {label}, 5 ms engine: batch fill", f"{fill:.3f}",
+                     f"target >= 0.9; {run['num_batches']} batches, "
+                     f"{1e3 * run['wall_s'] / run['num_batches']:.2f} ms each"))
+        rows.append(("    host time per batch / engine time", f"{gap_share:.3f}",
+                     f"target <= 0.05 (between a guest's tokens); over the whole run, with the "
+                     f"guests' start and end: {share:.3f}; process CPU "
+                     f"{1e6 * run['cpu_s'] / run['num_forwards']:.0f} us/pass"))
+        figures.update({f"batch_fill_256{key}": fill, f"host_share_256{key}": gap_share,
+                        f"host_share_256{key}_wall": share})
+    return rows, figures
 
 
 def tpot_rows(py_wasm: bytes, config: RuntimeConfig, num_steps: int,
               mode: str = "decode") -> tuple[list, dict]:
-    rows, overheads = [], []
-    for num_instances in (1, 8, 64):
-        engine = BenchEngine(LLAMA1B_TPOT_S)
-        with Runtime(engine, config) as runtime:
-            run = lined_up(runtime, engine, runtime.load_program(py_wasm),
-                           [mode, str(num_steps)], num_instances)
-        tpot = run["wall_s"] * num_instances / run["num_forwards"]
-        batch_s = run["engine_s"] / run["num_batches"]
-        overheads.append(tpot / batch_s - 1)
-        how = "host loops" if mode == "decode" else "step by step"
-        rows.append((f"16.8 ms engine, {num_instances} Python guests ({how}): TPOT",
-                     f"{tpot * 1e3:.2f} ms",
-                     f"host adds {overheads[-1]:+.3f} (target <= 0.03; engine "
-                     f"{batch_s * 1e3:.2f} ms/batch, {run['num_forwards'] / run['num_batches']:.1f}"
-                     f" passes/batch)"))
-    return rows, {"tpot_overhead_llama1b": max(overheads)}
+    """Python guests over a 16.8 ms engine, with overlapped batches and without: the time
+    between two tokens of a guest (TPOT) against one batch's engine time; beside it the wall
+    time per token from the release of the lined-up batch to the last guest's end."""
+    rows, figures = [], {}
+    for overlap, key in ((True, ""), (False, "_no_overlap")):
+        overheads, wall_overheads = [], []
+        for num_instances in (1, 8, 64):
+            engine = BenchEngine(LLAMA1B_TPOT_S)
+            with Runtime(engine, with_overlap(config, overlap)) as runtime:
+                run = lined_up(runtime, engine, runtime.load_program(py_wasm),
+                               [mode, str(num_steps)], num_instances)
+            batch_s = run["engine_s"] / run["num_batches"]
+            overheads.append(run["inter_token_s"] / batch_s - 1)
+            wall_overheads.append(run["wall_s"] * num_instances / run["num_forwards"] / batch_s
+                                  - 1)
+            how = ("host loops" if mode == "decode" else "step by step") + (
+                ", overlap" if overlap else ", no overlap")
+            rows.append((f"16.8 ms engine, {num_instances} Python guests ({how}): TPOT",
+                         f"{run['inter_token_s'] * 1e3:.2f} ms",
+                         f"host adds {overheads[-1]:+.3f} (target <= 0.03; engine "
+                         f"{batch_s * 1e3:.2f} ms/batch, "
+                         f"{run['num_forwards'] / run['num_batches']:.1f} passes/batch; wall per "
+                         f"token with the guests' start and end {wall_overheads[-1]:+.3f})"))
+        figures.update({f"tpot_overhead_llama1b{key}": max(overheads),
+                        f"tpot_overhead_llama1b{key}_wall": max(wall_overheads)})
+    return rows, figures
 
 
 def idle_rows(py_wasm: bytes, config: RuntimeConfig, num_instances: int) -> tuple[list, dict]:
@@ -334,7 +280,7 @@ def main() -> None:
             "calls": lambda: call_rows(wat, config, 5000 if quick else BARE_COUNT),
             "step": lambda: python_step_rows(py_wasm, config, 100 if quick else 400),
             "launch": lambda: launch_rows(py_wasm, config, 10 if quick else 30),
-            "fill": lambda: batch_fill_rows(wat, config, 20 if quick else 60),
+            "fill": lambda: batch_fill_rows(py_wasm, wat, config, 20 if quick else 60),
             "tpot": lambda: tpot_rows(py_wasm, config, 10 if quick else 30,
                                       "decode-steps" if options.stepped else "decode"),
             "idle": lambda: idle_rows(py_wasm, config,
@@ -343,10 +289,8 @@ def main() -> None:
             new_rows, new_figures = sections[name]()
             rows += new_rows
             figures.update(new_figures)
-    keys = ("host_us_per_step", "host_us_per_step_stepped", "batch_fill_256", "host_share_256",
-            "launch_ms", "launch_ms_counted", "idle_instance_mb", "tpot_overhead_llama1b")
     if options.json:
-        print(json.dumps({key: round(figures[key], 4) for key in keys if key in figures}))
+        print(json.dumps({key: round(value, 4) for key, value in figures.items()}))
         return
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"{torch.get_num_threads()} torch threads")

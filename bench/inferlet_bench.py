@@ -180,6 +180,9 @@ def main() -> None:
                         help="adaptive: the hold's bound as a fraction of the batch's engine time")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="sys.setswitchinterval for this process (GIL hand-off latency)")
+    parser.add_argument("--overlap", choices=("on", "off"), default=None,
+                        help="overlapped batches (SchedulerPolicy.overlap; default: the "
+                             "runtime's choice for the engine)")
     parser.add_argument("--step-by-step", action="store_true",
                         help="the inferlets decode one forward.submit per token, not on host loops")
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "pie-bench")
@@ -192,7 +195,8 @@ def main() -> None:
     engine = load_default_engine(progress=False, dtype=opts.dtype)
     policy = SchedulerPolicy(opts.policy, k=8, t_ms=opts.t_ms, max_hold_ms=opts.max_hold_ms,
                              hold_fraction=opts.hold_fraction,
-                             run_on_waiter=not opts.no_run_on_waiter)
+                             run_on_waiter=not opts.no_run_on_waiter,
+                             overlap=None if opts.overlap is None else opts.overlap == "on")
     out = sys.stderr if opts.json else sys.stdout       # --json: stdout holds the object alone
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
           f"torch threads; model {engine.model_name}, dtype {opts.dtype}, {opts.tokens} new tokens, "

@@ -8,7 +8,7 @@ instances, queues or ownership.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 SAMPLER_KINDS = ("greedy", "sample", "distribution", "entropy")
@@ -164,9 +164,26 @@ class ForwardRequest:
 
 @dataclass(frozen=True)
 class ForwardBatch:
-    """A ragged list of requests run in one forward pass."""
+    """A ragged list of requests run in one forward pass.
+
+    fed_from: None, or one entry per request: None (the request's own token_ids), or the
+    ForwardResult of a pass of the previous batch whose first output's token replaces the
+    request's single input token (the host prepared the pass while that one ran: overlapped
+    decode loops, host/scheduling/overlap.py). Engines call `with_fed_tokens` before anything
+    else reads the tokens.
+    """
 
     requests: tuple[ForwardRequest, ...]
+    fed_from: tuple[ForwardResult | None, ...] | None = None
+
+    def with_fed_tokens(self) -> "ForwardBatch":
+        """This batch with every fed input token in place (fed_from None)."""
+        if self.fed_from is None:
+            return self
+        requests = tuple(request if source is None
+                         else replace(request, token_ids=(fed_token_id(source),))
+                         for request, source in zip(self.requests, self.fed_from))
+        return ForwardBatch(requests)
 
     @property
     def num_tokens(self) -> int:
@@ -226,3 +243,10 @@ class TokenCopy:
     src_offset: int
     dst_offset: int
     num_tokens: int
+
+
+def fed_token_id(result: "ForwardResult") -> int:
+    """The token a one-output pass produced (an int, or a TokenLogprobs' token), fed to the pass
+    after it."""
+    output = result.outputs[0]
+    return output if isinstance(output, int) else output.token_id

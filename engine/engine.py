@@ -95,6 +95,7 @@ class Engine:
         Raises ValueError naming the request index and field for malformed input; a rejected batch
         writes nothing and the engine serves the next batch normally.
         """
+        batch = batch.with_fed_tokens()
         if not batch.requests:
             validate_batch(batch, page_size=self.page_size, num_pages=self.num_pages,
                            vocab_size=self.model_config.vocab_size,

@@ -8,6 +8,7 @@ exactly one final InstanceEvent.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import itertools
 import logging
@@ -59,6 +60,12 @@ class RuntimeStats:
     num_finished: int
 
 
+def overlap_by_default(engine: EngineLike) -> bool:
+    """SchedulerPolicy.overlap when left None: on for an engine on a GPU (its forward leaves the
+    CPU to the host), off for one on the CPU (the host's work would take the engine's cores)."""
+    return getattr(getattr(engine, "device", None), "type", None) == "cuda"
+
+
 class Runtime:
     """The host. Thread-safe; use as a context manager or call `close()`."""
 
@@ -66,6 +73,8 @@ class Runtime:
         self.engine = engine
         self.config = config
         policy = config.scheduler or SchedulerPolicy()
+        if policy.overlap is None:
+            policy = dataclasses.replace(policy, overlap=overlap_by_default(engine))
         current = threading.local()
         # lives as long as the engine; None: Wasmtime's own memories (copy-on-write images)
         self.linear_memories = LinearMemories(current) if config.count_linear_memory else None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 from wasmtime.component import Record
 
@@ -64,9 +64,10 @@ class DecodeLoop:
         self._trap: str | None = None       # the guest's calls broke a later pass
         self._waiter: Future | None = None  # the guest's next(), blocked ...
         self._wake_at = 1                   # ... until this many outputs (or the end)
-        self._in_flight = False             # a pass submitted, not resolved
+        self._num_in_flight = 0             # passes submitted, not resolved (2: one ahead)
         self._paused_token: int | None = None   # the next pass's input, held for the reader
         self._position = self._kv_len = self._num_pages = 0
+        self._ahead_page_id: int | None = None  # the page the pass ahead added, while it may drop
 
     def start(self, prepared: PreparedForward, position: int) -> None:
         """Submit the first pass (prepared on the guest's thread); `position`: its last token's."""
@@ -75,8 +76,9 @@ class DecodeLoop:
         self._num_pages = len(request.page_ids)
         self._kv_len = paged_kv_len(self._num_pages, request.last_page_len, self._page_size)
         with self._lock:
-            self._in_flight = True
-            future = self._scheduler.submit_forward(self._queue_key, self._priority, prepared)
+            self._num_in_flight = 1
+            future = self._scheduler.submit_forward(self._queue_key, self._priority, prepared,
+                                                    self.prepare_next)
         future.add_done_callback(self._on_first_pass)
 
     def stop(self) -> None:
@@ -91,7 +93,7 @@ class DecodeLoop:
         engine's error as the err text (TrapError for a broken pass). Taking resumes a loop
         held for its reader."""
         with self._lock:
-            over = (self._ended or self._stopped) and not self._in_flight
+            over = (self._ended or self._stopped) and not self._num_in_flight
             if not self._outputs or (len(self._outputs) < min_outputs and not over
                                      and self._trap is None):
                 return self._nothing_to_take(min_outputs, over)
@@ -116,32 +118,87 @@ class DecodeLoop:
             outcome = exc
         self._on_pass(outcome)
 
+    def prepare_next(self) -> tuple[PreparedForward, Callable[[object], None]] | None:
+        """Overlap (host/scheduling/overlap.py), while this loop's one pass in flight runs: the
+        pass after it, its input token to be fed from that pass's output (ForwardBatch.fed_from),
+        and the callback of its outcome.
+        None, with nothing changed, unless it surely follows whatever that output is (no stop,
+        the max-tokens and unread bounds not reached after it) and the common decode route
+        prepares it (a new page of the instance when the last is full: given back if the pass
+        does not count); else the loop chains it once the output is in."""
+        with self._lock:
+            kv_len = self._kv_len + 1
+            if (self._ended or self._stopped or self._trap is not None
+                    or self._num_in_flight != 1 or self._paused_token is not None
+                    or self._num_outputs + 2 > self._max_tokens
+                    or len(self._outputs) + 2 > MAX_UNREAD_OUTPUTS):
+                return None
+            try:
+                step = self._prepare_step(0, kv_len, general=False)
+            except TrapError:
+                return None                       # the chained pass traps, in order
+            if step is None:
+                return None
+            self._ahead_page_id = step[1]
+            self._num_in_flight += 1
+            return step[0], self._on_pass
+
+    def _prepare_step(self, token_id: int, kv_len: int,
+                      general: bool = True) -> tuple[PreparedForward, int | None] | None:
+        """Under the lock: the pass of `token_id` that makes the KV `kv_len` long (a new page
+        first when the last is full); the loop's position and pages advance. None: no page
+        without reclaim, or (general False) the common route declined; TrapError."""
+        grow = kv_len > self._num_pages * self._page_size
+        last_page_len = kv_len - (self._num_pages - (not grow)) * self._page_size
+        step = self._pages.prepare_decode_step(self._sequence_id, token_id, self._position + 1,
+                                               last_page_len, self._sampler, grow, general)
+        if step is None:
+            return None
+        if step[1] is not None:
+            self.added_page_ids.append(step[1])
+            self._num_pages += 1
+        self._kv_len, self._position = kv_len, self._position + 1
+        return step
+
     def _on_pass(self, outcome: object) -> None:
         """A pass resolved (on the thread that resolved it): keep its output, submit the next
-        pass (chained: no future) or end."""
+        pass (chained: no future) or end. A pass prepared ahead that resolves after the loop
+        ended (at the pass before it) is dropped."""
         if not isinstance(outcome, ForwardResult):
             self._end(error=f"engine failed the batch: {outcome}")
             return
         output = outcome.outputs[0]
         token_id = output if isinstance(output, int) else output.token_id
         with self._lock:
-            self._in_flight = False
-            self._outputs.append(output)
-            self._num_outputs += 1
-            if (self._stopped or self._num_outputs >= self._max_tokens
-                    or token_id in self._stop_token_ids):
-                self._ended = True
-            elif len(self._outputs) >= MAX_UNREAD_OUTPUTS:
-                self._paused_token = token_id      # the reader's next take resumes it
-            else:
-                self._submit_next(token_id)
-            waiter = self._waiter
-            if len(self._outputs) >= self._wake_at or self._ended:
-                self._waiter = None
-            else:
-                waiter = None
+            self._num_in_flight -= 1
+            waiter = None
+            if not self._ended:
+                waiter = self._keep(output, token_id)
+                if not self._ended:
+                    self._ahead_page_id = None    # the pass ahead (if any) counts
+            else:                                 # a pass ahead of the loop's end: dropped
+                self._undo_ahead_page()
+                if not self._num_in_flight:
+                    waiter, self._waiter = self._waiter, None
         if waiter is not None and not self._scheduler.defer_wake(lambda: waiter.set_result(None)):
             waiter.set_result(None)
+
+    def _keep(self, output: object, token_id: int) -> Future | None:
+        """Under the lock: keep a pass's output and go on; the waiter to wake, if any."""
+        self._outputs.append(output)
+        self._num_outputs += 1
+        if (self._stopped or self._num_outputs >= self._max_tokens
+                or token_id in self._stop_token_ids):
+            self._ended = True
+        elif not self._num_in_flight:             # else the next pass runs already (ahead)
+            if len(self._outputs) >= MAX_UNREAD_OUTPUTS:
+                self._paused_token = token_id  # the reader's next take resumes it
+            else:
+                self._submit_next(token_id)
+        if len(self._outputs) >= self._wake_at or (self._ended and not self._num_in_flight):
+            waiter, self._waiter = self._waiter, None
+            return waiter
+        return None
 
     def _resume(self) -> None:
         """Under the lock: submit the pass held for the reader, if any (and not stopped)."""
@@ -153,31 +210,40 @@ class DecodeLoop:
 
     def _submit_next(self, token_id: int) -> None:
         """Under the lock: submit the next pass, or end the loop."""
-        kv_len = self._kv_len + 1
-        grow = kv_len > self._num_pages * self._page_size
-        last_page_len = kv_len - (self._num_pages - (not grow)) * self._page_size
         try:
-            step = self._pages.prepare_decode_step(self._sequence_id, token_id,
-                                                   self._position + 1, last_page_len,
-                                                   self._sampler, grow)
+            step = self._prepare_step(token_id, self._kv_len + 1)
         except TrapError as exc:
             self._ended, self._trap = True, str(exc)
             return
         if step is None:
             self._ended = True            # no page without reclaim: the guest goes on
             return
-        prepared, new_page_id = step
-        if new_page_id is not None:
-            self.added_page_ids.append(new_page_id)
-            self._num_pages += 1
-        self._kv_len, self._position = kv_len, self._position + 1
-        self._in_flight = self._scheduler.submit_chained(self._queue_key, self._priority,
-                                                         prepared, self._on_pass)
-        self._ended = not self._in_flight              # refused: the scheduler is closed
+        queued = self._scheduler.submit_chained(self._queue_key, self._priority, step[0],
+                                                self._on_pass, self.prepare_next)
+        self._num_in_flight += queued
+        self._ended = not queued                       # refused: the scheduler is closed
+
+    def _undo_ahead_page(self) -> None:
+        """Under the lock: give back the page the pass ahead added (its output does not count)."""
+        page_id, self._ahead_page_id = self._ahead_page_id, None
+        if page_id is not None:
+            if self.added_page_ids and self.added_page_ids[-1] == page_id:
+                self.added_page_ids.pop()
+                self._num_pages -= 1
+            self._pages.undo_decode_grow(self._sequence_id, page_id)
 
     def _end(self, error: str) -> None:
+        """A pass failed or was cancelled. Its error is the loop's unless the loop had ended
+        well before it (a pass prepared ahead, dropped); a later failure replaces an earlier."""
         with self._lock:
-            self._ended, self._error, self._in_flight = True, error, False
+            self._num_in_flight -= 1
+            if self._ended or self._num_in_flight:    # a pass ahead: ran after the end, or not
+                self._undo_ahead_page()
+            if not self._ended or self._error is not None:
+                self._error = error
+            self._ended = True
+            if self._num_in_flight:
+                return
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
             waiter.set_result(None)

@@ -257,14 +257,15 @@ class InstancePages:
             mask))
 
     def prepare_decode_step(self, sequence_id: int, token_id: int, position: int,
-                            last_page_len: int, sampler: SamplerSpec,
-                            grow: bool) -> tuple[PreparedForward, int | None] | None:
+                            last_page_len: int, sampler: SamplerSpec, grow: bool,
+                            general: bool = True) -> tuple[PreparedForward, int | None] | None:
         """A decode loop's next pass (one token, its output sampled): prepare_forward without
         reclaim, for the thread that resolved the previous pass (it must not wait for pages).
         `grow`: a new page (the instance's, within its quota) joins the end of the sequence
         first; returns (the pass, that page's local id or None). None, with nothing changed,
         when the quota is reached or the pool or a copy-on-write is short of pages (the loop
-        ends; the guest's own allocation may reclaim or trap). TrapError as prepare_forward."""
+        ends; the guest's own allocation may reclaim or trap), or, `general` False, when the
+        common route declines (a copy, a mask, ...). TrapError as prepare_forward."""
         call = "forward.submit-decode"
         with self.ledger.lock:
             self.ledger.check_open(call)
@@ -282,9 +283,11 @@ class InstancePages:
             try:
                 prepared = (self._decode_step_locked(sequence, token_id, position, last_page_len,
                                                      sampler)
-                            or self._prepare_forward_locked(call, sequence_id, (token_id,),
-                                                            (position,), last_page_len, (0,),
-                                                            (sampler,), None))
+                            or general and self._prepare_forward_locked(
+                                call, sequence_id, (token_id,), (position,), last_page_len, (0,),
+                                (sampler,), None))
+                if not prepared:
+                    raise NeedPages(0)        # general False: the common route declined
             except (NeedPages, TrapError) as exc:
                 if new_page_id is not None:
                     sequence.page_ids.pop()
@@ -294,6 +297,20 @@ class InstancePages:
                     return None
                 raise
             return prepared, new_page_id
+
+    def undo_decode_grow(self, sequence_id: int, page_id: int) -> None:
+        """Give back a page prepare_decode_step added for a pass whose output did not count,
+        if it is still the sequence's last (and the instance has not ended)."""
+        with self.ledger.lock:
+            try:
+                self.ledger.check_open("forward.submit-decode")
+                sequence = self.ledger.sequence("forward.submit-decode", sequence_id)
+            except TrapError:
+                return
+            if sequence.page_ids and sequence.page_ids[-1] == page_id:
+                sequence.page_ids.pop()
+                sequence.physical_ids = None
+                self.ledger.drop_local(page_id)
 
     def _decode_step_locked(self, sequence: PageSequence, token_id: int, position: int,
                             last_page_len: int, sampler: SamplerSpec) -> PreparedForward | None:

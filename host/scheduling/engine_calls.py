@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import InvalidStateError
+from operator import attrgetter
 from typing import Sequence
 
-from engine.batch import ForwardBatch
+from engine.batch import ForwardBatch, ForwardResult
 from engine.errors import RequestError
 from engine.protocol import EngineLike
 from host.scheduling.items import Item
@@ -17,39 +18,47 @@ from host.scheduling.items import Item
 __all__ = ["run_forward", "resolve"]
 
 _log = logging.getLogger("host.scheduling.scheduler")
+_request_of = attrgetter("request")
 
 
-def run_forward(engine: EngineLike, items: Sequence[Item]) -> list:
+def run_forward(engine: EngineLike, items: Sequence[Item],
+                fed_from: Sequence[ForwardResult | None] | None = None) -> list:
     """Run the passes: a result or an exception per item. A RequestError (the engine validates
     before it computes) fails the pass it names alone and the others run again without it; any
-    other exception fails them all."""
+    other exception fails them all. `fed_from`: per item, None or the result whose token is its
+    input (ForwardBatch.fed_from)."""
+    try:
+        return _forward(engine, items, fed_from)         # the common case: all run at once
+    except Exception as error:                         # noqa: BLE001 -- an outcome
+        first_error = error
     outcomes: dict[int, object] = {}
     remaining = list(range(len(items)))
-    while remaining:
+    error = first_error
+    while isinstance(error, RequestError) and 0 <= error.request_index < len(remaining):
+        outcomes[remaining.pop(error.request_index)] = error
+        if not remaining:
+            break
         try:
-            results = _forward(engine, [items[i] for i in remaining])
-        except RequestError as error:
-            if not 0 <= error.request_index < len(remaining):
-                outcomes.update((i, error) for i in remaining)
-                break
-            outcomes[remaining.pop(error.request_index)] = error
+            results = _forward(engine, [items[i] for i in remaining],
+                               None if fed_from is None else [fed_from[i] for i in remaining])
+        except Exception as next_error:                # noqa: BLE001 -- an outcome
+            error = next_error
             continue
-        except Exception as error:
-            outcomes.update((i, error) for i in remaining)
-        else:
-            if len(remaining) == len(items):            # the common case: all ran at once
-                return results
-            outcomes.update(zip(remaining, results))
-        break
+        outcomes.update(zip(remaining, results))
+        remaining = []
+    outcomes.update((i, error) for i in remaining)
     return [outcomes[i] for i in range(len(items))]
 
 
-def _forward(engine: EngineLike, items: Sequence[Item]) -> list:
+def _forward(engine: EngineLike, items: Sequence[Item],
+             fed_from: Sequence[ForwardResult | None] | None) -> list:
     """One engine call for `items`' passes: a result each (RuntimeError if the count differs)."""
-    results = engine.forward(ForwardBatch(tuple(item.request for item in items)))
+    batch = ForwardBatch(tuple(map(_request_of, items)),
+                         None if fed_from is None else tuple(fed_from))
+    results = engine.forward(batch)
     if len(results) != len(items):
         raise RuntimeError(f"engine returned {len(results)} results for {len(items)} requests")
-    return list(results)
+    return results if isinstance(results, list) else list(results)
 
 
 def resolve(item: Item, outcome: object) -> None:

@@ -18,7 +18,8 @@ class Item:
     either: `on_outcome` receives its result. `owner`: its queue key's owner (owner_of)."""
 
     __slots__ = ("queue_key", "owner", "rank", "order", "request", "copies", "future", "on_done",
-                 "on_outcome", "num_tokens", "enqueued_at", "parent", "output_slots", "outputs")
+                 "on_outcome", "num_tokens", "enqueued_at", "parent", "output_slots", "outputs",
+                 "prepare_next")
 
     def __init__(self, queue_key: Hashable, rank: int, order: int, request, copies, on_done,
                  on_wait: Callable[[SubmissionFuture], None] | None) -> None:
@@ -36,6 +37,8 @@ class Item:
         self.parent: Item | None = None       # a chunk: the item whose pass it runs part of
         self.output_slots: list[int] = []      # a chunked pass: where its outputs go ...
         self.outputs: list | None = None       # ... in the whole pass's outputs
+        # overlap (host/scheduling/overlap.py): prepares the pass after this one while it runs
+        self.prepare_next: Callable[[], object] | None = None
 
     def split(self, num_first: int, page_size: int) -> "Item":
         """Run the first `num_first` tokens as a chunk (returned); this item keeps the rest."""

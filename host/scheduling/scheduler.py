@@ -10,22 +10,9 @@ batches (engine/chunking.py; same results, its future resolves once the last chu
 run). Copies queued before a queue's head pass (kv.copy-tokens) and the copy-on-write copies of the
 chosen passes run on the engine thread, in that order, right before the batch's forward.
 
-When a batch fires -- "adaptive": as soon as the engine is idle and anything is pending, except
-right after a batch, when the next one is held until every *expected* owner has blocked again or
-ended, or until the hold bound has passed, whichever comes first. The expected owners (instances)
-are those that were blocked on one of the batch's passes when it resolved (the batch wakes them);
-one has blocked again when it waits on a pass that is not done yet (forward-future.get,
-queue.synchronize), or on a message (`owner_waiting`), and has ended when `cancel_owner` is
-called for it. The bound is min(max_hold_ms, hold_fraction x the engine time of that batch),
-counted from its end. So the decode steps of many instances (or of one instance's forks), which
-come back at slightly different times, regroup into full batches; a lone instance is held only
-until it waits again, i.e. not at all once its next pass is in. "k-or-t": when k queues have work
-or the oldest item has waited t_ms.
-
-Who runs a batch (one at a time): adaptive with run_on_waiter, the thread about to block on one of
-its passes when the batch may fire right then (no hand-off to the engine thread and back); else,
-and for what no blocked thread runs (a hold's bound, passes nobody waits on, k-or-t), the engine
-thread.
+When a batch fires and on which thread: host/scheduling/firing.py (the adaptive hold,
+run_on_waiter, k-or-t). With SchedulerPolicy.overlap the engine thread runs every batch and the
+next one's decode-loop passes are prepared while one runs (host/scheduling/overlap.py).
 
 Submitting never blocks (eager calls never wait on a batch); it returns a SubmissionFuture (a
 concurrent.futures.Future), or, for a chained pass (a host decode loop's next step), nothing: its
@@ -34,12 +21,15 @@ exception and the scheduler goes on; a RequestError fails the pass it names alon
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future
+from itertools import chain, repeat
+from operator import attrgetter
 from typing import Callable, Hashable, Sequence
 
 from engine.batch import ForwardResult, TokenCopy
@@ -48,8 +38,10 @@ from host.errors import Cancelled
 from host.scheduling.counts import BatchCounts
 from host.scheduling.engine_calls import resolve, run_forward
 from host.scheduling.fairness import FairShares
+from host.scheduling.firing import FiringRules
 from host.scheduling.forming import take_batch
 from host.scheduling.items import Item as _Item, owner_of as _owner, rank_of
+from host.scheduling.overlap import OverlapRunner
 from host.scheduling.types import PRIORITIES, SchedulerPolicy, SchedulerStats, SubmissionFuture
 from host.scheduling.wakes import DeferredWakes
 from host.scheduling.work import PreparedCopy, PreparedForward
@@ -57,9 +49,10 @@ from host.scheduling.work import PreparedCopy, PreparedForward
 __all__ = ["BatchScheduler", "SchedulerPolicy", "SchedulerStats", "SubmissionFuture", "PRIORITIES"]
 
 _log = logging.getLogger(__name__)
+_copies_of, _future_of = attrgetter("copies"), attrgetter("future")
 
 
-class BatchScheduler:
+class BatchScheduler(FiringRules):
     """Owns the engine thread. queue_key = (instance_id, local queue id); the first element is
     the owner that `cancel_owner` matches. Thread-safe."""
 
@@ -82,13 +75,15 @@ class BatchScheduler:
         self._fair = FairShares(max_lag_tokens=policy.max_batch_tokens)
         self._wakes = DeferredWakes()
         self._chained: list[_Item] = []         # submitted while a batch resolves, on its thread
+        self._overlap = OverlapRunner(self) if policy.overlap else None
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
         with self._lock:
             if self._thread is not None:
                 return
-            self._thread = threading.Thread(target=self._run_loop, name="pie-engine", daemon=True)
+            target = self._overlap.run if self._overlap is not None else self._run_loop
+            self._thread = threading.Thread(target=target, name="pie-engine", daemon=True)
             self._thread.start()
 
     def close(self) -> None:
@@ -117,11 +112,13 @@ class BatchScheduler:
         self.close()
 
     # ----------------------------------------------------------- submission
-    def submit_forward(self, queue_key: Hashable, priority: str,
-                       prepared: PreparedForward) -> Future[ForwardResult]:
-        """Queue a pass; its copy-on-write copies run right before the batch that carries it."""
+    def submit_forward(self, queue_key: Hashable, priority: str, prepared: PreparedForward,
+                       prepare_next: Callable[[], object] | None = None
+                       ) -> Future[ForwardResult]:
+        """Queue a pass; its copy-on-write copies run right before the batch that carries it.
+        `prepare_next`: as submit_chained's."""
         return self._submit(queue_key, priority, prepared.request, tuple(prepared.copies),
-                            prepared.on_done)
+                            prepared.on_done, prepare_next)
 
     def submit_copy(self, queue_key: Hashable, priority: str,
                     copies: PreparedCopy | Sequence[TokenCopy],
@@ -132,15 +129,17 @@ class BatchScheduler:
         return self._submit(queue_key, priority, None, tuple(copies), on_done)
 
     def submit_chained(self, queue_key: Hashable, priority: str, prepared: PreparedForward,
-                       on_outcome: Callable[[object], None]) -> bool:
+                       on_outcome: Callable[[object], None],
+                       prepare_next: Callable[[], object] | None = None) -> bool:
         """Queue a pass with no future (a host decode loop's next step): once it has run, failed
         or been cancelled, its on_done and then `on_outcome(ForwardResult or exception)` are
         called on the thread that resolves it. `synchronize` does not wait for it. False when
         closed: nothing queued, on_done called, on_outcome never. From a batch's resolution, on
-        its thread, it is queued with the batch's other chained passes once it has resolved."""
+        its thread, it is queued with the batch's other chained passes once it has resolved.
+        `prepare_next`: with overlap, prepares the pass after it while it runs (overlap.py)."""
         item = _Item(queue_key, rank_of(priority), 0, prepared.request, tuple(prepared.copies),
                      prepared.on_done, None)
-        item.on_outcome = on_outcome
+        item.on_outcome, item.prepare_next = on_outcome, prepare_next
         if self._wakes.resolving_here():
             with self._lock:                     # cancel_owner drops them from here too
                 self._chained.append(item)
@@ -151,9 +150,11 @@ class BatchScheduler:
         resolve(item, None)
         return False
 
-    def _submit(self, queue_key, priority, request, copies, on_done) -> Future:
+    def _submit(self, queue_key, priority, request, copies, on_done,
+                prepare_next=None) -> Future:
         item = _Item(queue_key, rank_of(priority), 0, request, copies, on_done,
                      self._wait_started)
+        item.prepare_next = prepare_next
         if not self._enqueue([item]):
             self._finish([item], [Cancelled("scheduler closed: submission refused")])
         return item.future
@@ -203,6 +204,8 @@ class BatchScheduler:
             self._chained = [item for item in self._chained if item.owner != owner_id]
             self._counts.num_cancelled += len(items)
             self._fair.forget(owner_id)
+            if self._overlap is not None:
+                self._overlap.cancel_owner(owner_id)
         self.owner_waiting(owner_id)                       # an ended owner is not waited for
         error = Cancelled(f"instance {owner_id} terminated: pending submission cancelled")
         self._finish(items, [error] * len(items))
@@ -218,15 +221,6 @@ class BatchScheduler:
         """Share batches fairly between groups (tenants) first, then between their owners."""
         with self._lock:
             self._fair.set_group(owner_id, group)
-
-    def owner_waiting(self, owner_id: Hashable) -> None:
-        """`owner_id` is about to block (on a pass, a synchronize, a receive) or has ended: the
-        hold after the last batch no longer waits for it."""
-        with self._lock:
-            if owner_id in self._expected:
-                self._expected.discard(owner_id)
-                if not self._expected:
-                    self._cond.notify()
 
     def statistics(self) -> SchedulerStats:
         with self._lock:
@@ -257,82 +251,29 @@ class BatchScheduler:
             if not next_is_due:                            # else the next batch runs them
                 self._wakes.run()
 
-    def _wait_started(self, future: SubmissionFuture) -> None:
-        """`future`'s owner is about to block on it (`SubmissionFuture.wait_started`): run every
-        batch the adaptive policy fires now on this thread, while `future` is pending and no
-        batch runs elsewhere; else (as `owner_waiting`) let the engine thread fire or time it."""
-        while not future.done():
-            with self._lock:
-                self._expected.discard(future.owner)
-                if (self._running or self._closed or self._expected or not self._num_pending
-                        or self.policy.kind != "adaptive" or not self.policy.run_on_waiter):
-                    if not self._expected or self._engine_idle:
-                        self._cond.notify()           # it fires, or times the hold
-                    return
-                self._running = True
-                copy_items, forward_items = self._take_batch()
-            self._run_taken(copy_items, forward_items)
-
-    def _wait_idle(self) -> None:
-        """Under the lock, on the engine thread: wait with no timer until notified."""
-        self._engine_idle = True
-        self._cond.wait()
-        self._engine_idle = False
-
-    def _wait_for_batch(self) -> bool:
-        """Under the lock: wait until the policy fires. False when closed."""
-        while not self._closed:
-            if self._running:                             # a waiting thread runs one
-                self._wait_idle()
-                continue
-            if self._expected:                            # adaptive: holding after a batch
-                wait_s = self._hold_until - time.monotonic()
-                if wait_s > 0:
-                    self._cond.wait(wait_s)
-                    continue
-                self._counts.num_hold_timeouts += 1
-                self._expected.clear()
-            if not self._num_pending:
-                self._wait_idle()
-                continue
-            if self.policy.kind == "adaptive":
-                return True
-            wait_s = self._k_or_t_wait_s()
-            if wait_s <= 0:
-                return True
-            self._cond.wait(wait_s)
-        return False
-
-    def _k_or_t_wait_s(self) -> float:
-        if len(self._queues) >= self.policy.k:
-            return 0.0
-        oldest = min(queue[0].enqueued_at for queue in self._queues.values())
-        return oldest + self.policy.t_ms / 1000 - time.monotonic()
-
-    def _expect(self, forward_items: list[_Item], engine_s: float) -> None:
-        """Under the lock, right before the batch's futures resolve: hold the next batch for the
-        owners blocked on one of them."""
-        if self.policy.kind != "adaptive":
-            return
-        bound_s = min(self.policy.max_hold_ms / 1000, self.policy.hold_fraction * engine_s)
-        self._expected = {_owner(item.queue_key) for item in forward_items
-                          if item.future is not None and item.future.awaited} \
-            if bound_s > 0 else set()
-        self._hold_until = time.monotonic() + bound_s
-        self._counts.num_holds += bool(self._expected)
-
-    def _take_batch(self) -> tuple[list[_Item], list[_Item]]:
-        """Under the lock: apply the rule (host/scheduling/forming.py). Returns (copy items,
-        forward items) in run order."""
-        copy_items, forward_items = take_batch(self._queues, self._fair, self.policy,
+    def _take_batch(self, num_taken: int = 0) -> tuple[list[_Item], list[_Item]]:
+        """Under the lock: apply the rule (host/scheduling/forming.py), in the batch's tokens
+        left after `num_taken`. Returns (copy items, forward items) in run order."""
+        policy = self.policy
+        if num_taken:
+            policy = dataclasses.replace(policy,
+                                         max_batch_tokens=policy.max_batch_tokens - num_taken)
+        copy_items, forward_items = take_batch(self._queues, self._fair, policy,
                                                self.engine.page_size)
         self._num_pending -= len(copy_items) + sum(item.parent is None for item in forward_items)
         return copy_items, forward_items
 
     def _run_batch(self, copy_items: list[_Item], forward_items: list[_Item]) -> None:
-        items = copy_items + forward_items
-        copies = [copy for item in items for copy in item.copies]
         self._wakes.run()                                  # the last batch's, deferred
+        outcomes = self._run_engine(copy_items, forward_items)
+        self._resolve(copy_items + forward_items, outcomes)
+
+    def _run_engine(self, copy_items: list[_Item], forward_items: list[_Item],
+                    fed_from: tuple | None = None) -> list:
+        """Run a batch's copies, then its passes (`fed_from`: as run_forward's), and record it:
+        an outcome per item (a copy item's None; an exception for a failed one)."""
+        items = copy_items + forward_items
+        copies = list(chain.from_iterable(map(_copies_of, items)))
         started = time.monotonic()
         try:
             if copies:
@@ -340,9 +281,16 @@ class BatchScheduler:
         except Exception as error:                     # the batch fails, the scheduler goes on
             outcomes: list = [error] * len(items)
         else:
-            outcomes = [None] * len(copy_items) + run_forward(self.engine, forward_items)
-        failed = any(isinstance(outcome, BaseException) for outcome in outcomes)
+            outcomes = run_forward(self.engine, forward_items, fed_from)
+            if copy_items:
+                outcomes = [None] * len(copy_items) + outcomes
+        failed = any(map(isinstance, outcomes, repeat(BaseException)))
         self._record(copy_items, forward_items, failed, time.monotonic() - started)
+        return outcomes
+
+    def _resolve(self, items: list[_Item], outcomes: list) -> None:
+        """End a batch's items (on this thread: the chained passes they submit are queued at
+        the end, the wakes they ask for deferred)."""
         self._wakes.start_resolving()
         try:
             self._finish(items, outcomes)
@@ -359,7 +307,7 @@ class BatchScheduler:
 
     def _forget(self, items: list[_Item]) -> None:
         """Drop the synchronize entries that these (now resolved) items were the last of."""
-        if all(item.future is None for item in items):     # chained passes and chunks
+        if not any(map(_future_of, items)):               # chained passes and chunks
             return
         with self._lock:
             for item in items:

@@ -20,7 +20,10 @@ class SchedulerPolicy:
     max_tokens_per_owner: when more than one
     owner has work, the most input tokens one owner puts into a batch (a longer pass is run in
     chunks of at most that many, engine/chunking.py), so another owner's decode step
-    waits at most one batch of max_batch_tokens, and no owner fills it alone."""
+    waits at most one batch of max_batch_tokens, and no owner fills it alone.
+    overlap: the host resolves a batch and prepares the next one's decode-loop passes while the
+    engine runs (host/scheduling/overlap.py; batches then always run on the engine thread).
+    None: the Runtime's choice for its engine (on for a GPU, off on a CPU: runtime.py)."""
 
     kind: str = "adaptive"
     max_batch_tokens: int = 4096
@@ -30,6 +33,7 @@ class SchedulerPolicy:
     hold_fraction: float = 0.25
     max_tokens_per_owner: int = 512
     run_on_waiter: bool = True
+    overlap: bool | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens_per_owner <= 0:
@@ -47,6 +51,9 @@ class SchedulerPolicy:
             raise ValueError(f"SchedulerPolicy.t_ms must be >= 0, got {self.t_ms}")
         if self.max_hold_ms < 0:
             raise ValueError(f"SchedulerPolicy.max_hold_ms must be >= 0, got {self.max_hold_ms}")
+        if self.overlap is not None and not isinstance(self.overlap, bool):
+            raise ValueError(f"SchedulerPolicy.overlap must be a bool or None, "
+                             f"got {self.overlap!r}")
         if not isinstance(self.run_on_waiter, bool):
             raise ValueError(f"SchedulerPolicy.run_on_waiter must be a bool, "
                              f"got {self.run_on_waiter!r}")

@@ -117,6 +117,7 @@ class SchedulerSection:
     t_ms: float = 5.0          # ... or after t milliseconds
     max_hold_ms: float = 10.0  # adaptive: longest hold after a batch (0 = fire at once)
     max_tokens_per_owner: int = 512   # one instance's input tokens per batch while others wait
+    overlap: bool | None = None       # overlapped batches; unset: on for a GPU engine, off on a CPU
 
     def __post_init__(self) -> None:
         if self.policy not in ("adaptive", "k-or-t"):

@@ -52,7 +52,8 @@ def build_runtime(config: ServerConfig, engine: Any) -> Any:
     policy = SchedulerPolicy(kind=config.scheduler.policy, k=config.scheduler.k,
                              t_ms=config.scheduler.t_ms, max_hold_ms=config.scheduler.max_hold_ms,
                              max_batch_tokens=config.engine.max_batch_tokens,
-                             max_tokens_per_owner=config.scheduler.max_tokens_per_owner)
+                             max_tokens_per_owner=config.scheduler.max_tokens_per_owner,
+                             overlap=config.scheduler.overlap)
     limits = InstanceLimits(memory_mb=config.limits.memory_mb, max_idle_s=config.limits.max_idle_s)
     shares = resolve_kv_shares(config.tenants, engine.num_pages)
     return Runtime(engine, RuntimeConfig(scheduler=policy, limits=limits, kv_shares=shares,

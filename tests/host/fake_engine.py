@@ -138,6 +138,7 @@ class FakeEngine:
                               + sum(c.num_tokens for c in copies))
 
     def forward(self, batch: ForwardBatch) -> list[ForwardResult]:
+        batch = batch.with_fed_tokens()
         for index, request in enumerate(batch.requests):
             self._check_request(index, request)
         if self.batch_delay_s:

@@ -3,7 +3,9 @@
 The fake engine's outputs are a function of the tokens a position attends to, so the expected
 tokens are `fake_next_token` applied step by step; its pages record which token sits in each slot,
 so the KV layout after a loop (the prompt and every output but the last, the pages the loop
-added appended in order) is checked slot by slot.
+added appended in order) is checked slot by slot. Every test runs without and with overlapped
+batches (SchedulerPolicy.overlap: each loop's next pass prepared while its pass runs, its token
+fed by the engine); the outputs, pages and KV are the same.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from host.bindings.samplers import sampler_spec
 from host.errors import TrapError
 from host.kv import ExportRegistry, InstancePages, PageAllocator
 from host.sandbox.tables import InstanceTables
-from host.scheduling.scheduler import BatchScheduler
+from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy
 from tests.host.fake_engine import FakeEngine, fake_next_token
 
 PAGE_SIZE = 4
@@ -47,14 +49,15 @@ class Setup:
     `start`), with a sequence holding `prompt`'s slots."""
 
     def __init__(self, prompt: list[int], num_pool_pages: int = 32,
-                 page_quota: int | None = None) -> None:
+                 page_quota: int | None = None, overlap: bool = False) -> None:
         self.engine = FakeEngine(num_pages=num_pool_pages, page_size=PAGE_SIZE)
         self.pool = PageAllocator(num_pool_pages)
         self.pages = InstancePages(self.pool, ExportRegistry(self.pool), instance_id="a",
                                    tenant="t", page_quota=page_quota or num_pool_pages,
                                    page_size=PAGE_SIZE,
                                    vocab_size=self.engine.model_config.vocab_size)
-        self.scheduler = BatchScheduler(self.engine)
+        self.overlap = overlap
+        self.scheduler = BatchScheduler(self.engine, SchedulerPolicy(overlap=overlap))
         self.tables = InstanceTables(self.pages)
         self.queue_id = self.tables.queues.create("normal")
         self.ctx = SimpleNamespace(
@@ -109,12 +112,12 @@ def _expected(prompt: list[int], num_tokens: int) -> list[int]:
     return tokens
 
 
-@pytest.fixture
-def setups():
+@pytest.fixture(params=[False, True], ids=["no-overlap", "overlap"])
+def setups(request):
     made: list[Setup] = []
 
     def make(prompt: list[int], **kwargs) -> Setup:
-        made.append(Setup(prompt, **kwargs))
+        made.append(Setup(prompt, overlap=request.param, **kwargs))
         return made[-1]
     yield make
     for setup in made:
@@ -144,7 +147,26 @@ def test_a_stop_token_ends_the_loop_after_it(setups) -> None:
     index = next(i for i in range(2, 12) if expected[i] not in expected[:i])
     rep = setup.submit(12, stop_token_ids=[expected[index]])
     assert setup.read_all(rep) == expected[:index + 1]
-    assert setup.engine.statistics().num_requests == index + 1
+    # with overlap, the pass after the stop token was prepared (and run) before it was known
+    assert setup.engine.statistics().num_requests == index + 1 + setup.overlap
+
+
+def test_a_page_taken_by_a_pass_ahead_of_the_end_is_given_back(setups) -> None:
+    """The stop token's pass fills its page: the pass prepared after it (overlap) took a new
+    page, which the loop gives back; the sequence ends as without overlap."""
+    setup = setups([20, 21, 22])
+    setup.start()
+    expected = _expected(setup.prompt, 14)
+    index = next(i for i in range(1, 14)
+                 if (len(setup.prompt) + i) % PAGE_SIZE == 0 and expected[i] not in expected[:i])
+    rep = setup.submit(14, stop_token_ids=[expected[index]])
+    assert setup.read_all(rep) == expected[:index + 1]
+    kv_len = len(setup.prompt) + index                  # the stop token's slot is not written
+    added = decoding.added_pages(setup.ctx, None, rep)
+    assert len(setup.prompt_page_ids) + len(added) == -(-kv_len // PAGE_SIZE)
+    assert setup.pages.sequence_pages(setup.sequence_id) == setup.prompt_page_ids + added
+    assert setup.slots(setup.prompt_page_ids + added)[:kv_len] == setup.prompt + expected[:index]
+    assert setup.pool.num_pages - setup.pool.num_free() == len(setup.prompt_page_ids) + len(added)
 
 
 def test_the_loop_ends_quietly_at_the_quota(setups) -> None:
@@ -202,6 +224,7 @@ def test_a_sequence_destroyed_while_the_loop_runs_traps_at_next(setups) -> None:
 ])
 def test_bad_arguments_trap_and_queue_nothing(setups, field, kwargs, message) -> None:
     setup = setups([1, 2])
+    kwargs = dict(kwargs)
     max_tokens = kwargs.pop("max_tokens", 4)
     with pytest.raises(TrapError, match=message):
         setup.submit(max_tokens, **kwargs)

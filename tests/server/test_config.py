@@ -26,6 +26,8 @@ TENANT = {"name": "a", "token": "t"}
     ({"tenants": [TENANT], "scheduler": {"policy": "fifo"}}, "scheduler.policy must be"),
     ({"tenants": [TENANT], "scheduler": {"max_hold_ms": -1}}, "scheduler.max_hold_ms must be >= 0, got -1"),
     ({"tenants": [TENANT], "server": {"port": 70000}}, "server.port must be in 0..65535"),
+    ({"tenants": [TENANT], "scheduler": {"overlap": 1}},
+     "expected bool, got int 1 @ pie.toml.scheduler.overlap"),
     ({"tenants": [{**TENANT, "prefix_cache_pages": -1}]},
      "prefix_cache_pages must be in 0..4096 (max_kv_pages), got -1"),
     ({"tenants": [{**TENANT, "max_kv_pages": 64, "prefix_cache_pages": 65}]},
@@ -95,3 +97,16 @@ def test_the_engine_section_reaches_the_loaded_engine() -> None:
     engine = load_engine_for(config)
     assert (engine.num_pages, engine.page_size, engine.max_pass_tokens) == (48, 8, 100)
     assert engine.kv_cache.dtype == torch.float32
+
+
+def test_scheduler_overlap_is_the_engines_choice_unless_set() -> None:
+    from host.server.setup import build_runtime
+    from tests.host.fake_engine import FakeEngine
+
+    for scheduler, overlap in (({}, False), ({"overlap": True}, True), ({"overlap": False}, False)):
+        config = parse_config({"tenants": [TENANT], "scheduler": scheduler})
+        runtime = build_runtime(config, FakeEngine(num_pages=16, page_size=4))
+        try:
+            assert runtime.scheduler.policy.overlap is overlap
+        finally:
+            runtime.close()
