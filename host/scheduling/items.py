@@ -40,6 +40,19 @@ class Item:
         # overlap (host/scheduling/overlap.py): prepares the pass after this one while it runs
         self.prepare_next: Callable[[], object] | None = None
 
+    def following(self, request, on_done: Callable[[], None] | None,
+                  on_outcome: Callable[[object], None]) -> "Item":
+        """The item of a one-token pass prepared ahead of this one on its queue (overlap.py):
+        no future, no copies; its order is set when it is charged."""
+        item = Item.__new__(Item)
+        item.queue_key, item.owner, item.rank, item.order = (self.queue_key, self.owner,
+                                                              self.rank, 0)
+        item.request, item.copies, item.future, item.on_done = request, (), None, on_done
+        item.on_outcome, item.num_tokens, item.enqueued_at = on_outcome, 1, self.enqueued_at
+        item.parent, item.output_slots, item.outputs = None, [], None
+        item.prepare_next = self.prepare_next
+        return item
+
     def split(self, num_first: int, page_size: int) -> "Item":
         """Run the first `num_first` tokens as a chunk (returned); this item keeps the rest."""
         if self.outputs is None:

@@ -200,10 +200,7 @@ class OverlapRunner:
         if next_pass is None:
             return None
         prepared, on_outcome = next_pass
-        item = Item(source.queue_key, source.rank, 0, prepared.request, (), prepared.on_done,
-                    None)
-        item.on_outcome, item.prepare_next = on_outcome, source.prepare_next
-        return item
+        return source.following(prepared.request, prepared.on_done, on_outcome)
 
     def _resolve(self, resolution: Resolution) -> None:
         """Resolve the batch in the box, if any (emptying it: its objects are freed here)."""
