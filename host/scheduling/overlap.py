@@ -69,6 +69,9 @@ class OverlapRunner:
                     taken = self._take(ahead, fed_from)
                     if taken is None:
                         break
+                    if not taken[0] and not taken[1]:     # what was ahead was dropped
+                        ahead, fed_from = [], ()
+                        continue
                     try:
                         ahead, fed_from, unresolved = self._run_one(helper, *taken, unresolved)
                     except Exception:                     # never let the engine thread die
@@ -90,28 +93,22 @@ class OverlapRunner:
         s = self._scheduler
         dropped: list[Item] = []
         with s._lock:
+            s._running = bool(ahead)
             if ahead:
-                s._running = True
                 s._wait_hold()
-                if self._cancelled_owners:
-                    kept = [i for i, item in enumerate(ahead)
-                            if item.owner not in self._cancelled_owners]
-                    dropped = [item for item in ahead if item.owner in self._cancelled_owners]
-                    ahead, fed_from = [ahead[i] for i in kept], tuple(fed_from[i] for i in kept)
-            else:
-                s._running = False
-                if not s._wait_for_batch():
-                    return None
-                s._running = True
-            self._cancelled_owners.clear()
+            elif not s._wait_for_batch():
+                return None                       # closed
             if s._closed:
-                ahead, dropped = [], dropped + ahead
-                taken = None
-            else:
-                taken = self._take_queued(len(ahead))
+                return None                       # run() drops what is ahead
+            s._running = True
+            if self._cancelled_owners and ahead:
+                kept = [i for i, item in enumerate(ahead)
+                        if item.owner not in self._cancelled_owners]
+                dropped = [item for item in ahead if item.owner in self._cancelled_owners]
+                ahead, fed_from = [ahead[i] for i in kept], tuple(fed_from[i] for i in kept)
+            self._cancelled_owners.clear()
+            taken = self._take_queued(len(ahead))
         self._drop(dropped, "instance terminated: pass prepared ahead not run")
-        if taken is None:
-            return None
         copy_items, forward_items = taken
         if not ahead:
             return copy_items, forward_items, None

@@ -45,7 +45,7 @@ class ToyLoop:
         self.scheduler, self.owner, self.page_id = scheduler, owner, page_id
         self.kv_len, self.num_left = len(prompt), num_steps
         self.outcomes: list[object] = []
-        self.done_calls = 0
+        self.done_calls = self.num_prepared = 0
         self.finished = threading.Event()
         scheduler.submit_forward((owner, 0), "normal", self._pass(prompt),
                                  self.prepare_next).add_done_callback(
@@ -62,6 +62,7 @@ class ToyLoop:
         if self.num_left <= 1:
             return None
         self.num_left -= 1
+        self.num_prepared += 1
         self.kv_len += 1
         return self._pass([0]), self.on_outcome
 
@@ -142,6 +143,24 @@ def test_cancel_owner_drops_its_passes_prepared_ahead() -> None:
     assert [isinstance(outcome, Cancelled) for outcome in loops[0].outcomes] == [True, False]
     assert all(len(batch.requests) == 1 for batch in engine.given[1:])   # owner1's alone
     assert loops[0].done_calls == 2
+
+
+def test_closing_ends_every_pass_once_the_one_running_the_one_ahead_and_the_queued() -> None:
+    engine = RecordingEngine(batch_delay_s=0.02)
+    scheduler = BatchScheduler(engine, OVERLAP)
+    loops = _loops(scheduler, [[3], [8]], 3)
+    scheduler.start()
+    deadline = time.monotonic() + 10
+    while not engine.given:
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    scheduler.close()                                 # while the first batch runs
+    for loop in loops:
+        assert loop.num_prepared == 1
+        assert loop.done_calls == 2                   # each pass's pin released once
+        assert len(loop.outcomes) == 2
+        assert isinstance(loop.outcomes[-1], Cancelled)   # the pass ahead did not run
+    assert len(engine.given) == 1
 
 
 def test_a_queue_with_work_queued_gets_no_pass_prepared_ahead() -> None:
