@@ -181,7 +181,7 @@ class ForwardBatch:
         if self.fed_from is None:
             return self
         requests = tuple(request if source is None
-                         else replace(request, token_ids=(fed_token_id(source),))
+                         else replace(request, token_ids=(output_token_id(source),))
                          for request, source in zip(self.requests, self.fed_from))
         return ForwardBatch(requests)
 
@@ -245,8 +245,8 @@ class TokenCopy:
     num_tokens: int
 
 
-def fed_token_id(result: "ForwardResult") -> int:
-    """The token a one-output pass produced (an int, or a TokenLogprobs' token), fed to the pass
-    after it."""
+def output_token_id(result: "ForwardResult") -> int:
+    """The token a one-output pass sampled (an int, or a TokenLogprobs' token): what a decode
+    loop keeps and feeds to its next pass."""
     output = result.outputs[0]
     return output if isinstance(output, int) else output.token_id

@@ -24,7 +24,7 @@ from typing import Any, Callable, Hashable
 
 from wasmtime.component import Record
 
-from engine.batch import ForwardResult, SamplerSpec
+from engine.batch import ForwardResult, SamplerSpec, output_token_id
 from engine.paging import kv_len as paged_kv_len
 from host.bindings.context import BindingContext
 from host.bindings.samplers import lower_sampled, sampler_spec
@@ -167,8 +167,7 @@ class DecodeLoop:
         if not isinstance(outcome, ForwardResult):
             self._end(error=f"engine failed the batch: {outcome}")
             return
-        output = outcome.outputs[0]
-        token_id = output if isinstance(output, int) else output.token_id
+        output, token_id = outcome.outputs[0], output_token_id(outcome)
         with self._lock:
             self._num_in_flight -= 1
             waiter = None

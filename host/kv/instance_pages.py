@@ -286,31 +286,30 @@ class InstancePages:
                             or general and self._prepare_forward_locked(
                                 call, sequence_id, (token_id,), (position,), last_page_len, (0,),
                                 (sampler,), None))
-                if not prepared:
-                    raise NeedPages(0)        # general False: the common route declined
-            except (NeedPages, TrapError) as exc:
-                if new_page_id is not None:
-                    sequence.page_ids.pop()
-                    sequence.physical_ids = None
-                    self.ledger.drop_local(new_page_id)
-                if isinstance(exc, NeedPages):
-                    return None
+            except NeedPages:
+                prepared = None
+            except TrapError:
+                self._drop_last_page_locked(sequence, new_page_id)
                 raise
+            if not prepared:             # short of pages, or (general False) the route declined
+                self._drop_last_page_locked(sequence, new_page_id)
+                return None
             return prepared, new_page_id
 
     def undo_decode_grow(self, sequence_id: int, page_id: int) -> None:
         """Give back a page prepare_decode_step added for a pass whose output did not count,
         if it is still the sequence's last (and the instance has not ended)."""
         with self.ledger.lock:
-            try:
-                self.ledger.check_open("forward.submit-decode")
-                sequence = self.ledger.sequence("forward.submit-decode", sequence_id)
-            except TrapError:
-                return
-            if sequence.page_ids and sequence.page_ids[-1] == page_id:
-                sequence.page_ids.pop()
-                sequence.physical_ids = None
-                self.ledger.drop_local(page_id)
+            sequence = self.ledger.sequences.get(sequence_id)   # None: destroyed, or ended
+            if sequence is not None:
+                self._drop_last_page_locked(sequence, page_id)
+
+    def _drop_last_page_locked(self, sequence: PageSequence, page_id: int | None) -> None:
+        """`page_id` (None: nothing) off the sequence's end if it is still there, and released."""
+        if page_id is not None and sequence.page_ids and sequence.page_ids[-1] == page_id:
+            sequence.page_ids.pop()
+            sequence.physical_ids = None
+            self.ledger.drop_local(page_id)
 
     def _decode_step_locked(self, sequence: PageSequence, token_id: int, position: int,
                             last_page_len: int, sampler: SamplerSpec) -> PreparedForward | None:

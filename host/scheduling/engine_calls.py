@@ -29,11 +29,10 @@ def run_forward(engine: EngineLike, items: Sequence[Item],
     input (ForwardBatch.fed_from)."""
     try:
         return _forward(engine, items, fed_from)         # the common case: all run at once
-    except Exception as error:                         # noqa: BLE001 -- an outcome
-        first_error = error
+    except Exception as exc:                           # noqa: BLE001 -- an outcome
+        error = exc
     outcomes: dict[int, object] = {}
     remaining = list(range(len(items)))
-    error = first_error
     while isinstance(error, RequestError) and 0 <= error.request_index < len(remaining):
         outcomes[remaining.pop(error.request_index)] = error
         if not remaining:

@@ -27,16 +27,18 @@ __all__ = ["take_batch"]
 Queues = dict[Hashable, deque[Item]]
 
 
-def take_batch(queues: Queues, fair: FairShares, policy: SchedulerPolicy,
-               page_size: int) -> tuple[list[Item], list[Item]]:
-    """(copy items, forward items) of the next batch, in run order."""
+def take_batch(queues: Queues, fair: FairShares, policy: SchedulerPolicy, page_size: int,
+               max_tokens: int | None = None) -> tuple[list[Item], list[Item]]:
+    """(copy items, forward items) of the next batch, in run order; `max_tokens`: the batch's
+    tokens (default policy.max_batch_tokens)."""
+    if max_tokens is None:
+        max_tokens = policy.max_batch_tokens
     owners = {queue[0].owner for queue in queues.values()}   # a queue holds one owner's items
     fair.settle(owners)
     contended = len(owners) > 1
-    if _every_head_fits(queues, policy, contended):
+    if _every_head_fits(queues, policy, contended, max_tokens):
         return _take_every_head(queues, fair)
-    return _take_by_heap(queues, fair, policy, page_size,
-                         Taken(policy.max_batch_tokens, contended))
+    return _take_by_heap(queues, fair, policy, page_size, Taken(max_tokens, contended))
 
 
 def _head_key(fair: FairShares, queue: deque[Item]) -> tuple:
@@ -44,7 +46,8 @@ def _head_key(fair: FairShares, queue: deque[Item]) -> tuple:
     return (*fair.key(head.owner), head.rank, head.order)
 
 
-def _every_head_fits(queues: Queues, policy: SchedulerPolicy, contended: bool) -> bool:
+def _every_head_fits(queues: Queues, policy: SchedulerPolicy, contended: bool,
+                     max_tokens: int) -> bool:
     """Whether every queue's head pass goes in whole: their tokens fit the batch and, with more
     than one owner, each owner's fit max_tokens_per_owner."""
     num_tokens = 0
@@ -54,7 +57,7 @@ def _every_head_fits(queues: Queues, policy: SchedulerPolicy, contended: bool) -
         if head is not None:
             num_tokens += head.num_tokens
             per_owner[head.owner] = per_owner.get(head.owner, 0) + head.num_tokens
-    if num_tokens > policy.max_batch_tokens:
+    if num_tokens > max_tokens:
         return False
     return not contended or max(per_owner.values(), default=0) <= policy.max_tokens_per_owner
 

@@ -14,9 +14,10 @@ can prepare its next pass only once it has the token. With it, on the engine thr
 3. the helper resolves N while N+1 runs.
 
 A pass prepared ahead runs even when its loop ends at its predecessor (a stop token, stop());
-its output is dropped (one wasted pass per loop). A loop prepares ahead only when that pass
-surely follows and needs no new page and no copy, and only on a queue with nothing else queued
-(the queue's order holds); else it chains its next pass at resolution, one batch later. A batch
+its output is dropped (one wasted pass per loop) and a page it took is given back. A loop
+prepares ahead only when that pass surely follows and takes the common decode route (no copy,
+no mask), and only on a queue with nothing else queued (the queue's order holds); else it
+chains its next pass at resolution, one batch later. A batch
 that carries a pass some guest is blocked on (an awaited future) is resolved at once on the
 engine thread and the next one held as the adaptive policy holds it, the passes prepared ahead
 with it, so that guests stepping one pass at a time are not a batch behind. Passes prepared

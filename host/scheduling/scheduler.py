@@ -21,14 +21,12 @@ exception and the scheduler goes on; a RequestError fails the pass it names alon
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from itertools import chain, repeat
 from operator import attrgetter
 from typing import Callable, Hashable, Sequence
 
@@ -254,12 +252,9 @@ class BatchScheduler(FiringRules):
     def _take_batch(self, num_taken: int = 0) -> tuple[list[_Item], list[_Item]]:
         """Under the lock: apply the rule (host/scheduling/forming.py), in the batch's tokens
         left after `num_taken`. Returns (copy items, forward items) in run order."""
-        policy = self.policy
-        if num_taken:
-            policy = dataclasses.replace(policy,
-                                         max_batch_tokens=policy.max_batch_tokens - num_taken)
-        copy_items, forward_items = take_batch(self._queues, self._fair, policy,
-                                               self.engine.page_size)
+        copy_items, forward_items = take_batch(self._queues, self._fair, self.policy,
+                                               self.engine.page_size,
+                                               self.policy.max_batch_tokens - num_taken)
         self._num_pending -= len(copy_items) + sum(item.parent is None for item in forward_items)
         return copy_items, forward_items
 
@@ -273,7 +268,7 @@ class BatchScheduler(FiringRules):
         """Run a batch's copies, then its passes (`fed_from`: as run_forward's), and record it:
         an outcome per item (a copy item's None; an exception for a failed one)."""
         items = copy_items + forward_items
-        copies = list(chain.from_iterable(map(_copies_of, items)))
+        copies = list(itertools.chain.from_iterable(map(_copies_of, items)))
         started = time.monotonic()
         try:
             if copies:
@@ -284,7 +279,7 @@ class BatchScheduler(FiringRules):
             outcomes = run_forward(self.engine, forward_items, fed_from)
             if copy_items:
                 outcomes = [None] * len(copy_items) + outcomes
-        failed = any(map(isinstance, outcomes, repeat(BaseException)))
+        failed = any(map(isinstance, outcomes, itertools.repeat(BaseException)))
         self._record(copy_items, forward_items, failed, time.monotonic() - started)
         return outcomes
 

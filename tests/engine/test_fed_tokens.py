@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.batch import (GREEDY, ForwardBatch, ForwardRequest, ForwardResult, SamplerSpec,
-                          TokenLogprobs, fed_token_id)
+                          TokenLogprobs, output_token_id)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -30,7 +30,7 @@ def _two_steps(engine, feed: bool) -> list[ForwardResult]:
     page_ids = [(0, 1), (2,)]
     first = engine.forward(ForwardBatch(tuple(_prompt_pass(prompt, pages)
                                               for prompt, pages in zip(PROMPTS, page_ids))))
-    placeholder = [0 if feed else fed_token_id(result) for result in first]
+    placeholder = [0 if feed else output_token_id(result) for result in first]
     second = engine.forward(ForwardBatch(
         tuple(_decode_pass(token, len(prompt), pages)
               for token, prompt, pages in zip(placeholder, PROMPTS, page_ids)),

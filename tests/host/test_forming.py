@@ -58,7 +58,8 @@ def _taken(queues, fair, policy, path):
 def test_the_sort_takes_what_the_heap_takes_whenever_every_head_fits(seed) -> None:
     policy = SchedulerPolicy(max_batch_tokens=400, max_tokens_per_owner=30)   # <= 12 x 3 x 9
     queues, fair = _state(seed, policy.max_batch_tokens)
-    assert forming._every_head_fits(queues, policy, len({key[0] for key in queues}) > 1)
+    assert forming._every_head_fits(queues, policy, len({key[0] for key in queues}) > 1,
+                                     policy.max_batch_tokens)
     twin_queues = {key: deque(queue) for key, queue in queues.items()}
     twin_fair = FairShares(policy.max_batch_tokens)
     twin_fair.__dict__.update({k: dict(v) for k, v in fair.__dict__.items()
@@ -70,7 +71,7 @@ def test_a_batch_that_does_not_fit_goes_through_the_heap(monkeypatch) -> None:
     policy = SchedulerPolicy(max_batch_tokens=8)
     queues = {(f"i{k}", 0): deque([Item((f"i{k}", 0), 1, k, request(k, 3, (k,)), (), None,
                                         None)]) for k in range(4)}
-    assert not forming._every_head_fits(queues, policy, True)
+    assert not forming._every_head_fits(queues, policy, True, policy.max_batch_tokens)
     called = []
     original = forming._take_by_heap
     monkeypatch.setattr(forming, "_take_by_heap", lambda *args: called.append(1) or
