@@ -15,22 +15,29 @@ from engine.errors import RequestError
 from engine.protocol import EngineLike
 from host.scheduling.items import Item
 
-__all__ = ["run_forward", "resolve"]
+__all__ = ["run_forward", "forward_after_error", "check_results", "resolve"]
 
 _log = logging.getLogger("host.scheduling.scheduler")
 _request_of = attrgetter("request")
 
 
 def run_forward(engine: EngineLike, items: Sequence[Item],
-                fed_from: Sequence[ForwardResult | None] | None = None) -> list:
+                fed_from: Sequence[ForwardResult | None] | None = None,
+                requests: tuple | None = None) -> list:
     """Run the passes: a result or an exception per item. A RequestError (the engine validates
     before it computes) fails the pass it names alone and the others run again without it; any
     other exception fails them all. `fed_from`: per item, None or the result whose token is its
-    input (ForwardBatch.fed_from)."""
-    try:
-        return _forward(engine, items, fed_from)         # the common case: all run at once
-    except Exception as exc:                           # noqa: BLE001 -- an outcome
-        error = exc
+    input (ForwardBatch.fed_from). `requests`: the items' requests, when already gathered."""
+    try:                                               # the common case: all run at once
+        return _forward(engine, items, fed_from, requests)
+    except Exception as error:                         # noqa: BLE001 -- an outcome
+        return forward_after_error(engine, items, fed_from, error)
+
+
+def forward_after_error(engine: EngineLike, items: Sequence[Item],
+                        fed_from: Sequence[ForwardResult | None] | None,
+                        error: Exception) -> list:
+    """run_forward's outcomes once the engine raised `error` for all of `items`."""
     outcomes: dict[int, object] = {}
     remaining = list(range(len(items)))
     while isinstance(error, RequestError) and 0 <= error.request_index < len(remaining):
@@ -50,13 +57,18 @@ def run_forward(engine: EngineLike, items: Sequence[Item],
 
 
 def _forward(engine: EngineLike, items: Sequence[Item],
-             fed_from: Sequence[ForwardResult | None] | None) -> list:
+             fed_from: Sequence[ForwardResult | None] | None, requests: tuple | None = None
+             ) -> list:
     """One engine call for `items`' passes: a result each (RuntimeError if the count differs)."""
-    batch = ForwardBatch(tuple(map(_request_of, items)),
+    batch = ForwardBatch(tuple(map(_request_of, items)) if requests is None else requests,
                          None if fed_from is None else tuple(fed_from))
-    results = engine.forward(batch)
-    if len(results) != len(items):
-        raise RuntimeError(f"engine returned {len(results)} results for {len(items)} requests")
+    return check_results(engine.forward(batch), len(items))
+
+
+def check_results(results: Sequence[ForwardResult], num_requests: int) -> list:
+    """The engine's results as a list (RuntimeError if there is not one per request)."""
+    if len(results) != num_requests:
+        raise RuntimeError(f"engine returned {len(results)} results for {num_requests} requests")
     return results if isinstance(results, list) else list(results)
 
 

@@ -23,16 +23,23 @@ engine thread and the next one held as the adaptive policy holds it, the passes 
 with it, so that guests stepping one pass at a time are not a batch behind. Passes prepared
 ahead are charged to their owners' fair shares when prepared and count against
 max_batch_tokens. A cancelled owner's passes prepared ahead are dropped before they run.
+
+The engine thread's path between two batches is kept short: when nothing is queued, held,
+cancelled or closing, the next batch is exactly the passes prepared ahead, their requests
+gathered by the helper, and it goes to the engine without taking the scheduler's lock; the
+helper counts the batch in the statistics when it resolves it (such a batch holds no future, so
+there is nothing for the adaptive hold to wait for).
 """
 from __future__ import annotations
 
 import logging
 from itertools import repeat
+from operator import attrgetter
 from typing import Any, Hashable
 
-from engine.batch import ForwardResult
+from engine.batch import ForwardBatch, ForwardResult
 from host.errors import Cancelled
-from host.scheduling.engine_calls import resolve
+from host.scheduling.engine_calls import check_results, forward_after_error, resolve
 from host.scheduling.helper_thread import HelperThread
 from host.scheduling.items import Item
 
@@ -40,9 +47,15 @@ __all__ = ["OverlapRunner"]
 
 _log = logging.getLogger("host.scheduling.scheduler")
 
-# A batch that ran, to resolve: [(items, outcomes, fed_from)], a box the resolving thread empties,
-# so that the batch's objects are freed there and not on the engine thread.
-Resolution = list[tuple[list[Item], list, tuple | None]]
+# A batch that ran, to resolve: [(items, outcomes, to_count)], a box the resolving thread
+# empties, so that the batch's objects are freed there and not on the engine thread. to_count:
+# the batch (of the short path) is still to count in the statistics.
+Resolution = list[tuple[list[Item], list, bool]]
+# The passes prepared ahead: (the index each follows in the running batch, their items, their
+# requests).
+Ahead = tuple[list[int], list[Item], tuple]
+
+_request_of = attrgetter("request")
 
 
 class OverlapRunner:
@@ -61,12 +74,17 @@ class OverlapRunner:
         """Run batches until the scheduler closes; then resolve the last, drop what was ahead."""
         with HelperThread("pie-overlap") as helper:
             ahead: list[Item] = []                  # the next batch's first passes ...
-            fed_from: tuple = ()                    # ... and the results feeding their tokens
+            fed_from: tuple = ()                    # ... the results feeding their tokens ...
+            requests: tuple = ()                    # ... and their requests
             unresolved: Resolution = []
             try:
                 while True:
                     if unresolved and not ahead:
                         self._resolve(unresolved)
+                    if ahead and self._may_chain():
+                        ahead, fed_from, requests, unresolved = self._chain(
+                            helper, ahead, fed_from, requests, unresolved)
+                        continue
                     taken = self._take(ahead, fed_from)
                     if taken is None:
                         break
@@ -74,10 +92,11 @@ class OverlapRunner:
                         ahead, fed_from = [], ()
                         continue
                     try:
-                        ahead, fed_from, unresolved = self._run_one(helper, *taken, unresolved)
+                        ahead, fed_from, requests, unresolved = self._run_one(
+                            helper, *taken, unresolved)
                     except Exception:                     # never let the engine thread die
                         _log.exception("scheduler: unexpected error running a batch")
-                        ahead, fed_from, unresolved = [], (), []
+                        ahead, fed_from, requests, unresolved = [], (), (), []
                     del taken
             finally:
                 self._resolve(unresolved)
@@ -85,6 +104,35 @@ class OverlapRunner:
                 with self._scheduler._lock:
                     self._scheduler._running = False
                     self._scheduler._cond.notify_all()
+
+    def _may_chain(self) -> bool:
+        """Whether the next batch is just the passes prepared ahead (read without the lock: a
+        submission racing this check joins the batch after)."""
+        s = self._scheduler
+        return not (s._num_pending or s._expected or s._closed or self._cancelled_owners)
+
+    def _chain(self, helper: HelperThread, ahead: list[Item], fed_from: tuple,
+               requests: tuple, unresolved: Resolution
+               ) -> tuple[list[Item], tuple, tuple, Resolution]:
+        """The short path: while `_may_chain`, each batch is the passes prepared ahead during
+        the one before, run as they are while the helper resolves that one and prepares the
+        next; a batch is counted in the statistics when it is resolved. Returns as `_run_one`."""
+        engine = self._scheduler.engine
+        while True:
+            helper.start(self._between, unresolved, ahead)
+            del unresolved
+            try:
+                outcomes = check_results(engine.forward(ForwardBatch(requests, fed_from)),
+                                         len(ahead))
+            except Exception as error:                 # noqa: BLE001 -- outcomes
+                outcomes = forward_after_error(engine, ahead, fed_from, error)
+            finally:
+                next_ahead = self._helper_result(helper)
+            unresolved = [(ahead, outcomes, True)]
+            ahead, fed_from, requests = self._fed(next_ahead, outcomes)
+            del outcomes, next_ahead
+            if not ahead or not self._may_chain():
+                return ahead, fed_from, requests, unresolved
 
     def _take(self, ahead: list[Item], fed_from: tuple
               ) -> tuple[list[Item], list[Item], tuple | None] | None:
@@ -126,36 +174,47 @@ class OverlapRunner:
 
     def _run_one(self, helper: HelperThread, copy_items: list[Item],
                  forward_items: list[Item], fed_from: tuple | None,
-                 unresolved: Resolution) -> tuple[list[Item], tuple, Resolution]:
+                 unresolved: Resolution) -> tuple[list[Item], tuple, tuple, Resolution]:
         """Run one batch while the helper resolves the last and prepares ahead; returns the
-        next batch's passes prepared ahead, the results feeding them, and this batch's
-        resolution if it is still to do."""
+        next batch's passes prepared ahead, the results feeding them, their requests, and this
+        batch's resolution if it is still to do."""
         helper.start(self._between, unresolved, forward_items)
         del unresolved
         try:
             outcomes = self._scheduler._run_engine(copy_items, forward_items, fed_from)
         finally:
-            try:
-                sources, ahead = helper.result()
-            except Exception:                             # never let the engine thread die
-                _log.exception("scheduler: preparing ahead failed")
-                sources, ahead = [], []
+            ahead = self._helper_result(helper)
         forward_outcomes = outcomes[len(copy_items):] if copy_items else outcomes
-        fed = tuple(map(forward_outcomes.__getitem__, sources))
-        if not all(map(isinstance, fed, repeat(ForwardResult))):
-            failed = [item for item, source in zip(ahead, fed)
-                      if not isinstance(source, ForwardResult)]
-            ahead = [item for item, source in zip(ahead, fed) if isinstance(source, ForwardResult)]
-            fed = tuple(source for source in fed if isinstance(source, ForwardResult))
-            self._drop(failed, "engine failed the pass before it: pass prepared ahead not run")
-        resolution = [(copy_items + forward_items, outcomes, fed_from)]
+        next_ahead, fed, requests = self._fed(ahead, forward_outcomes)
+        resolution = [(copy_items + forward_items, outcomes, False)]
         del copy_items, forward_items, outcomes, forward_outcomes, fed_from
         if self._scheduler._expected:                     # a guest waits on this batch
             self._resolve(resolution)
-        return ahead, fed, resolution
+        return next_ahead, fed, requests, resolution
 
-    def _between(self, unresolved: Resolution,
-                 forward_items: list[Item]) -> tuple[list[int], list[Item]]:
+    @staticmethod
+    def _helper_result(helper: HelperThread) -> Ahead:
+        try:
+            return helper.result()
+        except Exception:                                 # never let the engine thread die
+            _log.exception("scheduler: preparing ahead failed")
+            return [], [], ()
+
+    def _fed(self, ahead: Ahead, outcomes: list) -> tuple[list[Item], tuple, tuple]:
+        """The passes prepared ahead that run next, the results feeding them (from the batch
+        that ran: `outcomes`) and their requests; those whose predecessor failed are ended."""
+        sources, items, requests = ahead
+        fed = tuple(map(outcomes.__getitem__, sources))
+        if all(map(isinstance, fed, repeat(ForwardResult))):
+            return items, fed, requests
+        kept = [index for index, source in enumerate(fed) if isinstance(source, ForwardResult)]
+        self._drop([item for item, source in zip(items, fed)
+                    if not isinstance(source, ForwardResult)],
+                   "engine failed the pass before it: pass prepared ahead not run")
+        return ([items[index] for index in kept], tuple(fed[index] for index in kept),
+                tuple(requests[index] for index in kept))
+
+    def _between(self, unresolved: Resolution, forward_items: list[Item]) -> Ahead:
         """On the helper, while a batch runs: resolve the batch before it, then prepare ahead."""
         try:
             self._resolve(unresolved)
@@ -163,14 +222,14 @@ class OverlapRunner:
             _log.exception("scheduler: unexpected error resolving a batch")
         return self._prepare_ahead(forward_items)
 
-    def _prepare_ahead(self, forward_items: list[Item]) -> tuple[list[int], list[Item]]:
+    def _prepare_ahead(self, forward_items: list[Item]) -> Ahead:
         """The passes that follow the running batch's decode-loop passes: (the index of the
-        pass each follows, in `forward_items`; their items)."""
+        pass each follows, in `forward_items`; their items; their requests)."""
         s = self._scheduler
         indices = [index for index, item in enumerate(forward_items)
                    if item.prepare_next is not None]
         if not indices:
-            return [], []
+            return [], [], ()
         with s._lock:                          # a queue with items queued keeps its order
             indices = [index for index in indices
                        if forward_items[index].queue_key not in s._queues]
@@ -185,7 +244,7 @@ class OverlapRunner:
             for item in items:
                 item.order = next(s._orders)
                 s._fair.charge(item.owner, item.num_tokens)
-        return sources, items
+        return sources, items, tuple(map(_request_of, items))
 
     @staticmethod
     def _prepare_one(source: Item) -> Item | None:
@@ -203,9 +262,17 @@ class OverlapRunner:
     def _resolve(self, resolution: Resolution) -> None:
         """Resolve the batch in the box, if any (emptying it: its objects are freed here)."""
         if resolution:
-            items, outcomes, _ = resolution.pop()
+            items, outcomes, to_count = resolution.pop()
+            if to_count:                      # a batch of the short path:
+                self._count(items, outcomes)              # no future, nothing to hold for
             self._scheduler._resolve(items, outcomes)
             self._scheduler._wakes.run()
+
+    def _count(self, items: list[Item], outcomes: list) -> None:
+        """Count a batch of the short path in the statistics (BatchScheduler._record's count)."""
+        failed = any(map(isinstance, outcomes, repeat(BaseException)))
+        with self._scheduler._lock:
+            self._scheduler._counts.record_batch(0, len(items), failed)
 
     @staticmethod
     def _drop(items: list[Item], reason: str) -> None:
