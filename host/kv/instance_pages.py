@@ -327,8 +327,8 @@ class InstancePages:
         tail = ledger.pages[page_ids[-1]]
         if tail.read_only or ledger.allocator.refcount(tail.physical_id) > 1:
             return None                   # the general path traps (read-only) or copies it
-        request = ForwardRequest((token_id,), (position,), self._physical_ids(sequence),
-                                 last_page_len, (0,), (sampler,), None)
+        request = ForwardRequest.decode_step(token_id, position, self._physical_ids(sequence),
+                                             last_page_len, sampler)
         return PreparedForward(request, (), ledger.pin())
 
     def _prepare_forward_locked(self, call: str, sequence_id: int, token_ids: Sequence[int],

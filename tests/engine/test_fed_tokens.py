@@ -2,6 +2,8 @@
 (overlapped decode loops) computes what the same pass with that token written in computes."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine.batch import (GREEDY, ForwardBatch, ForwardRequest, ForwardResult, SamplerSpec,
@@ -58,3 +60,18 @@ def test_with_fed_tokens_puts_each_token_in_and_leaves_the_others() -> None:
     assert applied.requests[0] is own and applied.requests[1].positions == fed.positions
     plain = ForwardBatch((own,))
     assert plain.with_fed_tokens() is plain
+
+
+def test_the_fast_decode_request_constructors_make_what_init_and_replace_make() -> None:
+    """ForwardRequest.decode_step and .with_token skip the frozen dataclass's __init__: the
+    requests are equal, hash alike, print alike and stay frozen."""
+    made = ForwardRequest.decode_step(42, 17, (3, 8), 2, LOGPROBS)
+    expected = ForwardRequest((42,), (17,), (3, 8), 2, (0,), (LOGPROBS,))
+    assert made == expected and hash(made) == hash(expected) and repr(made) == repr(expected)
+    fed = expected.with_token(7)
+    assert fed == dataclasses.replace(expected, token_ids=(7,)) and expected.token_ids == (42,)
+    assert hash(fed) == hash(dataclasses.replace(expected, token_ids=(7,)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.token_ids = (1,)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fed.positions = (1,)

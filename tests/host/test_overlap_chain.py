@@ -11,7 +11,8 @@ from engine.batch import ForwardBatch, ForwardResult
 from engine.errors import RequestError
 from host.errors import Cancelled
 from host.scheduling.scheduler import BatchScheduler
-from tests.host.test_overlap import OVERLAP, RecordingEngine, _expected, _loops
+from tests.host.test_overlap import OVERLAP, PAGE_SIZE, RecordingEngine, _expected, _loops
+from tests.host.test_scheduler import pass_on
 
 
 class FailingEngine(RecordingEngine):
@@ -79,3 +80,27 @@ def test_a_request_error_in_a_batch_of_passes_prepared_ahead_fails_that_pass_alo
     assert [len(batch.requests) for batch in engine.given] == [2, 1, 1, 1]
     assert (stats.num_batches, stats.num_forwards, stats.num_failed_batches) == (4, 6, 1)
     assert loops[1].done_calls == 3 and loops[0].done_calls == 4
+
+
+def test_a_pass_submitted_while_loops_run_ahead_joins_their_next_batch() -> None:
+    """The short path yields as soon as anything is queued: another owner's pass goes into the
+    batch after the one running when it came, beside the loops' passes prepared ahead."""
+    engine = RecordingEngine(batch_delay_s=0.02)
+    scheduler = BatchScheduler(engine, OVERLAP)
+    loops = _loops(scheduler, [[3], [8]], 3)
+    with scheduler:
+        deadline = time.monotonic() + 10
+        while len(engine.given) < 2:                  # batch 2 runs, on the short path
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        num_before = len(engine.given)
+        other = scheduler.submit_forward(("x", 0), "normal", pass_on(9, [7], 1, PAGE_SIZE))
+        other.result(timeout=10)
+        for loop in loops:
+            assert loop.finished.wait(10)
+    joined = [index for index, batch in enumerate(engine.given)
+              if any(request.page_ids == (9,) for request in batch.requests)]
+    assert joined == [num_before] == [2]              # batch 3, the loops' last passes in it
+    assert len(engine.given[2].requests) == 3
+    for loop, prompt in zip(loops, [[3], [8]]):
+        assert loop.outcomes == _expected(prompt, 3)
