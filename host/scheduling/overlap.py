@@ -81,19 +81,17 @@ class OverlapRunner:
                 while True:
                     if unresolved and not ahead:
                         self._resolve(unresolved)
-                    if ahead and self._may_chain():
-                        ahead, fed_from, requests, unresolved = self._chain(
-                            helper, ahead, fed_from, requests, unresolved)
-                        continue
-                    taken = self._take(ahead, fed_from)
-                    if taken is None:
-                        break
-                    if not taken[0] and not taken[1]:     # what was ahead was dropped
-                        ahead, fed_from = [], ()
+                    chain = bool(ahead) and self._may_chain()
+                    taken = None if chain else self._take(ahead, fed_from)
+                    if not chain and taken is None:
+                        break                             # closed
+                    if not chain and not taken[0] and not taken[1]:
+                        ahead, fed_from = [], ()          # what was ahead was dropped
                         continue
                     try:
-                        ahead, fed_from, requests, unresolved = self._run_one(
-                            helper, *taken, unresolved)
+                        ahead, fed_from, requests, unresolved = (
+                            self._chain(helper, ahead, fed_from, requests, unresolved) if chain
+                            else self._run_one(helper, *taken, unresolved))
                     except Exception:                     # never let the engine thread die
                         _log.exception("scheduler: unexpected error running a batch")
                         ahead, fed_from, requests, unresolved = [], (), (), []
