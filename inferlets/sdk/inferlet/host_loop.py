@@ -13,9 +13,12 @@ from typing import Iterator
 from inferlet._wit import Err, forward, kv
 from inferlet.errors import InferletError
 
-__all__ = ["HostLoop", "MAX_READ_AHEAD"]
+__all__ = ["HostLoop", "MAX_READ_AHEAD", "BULK_READ"]
 
 MAX_READ_AHEAD = 64     # the host's bound on a loop's unread outputs (min-outputs of next)
+# Reading in bulk, wake at half the bound: the loop goes on while the guest reads (at the bound
+# the host pauses the loop until the guest has read, and the engine runs a batch without it).
+BULK_READ = MAX_READ_AHEAD // 2
 
 
 class HostLoop:
