@@ -39,7 +39,9 @@ __all__ = ["DecodeLoop", "submit_decode", "next_outputs", "added_pages", "stop",
 DECODE_STREAM_TYPE = 2
 MAX_DECODE_TOKENS = 65536     # outputs of one loop
 MAX_STOP_TOKEN_IDS = 64
-MAX_UNREAD_OUTPUTS = 64       # a loop runs at most this many outputs ahead of its reader
+MAX_MIN_OUTPUTS = 64          # the most outputs one decode-stream.next waits for
+MAX_UNREAD_OUTPUTS = 2 * MAX_MIN_OUTPUTS   # a loop runs at most this many outputs ahead of its
+# reader: twice what it waits for, so a reader taking them in bulk never holds the loop up
 
 
 class DecodeLoop:
@@ -88,7 +90,7 @@ class DecodeLoop:
 
     def take(self, min_outputs: int = 1) -> tuple[list, bool, Future | None]:
         """(outputs not taken yet, ended, a future to wait on): the outputs once there are
-        `min_outputs` (1..MAX_UNREAD_OUTPUTS), or any once the loop is over or broken; else a
+        `min_outputs` (1..MAX_MIN_OUTPUTS), or any once the loop is over or broken; else a
         future that resolves when there are. After the last output, one more call returns the
         engine's error as the err text (TrapError for a broken pass). Taking resumes a loop
         held for its reader."""
@@ -275,10 +277,10 @@ def submit_decode(ctx: BindingContext, queue_id: int, sequence_id: int, token_id
 
 def next_outputs(ctx: BindingContext, store: Any, rep: int, min_outputs: int) -> list | str:
     """result<list<sampled>>: the outputs since the last call (once there are min-outputs,
-    clamped to 1..MAX_UNREAD_OUTPUTS, or the loop is over); [] once the loop has ended."""
+    clamped to 1..MAX_MIN_OUTPUTS, or the loop is over); [] once the loop has ended."""
     call = "decode-stream.next"
     loop: DecodeLoop = ctx.tables.decode_loops.get(call, rep)
-    min_outputs = min(max(min_outputs, 1), MAX_UNREAD_OUTPUTS)
+    min_outputs = min(max(min_outputs, 1), MAX_MIN_OUTPUTS)
     while True:
         outputs, ended, waiter = loop.take(min_outputs)
         if waiter is None:

@@ -14,7 +14,7 @@ from tests.host.fake_engine import FakeEngine
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 BUILD_CACHE = REPO_DIR / ".cache" / "test-inferlets"
-NUM_TOKENS = 150              # past twice the host's bound (64 unread outputs)
+NUM_TOKENS = 150              # past twice the most one `next` waits for (64)
 
 
 class FedCounter(FakeEngine):

@@ -23,7 +23,7 @@ from typing import Iterator
 
 from inferlet._wit import Err, forward
 from inferlet.errors import InferletError
-from inferlet.host_loop import BULK_READ, HostLoop
+from inferlet.host_loop import MAX_READ_AHEAD, HostLoop
 from inferlet.model import decode
 from inferlet.sampling import Sampler
 from inferlet.text import TextStream
@@ -168,7 +168,7 @@ class Generation:
 
     def run(self) -> "Generation":
         """Run to the end (on host loops, reading the tokens in bulk)."""
-        for _ in (self._loop_deltas(min_outputs=BULK_READ) if self.host_loop
+        for _ in (self._loop_deltas(min_outputs=MAX_READ_AHEAD) if self.host_loop
                   else self._step_deltas()):
             pass
         return self
@@ -263,7 +263,7 @@ def _read_loops_in_turn(generations: list[Generation], on_text) -> None:
     """Every generation on its own host loops, all running at once; read one token of each in
     turn (a loop's tokens wait on the host meanwhile). Every loop starts before any is read,
     so their first passes share a batch."""
-    min_outputs = 1 if on_text is not None else BULK_READ
+    min_outputs = 1 if on_text is not None else MAX_READ_AHEAD
     active = [(index, gen, gen._loop_deltas(gen._start_loop(), min_outputs=min_outputs))
               for index, gen in enumerate(generations)]
     while active:

@@ -13,12 +13,11 @@ from typing import Iterator
 from inferlet._wit import Err, forward, kv
 from inferlet.errors import InferletError
 
-__all__ = ["HostLoop", "MAX_READ_AHEAD", "BULK_READ"]
+__all__ = ["HostLoop", "MAX_READ_AHEAD"]
 
-MAX_READ_AHEAD = 64     # the host's bound on a loop's unread outputs (min-outputs of next)
-# Reading in bulk, wake at half the bound: the loop goes on while the guest reads (at the bound
-# the host pauses the loop until the guest has read, and the engine runs a batch without it).
-BULK_READ = MAX_READ_AHEAD // 2
+# The most outputs one `next` waits for (its min-outputs' bound). The host runs a loop up to
+# twice that ahead of its reader, so a reader taking this many at a time never holds it up.
+MAX_READ_AHEAD = 64
 
 
 class HostLoop:
