@@ -22,14 +22,13 @@ _request_of = attrgetter("request")
 
 
 def run_forward(engine: EngineLike, items: Sequence[Item],
-                fed_from: Sequence[ForwardResult | None] | None = None,
-                requests: tuple | None = None) -> list:
+                fed_from: Sequence[ForwardResult | None] | None = None) -> list:
     """Run the passes: a result or an exception per item. A RequestError (the engine validates
     before it computes) fails the pass it names alone and the others run again without it; any
     other exception fails them all. `fed_from`: per item, None or the result whose token is its
-    input (ForwardBatch.fed_from). `requests`: the items' requests, when already gathered."""
+    input (ForwardBatch.fed_from)."""
     try:                                               # the common case: all run at once
-        return _forward(engine, items, fed_from, requests)
+        return _forward(engine, items, fed_from)
     except Exception as error:                         # noqa: BLE001 -- an outcome
         return forward_after_error(engine, items, fed_from, error)
 
@@ -57,10 +56,9 @@ def forward_after_error(engine: EngineLike, items: Sequence[Item],
 
 
 def _forward(engine: EngineLike, items: Sequence[Item],
-             fed_from: Sequence[ForwardResult | None] | None, requests: tuple | None = None
-             ) -> list:
+             fed_from: Sequence[ForwardResult | None] | None) -> list:
     """One engine call for `items`' passes: a result each (RuntimeError if the count differs)."""
-    batch = ForwardBatch(tuple(map(_request_of, items)) if requests is None else requests,
+    batch = ForwardBatch(tuple(map(_request_of, items)),
                          None if fed_from is None else tuple(fed_from))
     return check_results(engine.forward(batch), len(items))
 
