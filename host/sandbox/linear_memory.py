@@ -11,7 +11,13 @@ total (`InstanceLimits.memory_mb`, all its memories together) and records that i
 instance's outcome can name the limit whatever the guest reports.
 
 Memories created outside an instance thread are not charged. Data segments are copied into each
-memory (`memory_init_cow` off: copy-on-write images need Wasmtime's own mmap memories).
+memory (`memory_init_cow` off: copy-on-write images need Wasmtime's own mmap memories). Each
+reservation starts on a 2 MiB boundary and is advised for transparent huge pages, so that copy
+faults its pages in 2 MiB at a time where the kernel allows it (THP "madvise" or "always"):
+componentize-py's 12 MiB heap image took 10.4 ms to instantiate in 4 KiB faults, 2 ms so; where
+the kernel has no huge pages to give it falls back to 4 KiB pages, as before. A growth's last
+partial 2 MiB stays in small pages (only whole read-write 2 MiB ranges get a huge page), so a
+memory's resident size stays within its accessible size.
 """
 from __future__ import annotations
 
@@ -29,6 +35,8 @@ _PROT_NONE, _PROT_READ_WRITE = 0, 3
 _MAP_PRIVATE, _MAP_ANONYMOUS, _MAP_NORESERVE = 0x02, 0x20, 0x4000
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _OS_PAGE = 4096
+_HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14
 _Finalizer = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
@@ -47,6 +55,7 @@ def _libc() -> Any:
                           ctypes.c_int, ctypes.c_long]
     libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return libc
 
 
@@ -56,14 +65,15 @@ def _error(message: str) -> int:
 
 
 class _Memory:
-    __slots__ = ("base", "num_bytes", "capacity", "reserved", "owner")
+    __slots__ = ("base", "num_bytes", "capacity", "mapping", "num_mapped", "owner")
 
-    def __init__(self, base: int, num_bytes: int, capacity: int, reserved: int,
+    def __init__(self, base: int, num_bytes: int, capacity: int, mapping: int, num_mapped: int,
                  owner: MemoryOwner | None) -> None:
-        self.base = base
+        self.base = base              # address 0 of the memory, on a 2 MiB boundary
         self.num_bytes = num_bytes
         self.capacity = capacity      # what Wasmtime may address: the reservation less the guard
-        self.reserved = reserved      # what was mapped, guard included
+        self.mapping = mapping        # the start of what was mapped: base less its alignment
+        self.num_mapped = num_mapped  # what was mapped: alignment, capacity and guard
         self.owner = owner
 
 
@@ -105,16 +115,24 @@ class LinearMemories:
                 return _error(f"memory limit {owner.memory_limit_bytes >> 20} MiB reached "
                               f"(a memory of {minimum} bytes at instantiation)")
             capacity = max(reserved, minimum)
-            base = self._libc.mmap(None, capacity + guard, _PROT_NONE,
-                                   _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
-            if base in (None, _MAP_FAILED) or not self._protect(base, 0, minimum):
+            num_mapped = capacity + guard + _HUGE_PAGE
+            mapping = self._libc.mmap(None, num_mapped, _PROT_NONE,
+                                      _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+            if mapping in (None, _MAP_FAILED):
+                mapping = None
+            else:
+                base = -(-mapping // _HUGE_PAGE) * _HUGE_PAGE
+                self._libc.madvise(base, capacity, _MADV_HUGEPAGE)   # advice: may be refused
+            if mapping is None or not self._protect(base, 0, minimum):
+                if mapping is not None:
+                    self._libc.munmap(mapping, num_mapped)
                 if owner is not None:
                     self._charge(owner, -minimum)
                 return _error(f"cannot reserve a linear memory of {capacity} bytes")
             with self._lock:
                 key = self._next_key
                 self._next_key += 1
-                self._memories[key] = _Memory(base, minimum, capacity, capacity + guard, owner)
+                self._memories[key] = _Memory(base, minimum, capacity, mapping, num_mapped, owner)
             memory = memory_out[0]
             memory.env = key
             memory.get_memory, memory.grow_memory, memory.finalizer = self._callbacks[:3]
@@ -153,7 +171,7 @@ class LinearMemories:
             return
         if memory.owner is not None:
             self._charge(memory.owner, -memory.num_bytes)
-        self._libc.munmap(memory.base, memory.reserved)
+        self._libc.munmap(memory.mapping, memory.num_mapped)
 
     # -------------------------------------------------------------------------- helpers
     def _charge(self, owner: MemoryOwner, num_bytes: int) -> bool:
