@@ -23,6 +23,18 @@ def test_text_completion_greedy_equals_engine_greedy(run_inferlet, engine, greed
     assert result["text"] == engine.tokenizer.decode(result["token_ids"])
 
 
+def test_text_completion_help_and_argument_errors(run_inferlet):
+    """The SDK's ArgumentParser in the guest: --help is the result, at the fixed width and with no
+    colour codes (the formatter the SDK sets, which asks for no terminal); a bad value fails the
+    instance with argparse's message."""
+    help_run = run_inferlet("text_completion", ["--help"])
+    assert help_run.status == "ok" and help_run.value.startswith("usage: text_completion")
+    assert "--max-tokens MAX_TOKENS" in help_run.value and "\x1b" not in help_run.value
+    assert max(map(len, help_run.value.splitlines())) <= 78
+    bad = run_inferlet("text_completion", ["--max-tokens", "many"])
+    assert bad.status == "error" and "argument --max-tokens: invalid int value: 'many'" in bad.value
+
+
 def test_text_completion_seeded_sampling_is_reproducible(run_inferlet):
     args = ["--prompt", "Once upon a time", "--max-tokens", "10", "--temperature", "0.9",
             "--seed", "1234", "--json"]

@@ -20,7 +20,7 @@ from inferlet._wit import Err
 from inferlet.errors import InferletError
 from inferlet.model import arguments
 
-__all__ = ["main", "ArgumentParser"]
+__all__ = ["main", "ArgumentParser", "HelpFormatter"]
 
 
 class _HelpRequested(Exception):
@@ -29,8 +29,32 @@ class _HelpRequested(Exception):
         self.text = text
 
 
+HELP_WIDTH = 78   # what argparse picks without a terminal (80 columns less 2)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter at HELP_WIDTH columns unless given a width: an inferlet has no
+    terminal, and asking for its size is a dozen environment lookups a formatter (argparse
+    builds one per add_argument)."""
+
+    def __init__(self, prog: str, *args, width: int | None = None, **kwargs) -> None:
+        super().__init__(prog, *args, width=HELP_WIDTH if width is None else width, **kwargs)
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse for inferlets: `--help` becomes the result, a bad argument an InferletError."""
+    """argparse for inferlets: `--help` becomes the result, a bad argument an InferletError.
+
+    Defaults differ from argparse's where an inferlet has no terminal: `formatter_class` is
+    HelpFormatter (fixed width) and, on Python 3.14+, `color` is False: the help text is a
+    result for a client, and argparse otherwise checks for a colour terminal at every
+    formatter it builds. Measured in the guest: parsing text_completion's ten options took
+    4-6 ms of a 9 ms launch-to-first-forward, most of it in those checks."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        if sys.version_info >= (3, 14):
+            kwargs.setdefault("color", False)
+        super().__init__(*args, **kwargs)
 
     def print_help(self, file=None) -> None:
         raise _HelpRequested(self.format_help())
