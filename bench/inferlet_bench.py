@@ -153,7 +153,7 @@ def bench_forks(runtime, engine, parallel, completion, num_tokens: int, repeats:
 
 def bench_launch(runtime, engine, wasm_path: Path, program, repeats: int) -> None:
     launch_s = median_time(lambda: run_all(runtime, program, [["--help"]]), max(repeats, 5))
-    with Runtime(engine, RuntimeConfig(cache_dir=runtime.config.cache_dir)) as fresh:
+    with Runtime(engine, runtime.config) as fresh:
         wasm_bytes = wasm_path.read_bytes()
         start = time.perf_counter()
         fresh.load_program(wasm_bytes)
@@ -183,6 +183,12 @@ def main() -> None:
     parser.add_argument("--overlap", choices=("on", "off"), default=None,
                         help="overlapped batches (SchedulerPolicy.overlap; default: the "
                              "runtime's choice for the engine)")
+    parser.add_argument("--start-hold-ms", type=float, default=SchedulerPolicy.start_hold_ms,
+                        help="adaptive: the longest wait of launched instances' first passes for "
+                             "the others starting (0: none)")
+    parser.add_argument("--memories", choices=("counted", "wasmtime"), default="counted",
+                        help="linear memories counted by the host (RuntimeConfig."
+                             "count_linear_memory, as `pie run` and `pie serve`) or Wasmtime's own")
     parser.add_argument("--step-by-step", action="store_true",
                         help="the inferlets decode one forward.submit per token, not on host loops")
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "pie-bench")
@@ -196,13 +202,17 @@ def main() -> None:
     policy = SchedulerPolicy(opts.policy, k=8, t_ms=opts.t_ms, max_hold_ms=opts.max_hold_ms,
                              hold_fraction=opts.hold_fraction,
                              run_on_waiter=not opts.no_run_on_waiter,
-                             overlap=None if opts.overlap is None else opts.overlap == "on")
+                             overlap=None if opts.overlap is None else opts.overlap == "on",
+                             start_hold_ms=opts.start_hold_ms)
     out = sys.stderr if opts.json else sys.stdout       # --json: stdout holds the object alone
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
           f"torch threads; model {engine.model_name}, dtype {opts.dtype}, {opts.tokens} new tokens, "
           f"median of {opts.repeats}, scheduler {policy}, "
-          f"{'step by step' if opts.step_by_step else 'host loops'}", file=out)
-    with Runtime(engine, RuntimeConfig(cache_dir=opts.cache_dir, scheduler=policy)) as runtime:
+          f"{'step by step' if opts.step_by_step else 'host loops'}, {opts.memories} memories",
+          file=out)
+    config = RuntimeConfig(cache_dir=opts.cache_dir, scheduler=policy,
+                           count_linear_memory=opts.memories == "counted")
+    with Runtime(engine, config) as runtime:
         completion = runtime.load_program(completion_path.read_bytes())
         parallel = runtime.load_program(parallel_path.read_bytes())
         run_all(runtime, completion, [completion_args("warm up", 4)])   # first-call costs

@@ -26,6 +26,7 @@ from host.messages.hub import MessageHub
 from host.runtime_config import InstanceLimits, RuntimeConfig
 from host.sandbox.events import InstanceEvent, InstanceOutcome
 from host.sandbox.instance import HostServices, Instance, ModelInfo
+from host.sandbox.instance_threads import InstanceThreads
 from host.sandbox.linear_memory import LinearMemories
 from host.sandbox.programs import Program, ProgramCache, ProgramStats, make_engine
 from host.sandbox.tables import InstanceTables
@@ -100,6 +101,7 @@ class Runtime:
                                  tuple(tokenizer.stop_token_ids), tokenizer.chat_template,
                                  policy.max_batch_tokens),
             version=_version(), epoch_tick_ms=config.epoch_tick_ms, current=current,
+            threads=InstanceThreads(),
             counts_memory=self.linear_memories is not None)
         self._lock = threading.Lock()
         self._running: dict[str, Instance] = {}
@@ -147,6 +149,7 @@ class Runtime:
                             channel=channel, launch_index=next(self._launch_counter),
                             on_finish=lambda inst, outcome: self._finish(inst, outcome, emit))
         self.scheduler.set_owner_group(instance_id, tenant)
+        self.scheduler.owner_starting(instance_id)
         with self._lock:
             self._running[instance_id] = instance
             self._num_launched += 1
@@ -204,6 +207,7 @@ class Runtime:
             instance.wait(timeout)
         self._closed.set()
         self.scheduler.close()
+        self.services.threads.close()
         self._ticker.join()
 
     def __enter__(self) -> "Runtime":

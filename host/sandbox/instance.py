@@ -39,6 +39,7 @@ from host.messages.hub import InstanceChannel, MessageHub
 from host.runtime_config import InstanceLimits
 from host.sandbox.events import InstanceOutcome
 from host.sandbox.instance_log import InstanceLog
+from host.sandbox.instance_threads import InstanceThreads
 from host.sandbox.programs import Program
 from host.sandbox.tables import InstanceTables
 from host.sandbox.traps import classify_trap
@@ -83,6 +84,7 @@ class HostServices:
     version: str
     epoch_tick_ms: int
     current: threading.local
+    threads: InstanceThreads         # each running instance's thread comes from here
     counts_memory: bool = False      # LinearMemories creates and counts every linear memory
 
 
@@ -129,11 +131,13 @@ class Instance:
         self._deadline_callback = _DeadlineCallback(self._on_deadline)
         self._check_ticks = max(1, min(_MAX_CHECK_TICKS, math.ceil(
             limits.max_idle_s * 1000 / services.epoch_tick_ms)))
-        self._thread = threading.Thread(target=self._main, name=f"pie-{instance_id}", daemon=True)
+        self._thread_ident: int | None = None   # the thread running _main, once it runs
+        self._thread_active = False       # _main has been started and has not returned
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        self._thread.start()
+        self._thread_active = True
+        self.services.threads.run(self._main, f"pie-{self.instance_id}")
 
     def terminate(self, reason: str, status: str = "terminated") -> bool:
         """Ask the instance to end: blocked host calls wake with Cancelled, a computing guest
@@ -201,12 +205,12 @@ class Instance:
 
     def on_own_thread(self) -> bool:
         """True when called from the instance's own thread."""
-        return threading.current_thread() is self._thread
+        return threading.get_ident() == self._thread_ident
 
     @property
     def is_lingering(self) -> bool:
         """Ended (abandoned in a WASI call) while its thread still runs, holding its Store."""
-        return self._done.is_set() and self._thread.is_alive()
+        return self._done.is_set() and self._thread_active
 
     @property
     def cancel_reason(self) -> str | None:
@@ -237,9 +241,12 @@ class Instance:
         """Block until `future` resolves, `terminate` is called, or max_blocking_s passes.
         Returns its result; raises Cancelled / TrapError otherwise (the future's own exception
         is re-raised as is). A scheduler submission is told first (`wait_started`: the adaptive
-        policy's hold after a batch waits for instances until they block again)."""
+        policy's hold after a batch waits for instances until they block again); so is the
+        scheduler for any other future (`owner_waiting`)."""
         if isinstance(future, SubmissionFuture):
             future.wait_started()
+        elif not future.done():                        # a decode loop's outputs, a lease...
+            self.services.scheduler.owner_waiting(self.instance_id)
         if not future.done():
             self._waker.acquire(blocking=False)        # forget a stale signal
             self.check_not_cancelled(call)             # terminate signals after setting this
@@ -270,6 +277,7 @@ class Instance:
 
     # -------------------------------------------------------------- thread
     def _main(self) -> None:
+        self._thread_ident = threading.get_ident()
         self.services.current.instance = self
         try:
             outcome = self._execute()
@@ -277,6 +285,7 @@ class Instance:
             self._finish_once(outcome)
         finally:
             self.services.current.instance = None
+            self._thread_active = False
 
     def _finish_once(self, outcome: InstanceOutcome) -> None:
         """Record the outcome and call on_finish, once: on the instance's thread when it ends,

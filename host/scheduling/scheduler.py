@@ -68,6 +68,8 @@ class BatchScheduler(FiringRules):
         self._counts = BatchCounts()
         self._expected: set[Hashable] = set()   # adaptive: owners the next batch is held for
         self._hold_until = 0.0                  # monotonic end of that hold
+        self._starting: set[Hashable] = set()   # adaptive: owners launched, not blocked yet
+        self._unrun: set[Hashable] = set()      # ... launched, none of their passes taken yet
         self._running = False                   # a batch is running (engine or waiting thread)
         self._engine_idle = False               # the engine thread waits with no timer
         self._fair = FairShares(max_lag_tokens=policy.max_batch_tokens)
@@ -94,6 +96,8 @@ class BatchScheduler(FiringRules):
             self._queues.clear()
             self._last_futures.clear()
             self._expected.clear()
+            self._starting.clear()
+            self._unrun.clear()
             self._num_pending = 0
             self._cond.notify_all()
             thread = self._thread
@@ -202,6 +206,7 @@ class BatchScheduler(FiringRules):
             self._chained = [item for item in self._chained if item.owner != owner_id]
             self._counts.num_cancelled += len(items)
             self._fair.forget(owner_id)
+            self._unrun.discard(owner_id)
             if self._overlap is not None:
                 self._overlap.cancel_owner(owner_id)
         self.owner_waiting(owner_id)                       # an ended owner is not waited for
@@ -256,6 +261,8 @@ class BatchScheduler(FiringRules):
                                                self.engine.page_size,
                                                self.policy.max_batch_tokens - num_taken)
         self._num_pending -= len(copy_items) + sum(item.parent is None for item in forward_items)
+        if self._unrun:
+            self._unrun.difference_update(item.owner for item in forward_items)
         return copy_items, forward_items
 
     def _run_batch(self, copy_items: list[_Item], forward_items: list[_Item]) -> None:

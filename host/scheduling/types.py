@@ -23,7 +23,10 @@ class SchedulerPolicy:
     waits at most one batch of max_batch_tokens, and no owner fills it alone.
     overlap: the host resolves a batch and prepares the next one's decode-loop passes while the
     engine runs (host/scheduling/overlap.py; batches then always run on the engine thread).
-    None: the Runtime's choice for its engine (on for a GPU, off on a CPU: runtime.py)."""
+    None: the Runtime's choice for its engine (on for a GPU, off on a CPU: runtime.py).
+    start_hold_ms: adaptive without overlap: a batch of instances' first passes waits, at most
+    this long, for the other instances launched and not blocked yet (host/scheduling/firing.py;
+    0: never)."""
 
     kind: str = "adaptive"
     max_batch_tokens: int = 4096
@@ -34,6 +37,7 @@ class SchedulerPolicy:
     max_tokens_per_owner: int = 512
     run_on_waiter: bool = True
     overlap: bool | None = None
+    start_hold_ms: float = 50.0
 
     def __post_init__(self) -> None:
         if self.max_tokens_per_owner <= 0:
@@ -57,6 +61,9 @@ class SchedulerPolicy:
         if not isinstance(self.run_on_waiter, bool):
             raise ValueError(f"SchedulerPolicy.run_on_waiter must be a bool, "
                              f"got {self.run_on_waiter!r}")
+        if not self.start_hold_ms >= 0:
+            raise ValueError(f"SchedulerPolicy.start_hold_ms must be >= 0, "
+                             f"got {self.start_hold_ms}")
         if self.hold_fraction < 0:
             raise ValueError(f"SchedulerPolicy.hold_fraction must be >= 0, "
                              f"got {self.hold_fraction}")

@@ -10,21 +10,25 @@ same tokens; for comparison).
 import inferlet
 
 
+# Built at import time, so it is part of the component's pre-initialized heap: each instance
+# only parses (building it took ~1.7 of the ~3 ms from an instance's start to its first pass).
+PARSER = inferlet.ArgumentParser(prog="text_completion", description="Continue a prompt.")
+PARSER.add_argument("--prompt", default="The capital of France is")
+PARSER.add_argument("--max-tokens", type=int, default=32)
+PARSER.add_argument("--temperature", type=float, default=0.0)
+PARSER.add_argument("--top-p", type=float, default=1.0)
+PARSER.add_argument("--seed", type=int, default=None)
+PARSER.add_argument("--chat", action="store_true", help="send the prompt as a user message")
+PARSER.add_argument("--stream", action="store_true", help="send text as it is generated")
+PARSER.add_argument("--json", action="store_true", help="return text, token ids, finish reason")
+PARSER.add_argument("--ignore-eos", action="store_true", help="do not stop at stop tokens")
+PARSER.add_argument("--step-by-step", action="store_true",
+                    help="one forward.submit per token, not host loops")
+
+
 @inferlet.main
 def main(args: list[str]) -> str:
-    parser = inferlet.ArgumentParser(prog="text_completion", description="Continue a prompt.")
-    parser.add_argument("--prompt", default="The capital of France is")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--chat", action="store_true", help="send the prompt as a user message")
-    parser.add_argument("--stream", action="store_true", help="send text as it is generated")
-    parser.add_argument("--json", action="store_true", help="return text, token ids, finish reason")
-    parser.add_argument("--ignore-eos", action="store_true", help="do not stop at stop tokens")
-    parser.add_argument("--step-by-step", action="store_true",
-                        help="one forward.submit per token, not host loops")
-    opts = parser.parse_args(args)
+    opts = PARSER.parse_args(args)
 
     if opts.temperature == 0:
         sampler = inferlet.sampling.greedy()

@@ -25,6 +25,7 @@ TENANT = {"name": "a", "token": "t"}
     ({"tenants": [{"name": "a"}]}, "exactly one of token, token_env"),
     ({"tenants": [TENANT], "scheduler": {"policy": "fifo"}}, "scheduler.policy must be"),
     ({"tenants": [TENANT], "scheduler": {"max_hold_ms": -1}}, "scheduler.max_hold_ms must be >= 0, got -1"),
+    ({"tenants": [TENANT], "scheduler": {"start_hold_ms": -5}}, "scheduler.start_hold_ms must be >= 0, got -5"),
     ({"tenants": [TENANT], "server": {"port": 70000}}, "server.port must be in 0..65535"),
     ({"tenants": [TENANT], "scheduler": {"overlap": 1}},
      "expected bool, got int 1 @ pie.toml.scheduler.overlap"),
@@ -108,5 +109,18 @@ def test_scheduler_overlap_is_the_engines_choice_unless_set() -> None:
         runtime = build_runtime(config, FakeEngine(num_pages=16, page_size=4))
         try:
             assert runtime.scheduler.policy.overlap is overlap
+        finally:
+            runtime.close()
+
+
+def test_scheduler_start_hold_ms_reaches_the_runtime() -> None:
+    from host.server.setup import build_runtime
+    from tests.host.fake_engine import FakeEngine
+
+    for scheduler, start_hold_ms in (({}, 50.0), ({"start_hold_ms": 0}, 0.0)):
+        config = parse_config({"tenants": [TENANT], "scheduler": scheduler})
+        runtime = build_runtime(config, FakeEngine(num_pages=16, page_size=4))
+        try:
+            assert runtime.scheduler.policy.start_hold_ms == start_hold_ms
         finally:
             runtime.close()

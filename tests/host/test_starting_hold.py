@@ -1,0 +1,123 @@
+"""The adaptive policy's hold for starting instances (SchedulerPolicy.start_hold_ms): without
+overlap, a batch of first passes waits, at most start_hold_ms, for the owners launched and not
+yet blocked, each of them once; a batch with any other pass is not held."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy
+from tests.host.fake_engine import FakeEngine
+from tests.host.test_scheduler import pass_on
+
+LONG_HOLD = SchedulerPolicy(start_hold_ms=1000, max_hold_ms=0)   # bound: 1 s; no hold after a batch
+
+
+def submit_and_wait(scheduler: BatchScheduler, owner: str, page_id: int, delay_s: float = 0.0):
+    """A starting instance: some start-up work, then its first pass, blocked on."""
+    time.sleep(delay_s)
+    scheduler.submit_forward((owner, 0), "normal", pass_on(page_id, [page_id + 1], 1)
+                             ).result(timeout=30)
+
+
+def first_batch_sizes(policy: SchedulerPolicy) -> list[int]:
+    """Two owners launched together, the second submitting 50 ms after the first."""
+    engine = FakeEngine(num_pages=8, page_size=4)
+    with BatchScheduler(engine, policy) as scheduler:
+        scheduler.owner_starting("a")
+        scheduler.owner_starting("b")
+        threads = [threading.Thread(target=submit_and_wait, args=(scheduler, owner, i, delay))
+                   for i, (owner, delay) in enumerate((("a", 0.0), ("b", 0.05)))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return [len(batch.requests) for batch in engine.batches]
+
+
+def test_the_first_pass_waits_for_the_instances_starting_beside_it():
+    assert first_batch_sizes(LONG_HOLD) == [2]
+
+
+def test_without_the_hold_the_first_pass_runs_alone():
+    policy = SchedulerPolicy(start_hold_ms=0)
+    assert first_batch_sizes(policy) == [1, 1]
+
+
+def test_the_hold_is_bounded_and_taken_once_per_starting_owner():
+    """An owner that never submits delays the first batch by start_hold_ms, the second not."""
+    engine = FakeEngine(num_pages=8, page_size=4)
+    with BatchScheduler(engine, SchedulerPolicy(start_hold_ms=200)) as scheduler:
+        scheduler.owner_starting("a")
+        scheduler.owner_starting("silent")
+        started = time.monotonic()
+        submit_and_wait(scheduler, "a", 0)
+        first_s = time.monotonic() - started
+        started = time.monotonic()
+        submit_and_wait(scheduler, "a", 0)
+        second_s = time.monotonic() - started
+        stats = scheduler.statistics()
+    assert 0.15 <= first_s < 2.0 and second_s < 0.1
+    assert stats.num_hold_timeouts >= 1 and stats.num_batches == 2
+
+
+def test_an_owner_that_blocks_elsewhere_or_ends_is_no_longer_waited_for():
+    """Blocking on anything (owner_waiting: a message, a decode loop's outputs) or ending
+    (cancel_owner) ends the wait for that owner."""
+    engine = FakeEngine(num_pages=8, page_size=4)
+    for release in ("owner_waiting", "cancel_owner"):
+        with BatchScheduler(engine, LONG_HOLD) as scheduler:
+            scheduler.owner_starting("a")
+            scheduler.owner_starting("other")
+            timer = threading.Timer(0.05, getattr(scheduler, release), args=("other",))
+            timer.start()
+            started = time.monotonic()
+            submit_and_wait(scheduler, "a", 0)
+            held_s = time.monotonic() - started
+            timer.join()
+            assert 0.04 <= held_s < 0.5, release
+            assert scheduler.statistics().num_hold_timeouts == 0
+
+
+def test_a_lone_instance_is_not_held():
+    engine = FakeEngine(num_pages=8, page_size=4)
+    with BatchScheduler(engine, LONG_HOLD) as scheduler:
+        scheduler.owner_starting("alone")
+        started = time.monotonic()
+        submit_and_wait(scheduler, "alone", 0)
+        assert time.monotonic() - started < 0.5      # held to the bound: 1 s
+        assert scheduler.statistics().num_hold_timeouts == 0
+
+
+@pytest.mark.parametrize("policy", [SchedulerPolicy(start_hold_ms=1000, overlap=True),
+                                    SchedulerPolicy("k-or-t", k=1, start_hold_ms=1000)],
+                         ids=["overlap", "k-or-t"])
+def test_no_hold_with_overlap_or_k_or_t(policy):
+    engine = FakeEngine(num_pages=8, page_size=4)
+    with BatchScheduler(engine, policy) as scheduler:
+        scheduler.owner_starting("a")
+        scheduler.owner_starting("silent")
+        started = time.monotonic()
+        submit_and_wait(scheduler, "a", 0)
+        assert time.monotonic() - started < 0.5
+
+
+def test_a_running_generations_pass_is_not_held_for_starting_instances():
+    """An owner whose passes have run before (a generation under way) fires at once, though an
+    instance is starting; the starting one's own first pass is then not held either."""
+    engine = FakeEngine(num_pages=8, page_size=4)
+    with BatchScheduler(engine, LONG_HOLD) as scheduler:
+        scheduler.owner_starting("running")
+        submit_and_wait(scheduler, "running", 0)          # its first pass: nobody else starting
+        scheduler.owner_starting("silent")
+        started = time.monotonic()
+        submit_and_wait(scheduler, "running", 0)
+        assert time.monotonic() - started < 0.5          # held to the bound: 1 s
+        assert scheduler.statistics().num_hold_timeouts == 0
+
+
+def test_start_hold_ms_is_validated():
+    with pytest.raises(ValueError, match="SchedulerPolicy.start_hold_ms must be >= 0"):
+        SchedulerPolicy(start_hold_ms=-1)
