@@ -37,7 +37,7 @@ class SchedulerPolicy:
     max_tokens_per_owner: int = 512
     run_on_waiter: bool = True
     overlap: bool | None = None
-    start_hold_ms: float = 50.0
+    start_hold_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_tokens_per_owner <= 0:

@@ -116,7 +116,7 @@ class SchedulerSection:
     k: int = 8                 # k-or-t: fire at k pending passes ...
     t_ms: float = 5.0          # ... or after t milliseconds
     max_hold_ms: float = 10.0  # adaptive: longest hold after a batch (0 = fire at once)
-    start_hold_ms: float = 50.0   # adaptive: longest wait of first passes for instances starting
+    start_hold_ms: float = 0.0    # adaptive: longest wait of first passes for instances starting
     max_tokens_per_owner: int = 512   # one instance's input tokens per batch while others wait
     overlap: bool | None = None       # overlapped batches; unset: on for a GPU engine, off on a CPU
 
