@@ -60,10 +60,10 @@ class InstanceThreads:
 
     def run(self, target: Callable[[], None], name: str) -> None:
         """Call `target()` on a thread of its own named `name`. `target` should not raise (an
-        exception is logged). Raises RuntimeError once the pool is closed."""
+        exception is logged). Once the pool is closed, on a new thread that exits after it (an
+        instance launched while the runtime closes still runs to its end and frees what it
+        holds)."""
         with self._lock:
-            if self._closed:
-                raise RuntimeError("the instance threads are closed")
             worker = self._idle.pop() if self._idle else None
         if worker is None:
             self._start_thread(target, name)
@@ -72,7 +72,8 @@ class InstanceThreads:
         worker.wake.release()
 
     def close(self) -> None:
-        """Idle threads exit; a thread running a target exits after it. `run` then refuses."""
+        """Idle threads exit; a thread running a target exits after it, and so will those
+        `run` starts from now on."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []

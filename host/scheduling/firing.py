@@ -119,7 +119,8 @@ class FiringRules:
             return False
         self._expected |= self._starting
         self._starting = set()
-        self._hold_until = time.monotonic() + self.policy.start_hold_ms / 1000
+        self._hold_until = max(self._hold_until,           # never cuts a hold after a batch short
+                               time.monotonic() + self.policy.start_hold_ms / 1000)
         self._counts.num_holds += 1
         return True
 

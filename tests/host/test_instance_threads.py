@@ -27,7 +27,8 @@ def run_and_record(pool: InstanceThreads, name: str, release: threading.Event | 
 
     def target() -> None:
         record["ident"] = threading.get_ident()
-        record["name"] = threading.current_thread().name
+        record["thread"] = threading.current_thread()
+        record["name"] = record["thread"].name
         started.set()
         if release is not None:
             release.wait(5)
@@ -92,7 +93,7 @@ def test_a_target_that_raises_leaves_the_thread_serving_the_pool(caplog):
     pool.close()
 
 
-def test_closed_pool_refuses_and_its_idle_threads_exit():
+def test_closing_ends_the_idle_threads_and_later_targets_still_run_on_threads_that_exit():
     others = set(threading.enumerate())               # other pools' threads among them
     pool = InstanceThreads(num_spare=2, max_idle=4)
     assert wait_until(lambda: pool.num_idle == 2)
@@ -100,8 +101,10 @@ def test_closed_pool_refuses_and_its_idle_threads_exit():
     assert len(threads) == 2
     pool.close()
     assert wait_until(lambda: not any(thread.is_alive() for thread in threads))
-    with pytest.raises(RuntimeError, match="closed"):
-        pool.run(lambda: None, "pie-late")
+    late = run_and_record(pool, "pie-late")
+    assert late["name"] == "pie-late"
+    assert wait_until(lambda: late.get("done") and not late["thread"].is_alive())
+    assert pool.num_idle == 0
 
 
 @pytest.mark.parametrize("num_spare, max_idle, idle_s", [(3, 2, 1.0), (-1, 2, 1.0), (0, 2, 0)])
