@@ -183,9 +183,12 @@ def main() -> None:
     parser.add_argument("--overlap", choices=("on", "off"), default=None,
                         help="overlapped batches (SchedulerPolicy.overlap; default: the "
                              "runtime's choice for the engine)")
-    parser.add_argument("--start-hold-ms", type=float, default=SchedulerPolicy.start_hold_ms,
+    parser.add_argument("--start-hold-ms", type=float, default=None,
                         help="adaptive: the longest wait of launched instances' first passes for "
-                             "the others starting (0: none)")
+                             "the others starting (0: none; default: the runtime's choice)")
+    parser.add_argument("--memory-pool-mb", type=int, default=RuntimeConfig.memory_pool_mb,
+                        help="counted memories: ended instances' memories kept for reuse "
+                             "(RuntimeConfig.memory_pool_mb; 0: none)")
     parser.add_argument("--memories", choices=("counted", "wasmtime"), default="counted",
                         help="linear memories counted by the host (RuntimeConfig."
                              "count_linear_memory, as `pie run` and `pie serve`) or Wasmtime's own")
@@ -205,14 +208,17 @@ def main() -> None:
                              overlap=None if opts.overlap is None else opts.overlap == "on",
                              start_hold_ms=opts.start_hold_ms)
     out = sys.stderr if opts.json else sys.stdout       # --json: stdout holds the object alone
-    print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
-          f"torch threads; model {engine.model_name}, dtype {opts.dtype}, {opts.tokens} new tokens, "
-          f"median of {opts.repeats}, scheduler {policy}, "
-          f"{'step by step' if opts.step_by_step else 'host loops'}, {opts.memories} memories",
-          file=out)
     config = RuntimeConfig(cache_dir=opts.cache_dir, scheduler=policy,
-                           count_linear_memory=opts.memories == "counted")
+                           count_linear_memory=opts.memories == "counted",
+                           memory_pool_mb=opts.memory_pool_mb)
     with Runtime(engine, config) as runtime:
+        print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+              f"{torch.get_num_threads()} torch threads; model {engine.model_name}, dtype "
+              f"{opts.dtype}, {opts.tokens} new tokens, median of {opts.repeats}, scheduler "
+              f"{runtime.scheduler.policy}, "
+              f"{'step by step' if opts.step_by_step else 'host loops'}, {opts.memories} memories"
+              f"{f' (pool {opts.memory_pool_mb} MiB)' if opts.memories == 'counted' else ''}",
+              file=out)
         completion = runtime.load_program(completion_path.read_bytes())
         parallel = runtime.load_program(parallel_path.read_bytes())
         run_all(runtime, completion, [completion_args("warm up", 4)])   # first-call costs

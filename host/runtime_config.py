@@ -132,6 +132,10 @@ class RuntimeConfig:
                    Wasmtime's memories, memory_mb split evenly over max_memories, the limit
                    named when the guest's own report shows it (MemoryError, an allocation
                    failure).
+    memory_pool_mb: with count_linear_memory, the ended instances' linear memories kept for
+                   the next instances, at most this many MiB in all (each at most 64 MiB, each
+                   unmapped after 30 s unused; host/sandbox/memory_pool.py): a new instance then
+                   gets pages already mapped, zeroed by the host, instead of fresh ones. 0 = off.
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -145,6 +149,7 @@ class RuntimeConfig:
     compile_timeout_s: float = 300.0
     compile_memory_mb: int = 4096
     count_linear_memory: bool = False
+    memory_pool_mb: int = 1024
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_shares", tuple((str(t), int(n)) for t, n in self.kv_shares))
@@ -171,5 +176,8 @@ class RuntimeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"RuntimeConfig.{name} must be an int >= 0, got {value!r}")
+        if not isinstance(self.memory_pool_mb, int) or not 0 <= self.memory_pool_mb <= 1 << 20:
+            raise ValueError(f"RuntimeConfig.memory_pool_mb must be an int in 0..{1 << 20}, "
+                             f"got {self.memory_pool_mb!r}")
         if not isinstance(self.limits, InstanceLimits):
             raise ValueError(f"RuntimeConfig.limits must be InstanceLimits, got {self.limits!r}")

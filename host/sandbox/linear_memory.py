@@ -18,6 +18,10 @@ componentize-py's 12 MiB heap image took 10.4 ms to instantiate in 4 KiB faults,
 the kernel has no huge pages to give it falls back to 4 KiB pages, as before. A growth's last
 partial 2 MiB stays in small pages (only whole read-write 2 MiB ranges get a huge page), so a
 memory's resident size stays within its accessible size.
+
+An ended instance's memory goes to a `MemoryPool` (`pool_bytes`, 0 = none) when it fits; a new
+memory of the same shape is then that one, every byte the last instance could reach zeroed here
+and what lies past the new size made inaccessible again (host/sandbox/memory_pool.py: why).
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from typing import Any, Protocol
 from wasmtime import Config, WasmtimeError
 from wasmtime import _bindings
 
+from host.sandbox.memory_pool import MemoryPool
 __all__ = ["LinearMemories", "MemoryOwner"]
 
 _PROT_NONE, _PROT_READ_WRITE = 0, 3
@@ -80,9 +85,10 @@ class _Memory:
 class LinearMemories:
     """The host memory creator of one Wasmtime engine. Keep it alive as long as the engine."""
 
-    def __init__(self, current: threading.local) -> None:
+    def __init__(self, current: threading.local, pool_bytes: int = 0) -> None:
         self._current = current
         self._libc = _libc()
+        self.pool: MemoryPool[_Memory] = MemoryPool(pool_bytes)
         self._lock = threading.Lock()
         self._memories: dict[int, _Memory] = {}
         self._next_key = 1
@@ -116,26 +122,20 @@ class LinearMemories:
                               f"(a memory of {minimum} bytes at instantiation)")
             capacity = max(reserved, minimum)
             num_mapped = capacity + guard + _HUGE_PAGE
-            mapping = self._libc.mmap(None, num_mapped, _PROT_NONE,
-                                      _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
-            if mapping in (None, _MAP_FAILED):
-                mapping = None
-            else:
-                base = -(-mapping // _HUGE_PAGE) * _HUGE_PAGE
-                self._libc.madvise(base, capacity, _MADV_HUGEPAGE)   # advice: may be refused
-            if mapping is None or not self._protect(base, 0, minimum):
-                if mapping is not None:
-                    self._libc.munmap(mapping, num_mapped)
+            memory = self._reused(capacity, num_mapped, minimum) or self._mapped(capacity,
+                                                                                num_mapped, minimum)
+            if memory is None:
                 if owner is not None:
                     self._charge(owner, -minimum)
                 return _error(f"cannot reserve a linear memory of {capacity} bytes")
+            memory.owner = owner
             with self._lock:
                 key = self._next_key
                 self._next_key += 1
-                self._memories[key] = _Memory(base, minimum, capacity, mapping, num_mapped, owner)
-            memory = memory_out[0]
-            memory.env = key
-            memory.get_memory, memory.grow_memory, memory.finalizer = self._callbacks[:3]
+                self._memories[key] = memory
+            out = memory_out[0]
+            out.env = key
+            out.get_memory, out.grow_memory, out.finalizer = self._callbacks[:3]
             return 0
         except BaseException as exc:  # noqa: BLE001 -- never unwind through Wasmtime
             return _error(f"host memory creator failed: {exc!r}")
@@ -171,7 +171,50 @@ class LinearMemories:
             return
         if memory.owner is not None:
             self._charge(memory.owner, -memory.num_bytes)
-        self._libc.munmap(memory.mapping, memory.num_mapped)
+            memory.owner = None
+        if not self.pool.put(memory):
+            self._libc.munmap(memory.mapping, memory.num_mapped)
+
+    # ------------------------------------------------------------------------- the pool
+    def release_idle(self, now: float | None = None) -> None:
+        """Unmap the pooled memories unused for the pool's idle_s (the runtime's ticker)."""
+        for memory in self.pool.take_idle(now):
+            self._libc.munmap(memory.mapping, memory.num_mapped)
+
+    def close_pool(self) -> None:
+        """Unmap every pooled memory and pool none from now on (the runtime closes)."""
+        for memory in self.pool.close():
+            self._libc.munmap(memory.mapping, memory.num_mapped)
+
+    def _mapped(self, capacity: int, num_mapped: int, minimum: int) -> _Memory | None:
+        """A fresh reservation with [0, minimum) read-write, or None."""
+        mapping = self._libc.mmap(None, num_mapped, _PROT_NONE,
+                                  _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+        if mapping in (None, _MAP_FAILED):
+            return None
+        base = -(-mapping // _HUGE_PAGE) * _HUGE_PAGE
+        self._libc.madvise(base, capacity, _MADV_HUGEPAGE)   # advice: may be refused
+        if not self._protect(base, 0, minimum):
+            self._libc.munmap(mapping, num_mapped)
+            return None
+        return _Memory(base, minimum, capacity, mapping, num_mapped, None)
+
+    def _reused(self, capacity: int, num_mapped: int, minimum: int) -> _Memory | None:
+        """A pooled memory of that shape, all zeros, [0, minimum) read-write and the rest
+        inaccessible; or None."""
+        memory = self.pool.take(capacity, num_mapped)
+        if memory is None:
+            return None
+        base, used = memory.base, memory.num_bytes
+        ctypes.memset(base, 0, used)                 # every byte the last instance could reach
+        keep = -(-minimum // _OS_PAGE) * _OS_PAGE
+        end = -(-used // _OS_PAGE) * _OS_PAGE
+        if (end > keep and self._libc.mprotect(base + keep, end - keep, _PROT_NONE) != 0) \
+                or not self._protect(base, used, minimum):
+            self._libc.munmap(memory.mapping, num_mapped)
+            return None
+        memory.num_bytes = minimum
+        return memory
 
     # -------------------------------------------------------------------------- helpers
     def _charge(self, owner: MemoryOwner, num_bytes: int) -> bool:

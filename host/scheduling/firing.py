@@ -47,7 +47,7 @@ class FiringRules:
         """`owner_id` was launched: with `start_hold_ms`, a batch of first passes may wait for
         it until it first blocks or ends (see the module's docstring)."""
         policy = self.policy
-        if policy.kind == "adaptive" and policy.start_hold_ms > 0 and self._overlap is None:
+        if policy.kind == "adaptive" and (policy.start_hold_ms or 0) > 0 and self._overlap is None:
             with self._lock:
                 self._starting.add(owner_id)
                 self._unrun.add(owner_id)
@@ -113,14 +113,19 @@ class FiringRules:
     def _hold_for_starting_if_first(self) -> bool:
         """Under the lock, with owners starting and passes pending: when every pending pass is
         an owner's first (nothing of a running generation waits), hold the batch about to fire
-        for the owners starting, each once (True)."""
+        for the owners starting, each once, until the oldest pending pass has waited
+        start_hold_ms in all (True): launches that keep coming never hold a pass longer."""
         unrun = self._unrun
         if any(owner_of(key) not in unrun for key in self._queues):
             return False
+        oldest = min(queue[0].enqueued_at for queue in self._queues.values())
+        until = oldest + (self.policy.start_hold_ms or 0) / 1000   # a pass waits that long in all
+        if until <= time.monotonic():
+            self._starting = set()
+            return False
         self._expected |= self._starting
         self._starting = set()
-        self._hold_until = max(self._hold_until,           # never cuts a hold after a batch short
-                               time.monotonic() + self.policy.start_hold_ms / 1000)
+        self._hold_until = max(self._hold_until, until)    # never cuts a hold after a batch short
         self._counts.num_holds += 1
         return True
 

@@ -24,9 +24,10 @@ class SchedulerPolicy:
     overlap: the host resolves a batch and prepares the next one's decode-loop passes while the
     engine runs (host/scheduling/overlap.py; batches then always run on the engine thread).
     None: the Runtime's choice for its engine (on for a GPU, off on a CPU: runtime.py).
-    start_hold_ms: adaptive without overlap: a batch of instances' first passes waits, at most
-    this long, for the other instances launched and not blocked yet (host/scheduling/firing.py;
-    0: never)."""
+    start_hold_ms: adaptive without overlap: a batch of instances' first passes waits for the
+    other instances launched and not blocked yet, until its oldest pass has waited this long
+    (host/scheduling/firing.py; 0: never). None: the Runtime's choice for its engine (500 on a
+    CPU, where instances starting and a batch share the cores; 0 on a GPU)."""
 
     kind: str = "adaptive"
     max_batch_tokens: int = 4096
@@ -37,7 +38,7 @@ class SchedulerPolicy:
     max_tokens_per_owner: int = 512
     run_on_waiter: bool = True
     overlap: bool | None = None
-    start_hold_ms: float = 0.0
+    start_hold_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens_per_owner <= 0:
@@ -61,7 +62,7 @@ class SchedulerPolicy:
         if not isinstance(self.run_on_waiter, bool):
             raise ValueError(f"SchedulerPolicy.run_on_waiter must be a bool, "
                              f"got {self.run_on_waiter!r}")
-        if not self.start_hold_ms >= 0:
+        if self.start_hold_ms is not None and not self.start_hold_ms >= 0:
             raise ValueError(f"SchedulerPolicy.start_hold_ms must be >= 0, "
                              f"got {self.start_hold_ms}")
         if self.hold_fraction < 0:

@@ -116,7 +116,8 @@ class SchedulerSection:
     k: int = 8                 # k-or-t: fire at k pending passes ...
     t_ms: float = 5.0          # ... or after t milliseconds
     max_hold_ms: float = 10.0  # adaptive: longest hold after a batch (0 = fire at once)
-    start_hold_ms: float = 0.0    # adaptive: longest wait of first passes for instances starting
+    start_hold_ms: float | None = None  # adaptive: first passes wait for instances starting,
+                                        # at most this long; unset: 500 on a CPU, 0 on a GPU
     max_tokens_per_owner: int = 512   # one instance's input tokens per batch while others wait
     overlap: bool | None = None       # overlapped batches; unset: on for a GPU engine, off on a CPU
 
@@ -127,7 +128,7 @@ class SchedulerSection:
                   max_tokens_per_owner=self.max_tokens_per_owner)
         if self.max_hold_ms < 0:
             raise ValueError(f"scheduler.max_hold_ms must be >= 0, got {self.max_hold_ms}")
-        if not self.start_hold_ms >= 0:
+        if self.start_hold_ms is not None and not self.start_hold_ms >= 0:
             raise ValueError(f"scheduler.start_hold_ms must be >= 0, got {self.start_hold_ms}")
 
 

@@ -121,3 +121,38 @@ def test_a_running_generations_pass_is_not_held_for_starting_instances():
 def test_start_hold_ms_is_validated():
     with pytest.raises(ValueError, match="SchedulerPolicy.start_hold_ms must be >= 0"):
         SchedulerPolicy(start_hold_ms=-1)
+
+
+def test_launches_that_keep_coming_hold_a_first_pass_no_longer_than_the_bound():
+    """Each new instance starting would re-arm a hold; the bound counts from the pass's own
+    submission, so a stream of launches (a tenant launching without end) cannot starve it."""
+    engine = FakeEngine(num_pages=8, page_size=4)
+    stop = threading.Event()
+    with BatchScheduler(engine, SchedulerPolicy(start_hold_ms=200, max_hold_ms=0)) as scheduler:
+        scheduler.owner_starting("a")
+        scheduler.owner_starting("stream-first")
+
+        def launch_forever() -> None:
+            for i in range(100):                   # one launch every 20 ms for 2 s
+                if stop.wait(0.02):
+                    return
+                scheduler.owner_starting(f"stream-{i}")
+
+        launcher = threading.Thread(target=launch_forever)
+        launcher.start()
+        started = time.monotonic()
+        submit_and_wait(scheduler, "a", 0)
+        held_s = time.monotonic() - started
+        stop.set()
+        launcher.join()
+    assert 0.15 <= held_s < 0.6
+
+
+def test_the_runtime_holds_first_passes_on_a_cpu_engine_only():
+    from host.runtime import start_hold_by_default
+
+    class GpuEngine:
+        device = type("Device", (), {"type": "cuda"})()
+
+    assert start_hold_by_default(FakeEngine(num_pages=8, page_size=4)) == 500.0
+    assert start_hold_by_default(GpuEngine()) == 0.0

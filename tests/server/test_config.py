@@ -117,7 +117,8 @@ def test_scheduler_start_hold_ms_reaches_the_runtime() -> None:
     from host.server.setup import build_runtime
     from tests.host.fake_engine import FakeEngine
 
-    for scheduler, start_hold_ms in (({}, 0.0), ({"start_hold_ms": 50}, 50.0)):
+    for scheduler, start_hold_ms in (({}, 500.0), ({"start_hold_ms": 50}, 50.0),   # CPU: 500
+                                     ({"start_hold_ms": 0}, 0.0)):
         config = parse_config({"tenants": [TENANT], "scheduler": scheduler})
         runtime = build_runtime(config, FakeEngine(num_pages=16, page_size=4))
         try:
