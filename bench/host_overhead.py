@@ -153,7 +153,8 @@ def launch_rows(py_wasm: bytes, config: RuntimeConfig, repeats: int) -> tuple[li
     rows = [("Python guest: launch to result (cached)", f"{launch * 1e3:.2f} ms",
              f"target <= 5; load from the disk cache {cached_load * 1e3:.1f} ms"),
             ("  the same, memories counted (pie serve / pie run)", f"{counted * 1e3:.2f} ms",
-             "count_linear_memory: the heap image is copied, not mapped copy-on-write")]
+             "count_linear_memory: the heap image copied into a pooled memory, not mapped "
+             "copy-on-write")]
     return rows, {"launch_ms": launch * 1e3, "launch_ms_counted": counted * 1e3}
 
 

@@ -127,8 +127,9 @@ class RuntimeConfig:
                    (host/sandbox/linear_memory.py): memory_mb is then the exact total of its
                    memories and an instance that hit it is told so whatever the guest reports.
                    Costs copy-on-write images: a componentize-py instance's 12.6 MiB heap
-                   image is copied, so it starts ~8 ms later (instantiation ~9 ms instead of ~1
-                   on a 2-vCPU EPYC) and an idle one holds ~12 MB instead of ~5. False:
+                   image is copied into its memory at each start (~1 ms; into fresh pages, on
+                   a 2-vCPU EPYC VM, up to 30 ms: see memory_pool_mb) and an idle one holds
+                   ~12 MB instead of ~5. False:
                    Wasmtime's memories, memory_mb split evenly over max_memories, the limit
                    named when the guest's own report shows it (MemoryError, an allocation
                    failure).

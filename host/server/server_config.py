@@ -56,6 +56,7 @@ class ServerSection:
     shutdown_grace_s: float = 10.0            # running instances may finish within this
     openai: bool = True                       # serve /v1/* through the built-in inferlet
     count_linear_memory: bool = True          # name memory_mb whenever an instance hits it
+    memory_pool_mb: int = 1024                # ended instances' memories kept for reuse (0: none)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -66,6 +67,9 @@ class ServerSection:
                   max_tenant_upload_bytes=self.max_tenant_upload_bytes)
         if self.shutdown_grace_s < 0:
             raise ValueError(f"server.shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
+        if not 0 <= self.memory_pool_mb <= 1 << 20:
+            raise ValueError(f"server.memory_pool_mb must be in 0..{1 << 20}, "
+                             f"got {self.memory_pool_mb}")
 
     def resolved_data_dir(self) -> Path:
         """The program store directory (created by the store, not here)."""

@@ -58,7 +58,8 @@ def build_runtime(config: ServerConfig, engine: Any) -> Any:
     limits = InstanceLimits(memory_mb=config.limits.memory_mb, max_idle_s=config.limits.max_idle_s)
     shares = resolve_kv_shares(config.tenants, engine.num_pages)
     return Runtime(engine, RuntimeConfig(scheduler=policy, limits=limits, kv_shares=shares,
-                                         count_linear_memory=config.server.count_linear_memory))
+                                         count_linear_memory=config.server.count_linear_memory,
+                                         memory_pool_mb=config.server.memory_pool_mb))
 
 
 def runtime_figures(runtime: Any) -> RuntimeFigures:

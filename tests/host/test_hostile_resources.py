@@ -110,7 +110,7 @@ def test_memories_share_one_memory_limit(counted, components, make_runtime,  # n
 def test_counted_memory_limit_is_named_whatever_the_guest_says(  # noqa: F811
         guest, status, components, make_runtime, solo_results):  # noqa: F811
     """memory_liar hits the limit, then fails with CPython's misleading TypeError; the host saw
-    the refused growth and says so. Its memory is unmapped once it ends."""
+    the refused growth and says so."""
     runtime = make_runtime(fresh_engine(), LIMITS, count_linear_memory=True)
     num_free = runtime.statistics().pages.num_free
     hostile_id, well_behaved = run_beside_well_behaved(runtime, components, guest)

@@ -92,6 +92,22 @@ def test_serve_counts_linear_memory_unless_turned_off() -> None:
         parse_config({"server": {"count_linear_memory": "yes"}, "tenants": tenants})
 
 
+def test_server_memory_pool_mb_reaches_the_counted_memories() -> None:
+    from host.server.setup import build_runtime
+    from tests.host.fake_engine import FakeEngine
+
+    tenants = [{"name": "a", "token": "t"}]
+    config = parse_config({"server": {"memory_pool_mb": 0}, "tenants": tenants})
+    runtime = build_runtime(config, FakeEngine(num_pages=16, page_size=4))
+    try:
+        pool = runtime.linear_memories.pool
+        assert not pool.put(type("Memory", (), {"capacity": 1, "num_mapped": 2, "num_bytes": 1}))
+    finally:
+        runtime.close()
+    with pytest.raises(ConfigError, match="memory_pool_mb"):
+        parse_config({"server": {"memory_pool_mb": -1}, "tenants": tenants})
+
+
 def test_the_engine_section_reaches_the_loaded_engine() -> None:
     config = parse_config({"tenants": [TENANT], "engine": {
         "num_pages": 48, "page_size": 8, "max_pass_tokens": 100, "kv_dtype": "float32"}})
