@@ -2,23 +2,23 @@
 
 When a batch fires -- "adaptive": as soon as the engine is idle and anything is pending, except
 right after a batch, when the next one is held until every *expected* owner has blocked again or
-ended, or until the hold bound has passed, whichever comes first. Likewise, without overlap
-(`start_hold_ms` > 0), a batch about to fire whose passes are all the first passes of launched
-instances waits for the other instances launched and not blocked yet (`owner_starting`), at
-most start_hold_ms, each of them once: on a CPU engine a batch run while instances start shares
-the cores with them, and prompts run together cost less than apart (8 instances launched at
-once: the first one's prefill, alone, took 82-87 ms beside the others' start-up instead of ~30,
-and the other seven's ran after it; 8 prompts in one pass 110 ms, in two 135-185 ms). A batch
-with any other pass (a running generation's step) is never held for starting instances. The
-expected owners (instances)
-are those that were blocked on one of the batch's passes when it resolved (the batch wakes them);
-one has blocked again when it waits on a pass that is not done yet (forward-future.get,
-queue.synchronize), or on a message (`owner_waiting`), and has ended when `cancel_owner` is
-called for it. The bound is min(max_hold_ms, hold_fraction x the engine time of that batch),
-counted from its end. So the decode steps of many instances (or of one instance's forks), which
-come back at slightly different times, regroup into full batches; a lone instance is held only
-until it waits again, i.e. not at all once its next pass is in. "k-or-t": when k queues have work
-or the oldest item has waited t_ms.
+ended, or until the hold bound has passed, whichever comes first. Likewise (`start_hold_ms` > 0,
+with or without overlap), a batch about to fire whose passes are all the first passes of launched
+instances waits for the other instances launched and not blocked yet (`owner_starting`), each of
+them once, until its oldest pass has waited start_hold_ms in all (a stream of launches cannot hold
+it longer): on a CPU engine a batch run while instances start shares the cores with them, and
+prompts run together cost less than apart (8 instances launched at once: the first one's prefill,
+alone, took 82-87 ms beside the others' start-up instead of ~30, and the other seven's ran after
+it; 8 prompts in one pass 110 ms, in two 135-185 ms). A batch with any other pass (a running
+generation's step, one prepared ahead) is never held for starting instances. The expected owners
+(instances) are those that were blocked on one of the batch's passes when it resolved (the batch
+wakes them); one has blocked again when it waits on a pass that is not done yet
+(forward-future.get, queue.synchronize), or on a message (`owner_waiting`), and has ended when
+`cancel_owner` is called for it. The bound is min(max_hold_ms, hold_fraction x the engine time of
+that batch), counted from its end. So the decode steps of many instances (or of one instance's
+forks), which come back at slightly different times, regroup into full batches; a lone instance is
+held only until it waits again, i.e. not at all once its next pass is in. "k-or-t": when k queues
+have work or the oldest item has waited t_ms.
 
 Who runs a batch (one at a time): adaptive with run_on_waiter, the thread about to block on one of
 its passes when the batch may fire right then (no hand-off to the engine thread and back); else,
@@ -47,7 +47,7 @@ class FiringRules:
         """`owner_id` was launched: with `start_hold_ms`, a batch of first passes may wait for
         it until it first blocks or ends (see the module's docstring)."""
         policy = self.policy
-        if policy.kind == "adaptive" and (policy.start_hold_ms or 0) > 0 and self._overlap is None:
+        if policy.kind == "adaptive" and (policy.start_hold_ms or 0) > 0:
             with self._lock:
                 self._starting.add(owner_id)
                 self._unrun.add(owner_id)
