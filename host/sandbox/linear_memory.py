@@ -70,7 +70,7 @@ def _error(message: str) -> int:
 
 
 class _Memory:
-    __slots__ = ("base", "num_bytes", "capacity", "mapping", "num_mapped", "owner")
+    __slots__ = ("base", "num_bytes", "capacity", "mapping", "num_mapped", "owner", "reusable")
 
     def __init__(self, base: int, num_bytes: int, capacity: int, mapping: int, num_mapped: int,
                  owner: MemoryOwner | None) -> None:
@@ -80,6 +80,7 @@ class _Memory:
         self.mapping = mapping        # the start of what was mapped: base less its alignment
         self.num_mapped = num_mapped  # what was mapped: alignment, capacity and guard
         self.owner = owner
+        self.reusable = True          # False once a protection change failed: never pooled
 
 
 class LinearMemories:
@@ -156,6 +157,7 @@ class LinearMemories:
             if owner is not None and not self._charge(owner, delta):
                 return _error(f"memory limit {owner.memory_limit_bytes >> 20} MiB reached")
             if not self._protect(memory.base, memory.num_bytes, new_size):
+                memory.reusable = False     # pages past its size may be accessible now
                 if owner is not None:
                     self._charge(owner, -delta)
                 return _error("cannot make linear memory accessible")
@@ -172,7 +174,7 @@ class LinearMemories:
         if memory.owner is not None:
             self._charge(memory.owner, -memory.num_bytes)
             memory.owner = None
-        if not self.pool.put(memory):
+        if not (memory.reusable and self.pool.put(memory)):
             self._libc.munmap(memory.mapping, memory.num_mapped)
 
     # ------------------------------------------------------------------------- the pool

@@ -129,3 +129,19 @@ def test_without_a_pool_an_ended_memory_is_unmapped():
     del store
     gc.collect()
     assert memories.pool.num_memories == 0 and smaps_entry(base) == {}
+
+
+def test_a_memory_whose_growth_failed_to_change_protection_is_not_pooled():
+    """A failed mprotect may have left pages past the size accessible: such a memory is unmapped
+    at its end, never handed to another instance."""
+    memories = LinearMemories(threading.local(), pool_bytes=64 << 20)
+    engine = make_engine(memories)
+    store = Store(engine)
+    store.set_epoch_deadline(1_000_000)
+    reader = Instance(store, Module(engine, READER), [])
+    base = memory_base(store, reader)[0]
+    memories._protect = lambda *_args: False           # the next growth's mprotect fails
+    assert reader.exports(store)["grow"](store, 1) == -1
+    del reader, store
+    gc.collect()
+    assert memories.pool.num_memories == 0 and smaps_entry(base) == {}
