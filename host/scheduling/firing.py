@@ -46,8 +46,7 @@ class FiringRules:
     def owner_starting(self, owner_id: Hashable) -> None:
         """`owner_id` was launched: with `start_hold_ms`, a batch of first passes may wait for
         it until it first blocks or ends (see the module's docstring)."""
-        policy = self.policy
-        if policy.kind == "adaptive" and (policy.start_hold_ms or 0) > 0:
+        if self.policy.kind == "adaptive" and self._start_hold_s > 0:
             with self._lock:
                 self._starting.add(owner_id)
                 self._unrun.add(owner_id)
@@ -119,12 +118,11 @@ class FiringRules:
         if any(owner_of(key) not in unrun for key in self._queues):
             return False
         oldest = min(queue[0].enqueued_at for queue in self._queues.values())
-        until = oldest + (self.policy.start_hold_ms or 0) / 1000   # a pass waits that long in all
+        until = oldest + self._start_hold_s                  # a pass waits that long in all
+        starting, self._starting = self._starting, set()    # each owner is waited for once
         if until <= time.monotonic():
-            self._starting = set()
             return False
-        self._expected |= self._starting
-        self._starting = set()
+        self._expected |= starting
         self._hold_until = max(self._hold_until, until)    # never cuts a hold after a batch short
         self._counts.num_holds += 1
         return True

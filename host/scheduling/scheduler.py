@@ -68,6 +68,7 @@ class BatchScheduler(FiringRules):
         self._counts = BatchCounts()
         self._expected: set[Hashable] = set()   # adaptive: owners the next batch is held for
         self._hold_until = 0.0                  # monotonic end of that hold
+        self._start_hold_s = (policy.start_hold_ms or 0) / 1000   # None (unresolved): none
         self._starting: set[Hashable] = set()   # adaptive: owners launched, not blocked yet
         self._unrun: set[Hashable] = set()      # ... launched, none of their passes taken yet
         self._running = False                   # a batch is running (engine or waiting thread)
