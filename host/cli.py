@@ -118,7 +118,8 @@ def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
     print(f"pie run: engine: {engine.kernel_summary}", file=sys.stderr)
     from host.runtime import Runtime
     # one instance: naming its memory limit exactly is worth its slower start
-    with Runtime(engine, RuntimeConfig(cache_dir=cache_dir, count_linear_memory=True)) as runtime:
+    with Runtime(engine, RuntimeConfig(cache_dir=cache_dir, count_linear_memory=True,
+                                       freeze_heap=True)) as runtime:
         program = _load_program(runtime, wasm_path)
         if program is None:
             return EXIT_ERROR

@@ -9,6 +9,7 @@ exactly one final InstanceEvent.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib.metadata
 import itertools
 import logging
@@ -24,7 +25,7 @@ from host.kv import ExportRegistry, InstancePages, PageAllocator, PageStats
 from host.kv.contention import Holder, PoolView, next_victim, tenant_shares
 from host.messages.hub import MessageHub
 from host.runtime_config import InstanceLimits, RuntimeConfig
-from host.sandbox.events import InstanceEvent, InstanceOutcome
+from host.sandbox.events import EndedInstance, InstanceEvent, InstanceOutcome
 from host.sandbox.instance import HostServices, Instance, ModelInfo
 from host.sandbox.instance_threads import InstanceThreads
 from host.sandbox.linear_memory import LinearMemories
@@ -116,7 +117,7 @@ class Runtime:
             counts_memory=self.linear_memories is not None)
         self._lock = threading.Lock()
         self._running: dict[str, Instance] = {}
-        self._finished: dict[str, Instance] = {}
+        self._finished: dict[str, EndedInstance] = {}   # the newest, bounded
         self._abandoned: dict[str, Instance] = {}   # ended on another thread than their own
         self._num_finished_chars = 0          # log and result characters of _finished
         self._launch_counter = itertools.count()
@@ -126,6 +127,9 @@ class Runtime:
         self.scheduler.start()
         self._ticker = threading.Thread(target=self._tick, name="pie-epoch", daemon=True)
         self._ticker.start()
+        if config.freeze_heap:
+            gc.collect()
+            gc.freeze()
 
     # -------------------------------------------------------------- programs
     def load_program(self, wasm_bytes: bytes) -> Program:
@@ -230,7 +234,7 @@ class Runtime:
         self.close()
 
     # -------------------------------------------------------------- internal
-    def _instance(self, instance_id: str) -> Instance:
+    def _instance(self, instance_id: str) -> Instance | EndedInstance:
         with self._lock:
             instance = self._running.get(instance_id) or self._finished.get(instance_id)
         if instance is None:
@@ -255,12 +259,13 @@ class Runtime:
         self.hub.close(instance.instance_id, reason)
         instance.tables.clear()
         instance.trim_log(self.config.finished_log_chars)
+        ended = EndedInstance(instance.instance_id, outcome, instance.log_lines())
         with self._lock:
             self._running.pop(instance.instance_id, None)
-            self._finished[instance.instance_id] = instance
+            self._finished[instance.instance_id] = ended
             if not instance.on_own_thread():      # abandoned: its thread is stuck in WASI
                 self._abandoned[instance.instance_id] = instance
-            self._num_finished_chars += _kept_chars(instance)
+            self._num_finished_chars += ended.num_kept_chars
             self._forget_finished()
             self._num_finished += 1
         emit(InstanceEvent(instance.instance_id, outcome.event_kind, outcome.value))
@@ -281,7 +286,7 @@ class Runtime:
                 len(self._finished) > _MAX_FINISHED_KEPT
                 or self._num_finished_chars > self.config.max_finished_chars):
             oldest = self._finished.pop(next(iter(self._finished)))
-            self._num_finished_chars -= _kept_chars(oldest)
+            self._num_finished_chars -= oldest.num_kept_chars
 
     def export_page_limit(self, tenant: str) -> int:
         """Most distinct pages `tenant`'s exports may hold: its configured share, else what the
@@ -350,12 +355,6 @@ def _reclaim_reason(view: PoolView, victim: Holder, requester_id: str,
            f"tenant {victim.tenant!r} held {view.tenant_pages.get(victim.tenant, 0)} pages, over "
            f"its guaranteed share of {view.shares.get(victim.tenant, 0)}")
     return f"out of KV pages: terminated to free pages for instance {requester_id} ({why})"
-
-
-def _kept_chars(instance: Instance) -> int:
-    """Characters an ended instance keeps: its (trimmed) log and its outcome's value."""
-    outcome = instance.outcome
-    return instance.num_log_chars + (len(outcome.value) if outcome is not None else 0)
 
 
 def _version() -> str:

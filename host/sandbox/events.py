@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["InstanceEvent", "InstanceOutcome", "EVENT_KINDS", "OUTCOME_STATUSES"]
+__all__ = ["EndedInstance", "InstanceEvent", "InstanceOutcome", "EVENT_KINDS", "OUTCOME_STATUSES"]
 
 EVENT_KINDS = ("message", "result", "error", "trap", "terminated")
 OUTCOME_STATUSES = ("ok", "error", "trap", "terminated")
@@ -45,3 +45,29 @@ class InstanceOutcome:
     def event_kind(self) -> str:
         """The kind of the final InstanceEvent that carries this outcome."""
         return {"ok": "result", "error": "error"}.get(self.status, self.status)
+
+
+@dataclass(frozen=True)
+class EndedInstance:
+    """What the runtime keeps of an ended instance: its outcome and (trimmed) log, answering
+    the calls a client may still make (`wait`, `terminate`, `log_lines`) as the Instance did.
+    Not the Instance itself: its locks, tables and callbacks (~70 Python objects) would stay
+    alive for every instance kept, and a full garbage collection walks all of them."""
+
+    instance_id: str
+    outcome: InstanceOutcome
+    log: tuple[str, ...]
+
+    def wait(self, timeout: float | None = None) -> InstanceOutcome:
+        return self.outcome
+
+    def terminate(self, reason: str, status: str = "terminated") -> bool:
+        return False                       # it has ended already
+
+    def log_lines(self) -> tuple[str, ...]:
+        return self.log
+
+    @property
+    def num_kept_chars(self) -> int:
+        """Characters kept: the log's and the outcome's value."""
+        return sum(map(len, self.log)) + len(self.outcome.value)

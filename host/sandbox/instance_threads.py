@@ -81,13 +81,15 @@ class InstanceThreads:
             worker.wake.release()               # target None: exit
 
     def _start_thread(self, target: Callable[[], None] | None, name: str) -> None:
-        thread = threading.Thread(target=self._loop, args=(_Worker(), target), name=name,
-                                  daemon=True)
+        worker = _Worker()
+        worker.target = target   # in the slot, not the Thread's args: those live as long as it
+        thread = threading.Thread(target=self._loop, args=(worker,), name=name, daemon=True)
         thread.start()
 
-    def _loop(self, worker: _Worker, target: Callable[[], None] | None) -> None:
+    def _loop(self, worker: _Worker) -> None:
         """A pool thread: run the target, then wait for the next one (or exit)."""
         thread = threading.current_thread()
+        target, worker.target = worker.target, None
         while True:
             if target is not None:
                 try:

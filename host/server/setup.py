@@ -59,7 +59,8 @@ def build_runtime(config: ServerConfig, engine: Any) -> Any:
     shares = resolve_kv_shares(config.tenants, engine.num_pages)
     return Runtime(engine, RuntimeConfig(scheduler=policy, limits=limits, kv_shares=shares,
                                          count_linear_memory=config.server.count_linear_memory,
-                                         memory_pool_mb=config.server.memory_pool_mb))
+                                         memory_pool_mb=config.server.memory_pool_mb,
+                                         freeze_heap=True))
 
 
 def runtime_figures(runtime: Any) -> RuntimeFigures:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -111,3 +112,21 @@ def test_closing_ends_the_idle_threads_and_later_targets_still_run_on_threads_th
 def test_sizes_are_validated(num_spare, max_idle, idle_s):
     with pytest.raises(ValueError, match="InstanceThreads"):
         InstanceThreads(num_spare, max_idle, idle_s)
+
+
+def test_a_pool_thread_keeps_nothing_of_a_target_it_ran():
+    """The first target of a new thread too (a Thread's args live as long as the thread)."""
+    pool = InstanceThreads(num_spare=0, max_idle=8)
+
+    class Payload:
+        pass
+
+    for _ in range(2):                    # on a new thread, then on the idle one
+        payload = Payload()
+        ran = threading.Event()
+        pool.run(lambda payload=payload: ran.set(), "pie-payload")
+        assert ran.wait(5)
+        kept = weakref.ref(payload)
+        del payload
+        assert wait_until(lambda: kept() is None and pool.num_idle == 1)
+    pool.close()

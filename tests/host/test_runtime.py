@@ -3,11 +3,13 @@ messaging, contention, statistics."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import queue
 import time
 
 import pytest
 
+from host.sandbox.instance import Instance
 from host.scheduling.scheduler import SchedulerPolicy
 from tests.host.components import components, make_runtime, program_cache_dir  # noqa: F401
 from tests.host.fake_engine import FakeEngine, FakeTokenizer, fake_next_token
@@ -227,3 +229,38 @@ def test_every_binding_lowers_and_lifts(components, make_runtime):  # noqa: F811
     assert runtime.instance_log(instance_id)[-1] == "log: step 7"
     assert engine.statistics().num_copied_tokens >= 2
     assert runtime.statistics().pages.num_free == 16
+
+
+def test_an_ended_instance_is_kept_as_its_outcome_and_log_only(components,  # noqa: F811
+                                                                make_runtime):
+    """Not its Instance (tables, locks, callbacks): thousands are kept for `wait`."""
+    runtime = make_runtime(FakeEngine())
+    instance_id = launch(runtime, components, "hello_stdio")
+    assert runtime.wait(instance_id, timeout=5).value == "printed"
+
+    def instance_alive() -> bool:
+        gc.collect()
+        return any(type(o) is Instance and o.instance_id == instance_id
+                   for o in gc.get_objects())
+
+    deadline = time.monotonic() + 5
+    while instance_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not instance_alive()
+    outcome = runtime.wait(instance_id, timeout=0)
+    assert (outcome.status, outcome.value) == ("ok", "printed")
+    assert runtime.instance_log(instance_id) == ("stdout: hello from stdout",
+                                                 "stderr: warning on stderr")
+    assert runtime.terminate(instance_id) is False
+    assert runtime.send(instance_id, "late") is False
+
+
+def test_freeze_heap_puts_the_objects_alive_out_of_the_collectors_reach(make_runtime):  # noqa: F811
+    gc.unfreeze()
+    try:
+        make_runtime(FakeEngine())
+        assert gc.get_freeze_count() == 0            # the default: the process's GC untouched
+        make_runtime(FakeEngine(), freeze_heap=True)
+        assert gc.get_freeze_count() > 1000          # the engine's, the runtime's, pytest's...
+    finally:
+        gc.unfreeze()

@@ -1,11 +1,21 @@
 """Config validation at load: every mistake is a ConfigError naming the file and the field."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
 from host.server.server_config import ConfigError, load_config, parse_config
 from host.server.setup import load_engine_for
+
+
+@pytest.fixture(autouse=True)
+def _unfrozen_heap():
+    """build_runtime freezes the process's heap, as `pie serve` does: undone after each test."""
+    yield
+    gc.unfreeze()
+
 
 TENANT = {"name": "a", "token": "t"}
 
@@ -86,6 +96,7 @@ def test_serve_counts_linear_memory_unless_turned_off() -> None:
         runtime = build_runtime(config, FakeEngine(num_pages=16, page_size=4))
         try:
             assert (runtime.linear_memories is not None) is counted
+            assert runtime.config.freeze_heap         # the server's objects out of GC's reach
         finally:
             runtime.close()
     with pytest.raises(ConfigError, match="count_linear_memory"):
