@@ -19,7 +19,8 @@ the kernel has no huge pages to give it falls back to 4 KiB pages, as before. A 
 partial 2 MiB stays in small pages (only whole read-write 2 MiB ranges get a huge page), so a
 memory's resident size stays within its accessible size.
 
-An ended instance's memory goes to a `MemoryPool` (`pool_bytes`, 0 = none) when it fits; a new
+An ended instance's memory goes to a `MemoryPool` (`pool_bytes`, 0 = none; unmapped after
+`pool_idle_s` unused) when it fits; a new
 memory of the same shape is then that one, every byte the last instance could reach zeroed here
 and what lies past the new size made inaccessible again (host/sandbox/memory_pool.py: why).
 """
@@ -86,10 +87,11 @@ class _Memory:
 class LinearMemories:
     """The host memory creator of one Wasmtime engine. Keep it alive as long as the engine."""
 
-    def __init__(self, current: threading.local, pool_bytes: int = 0) -> None:
+    def __init__(self, current: threading.local, pool_bytes: int = 0,
+                 pool_idle_s: float = 600.0) -> None:
         self._current = current
         self._libc = _libc()
-        self.pool: MemoryPool[_Memory] = MemoryPool(pool_bytes)
+        self.pool: MemoryPool[_Memory] = MemoryPool(pool_bytes, idle_s=pool_idle_s)
         self._lock = threading.Lock()
         self._memories: dict[int, _Memory] = {}
         self._next_key = 1

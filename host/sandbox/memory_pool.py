@@ -38,7 +38,7 @@ class MemoryPool(Generic[M]):
     """Released memories by shape (capacity, num_mapped), most recently released first."""
 
     def __init__(self, max_total_bytes: int, max_memory_bytes: int = 64 << 20,
-                 idle_s: float = 30.0) -> None:
+                 idle_s: float = 600.0) -> None:
         if max_total_bytes < 0 or max_memory_bytes < 0 or not idle_s > 0:
             raise ValueError(f"MemoryPool: bounds must be >= 0 and idle_s > 0, got "
                              f"{max_total_bytes}, {max_memory_bytes}, {idle_s}")
@@ -49,6 +49,11 @@ class MemoryPool(Generic[M]):
         self._kept: dict[tuple[int, int], deque[tuple[float, M]]] = {}
         self._num_bytes = 0
         self._closed = False
+
+    @property
+    def idle_s(self) -> float:
+        """How long a memory is kept unused before take_idle gives it back."""
+        return self._idle_s
 
     @property
     def num_bytes(self) -> int:

@@ -57,6 +57,7 @@ class ServerSection:
     openai: bool = True                       # serve /v1/* through the built-in inferlet
     count_linear_memory: bool = True          # name memory_mb whenever an instance hits it
     memory_pool_mb: int = 1024                # ended instances' memories kept for reuse (0: none)
+    memory_pool_idle_s: float = 600.0         # a pooled memory unused this long is unmapped
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -70,6 +71,9 @@ class ServerSection:
         if not 0 <= self.memory_pool_mb <= 1 << 20:
             raise ValueError(f"server.memory_pool_mb must be in 0..{1 << 20}, "
                              f"got {self.memory_pool_mb}")
+        if not 0 < self.memory_pool_idle_s <= 86_400:
+            raise ValueError(f"server.memory_pool_idle_s must be in (0, 86400], "
+                             f"got {self.memory_pool_idle_s}")
 
     def resolved_data_dir(self) -> Path:
         """The program store directory (created by the store, not here)."""

@@ -60,6 +60,7 @@ def build_runtime(config: ServerConfig, engine: Any) -> Any:
     return Runtime(engine, RuntimeConfig(scheduler=policy, limits=limits, kv_shares=shares,
                                          count_linear_memory=config.server.count_linear_memory,
                                          memory_pool_mb=config.server.memory_pool_mb,
+                                         memory_pool_idle_s=config.server.memory_pool_idle_s,
                                          freeze_heap=True))
 
 

@@ -12,9 +12,12 @@ from dataclasses import dataclass
 import pytest
 from wasmtime import Instance, Module, Store, Trap, WasmtimeError
 
+from host.runtime_config import RuntimeConfig
 from host.sandbox.compile_worker import make_engine
 from host.sandbox.linear_memory import LinearMemories
 from host.sandbox.memory_pool import MemoryPool
+from tests.host.components import make_runtime, program_cache_dir  # noqa: F401
+from tests.host.fake_engine import FakeEngine
 from tests.host.test_linear_memory import smaps_entry
 
 WASM_PAGE = 64 << 10
@@ -145,3 +148,12 @@ def test_a_memory_whose_growth_failed_to_change_protection_is_not_pooled():
     del reader, store
     gc.collect()
     assert memories.pool.num_memories == 0 and smaps_entry(base) == {}
+
+
+def test_the_runtime_keeps_pooled_memories_for_memory_pool_idle_s(make_runtime):  # noqa: F811
+    runtime = make_runtime(FakeEngine(), count_linear_memory=True, memory_pool_idle_s=42.0)
+    assert runtime.linear_memories.pool.idle_s == 42.0
+    assert RuntimeConfig().memory_pool_idle_s == 600.0      # bursts minutes apart stay warm
+    for bad in (0, -1.0, 86_401):
+        with pytest.raises(ValueError, match="memory_pool_idle_s"):
+            RuntimeConfig(memory_pool_idle_s=bad)

@@ -108,15 +108,19 @@ def test_server_memory_pool_mb_reaches_the_counted_memories() -> None:
     from tests.host.fake_engine import FakeEngine
 
     tenants = [{"name": "a", "token": "t"}]
-    config = parse_config({"server": {"memory_pool_mb": 0}, "tenants": tenants})
+    config = parse_config({"server": {"memory_pool_mb": 0, "memory_pool_idle_s": 30.0},
+                           "tenants": tenants})
     runtime = build_runtime(config, FakeEngine(num_pages=16, page_size=4))
     try:
         pool = runtime.linear_memories.pool
         assert not pool.put(type("Memory", (), {"capacity": 1, "num_mapped": 2, "num_bytes": 1}))
+        assert pool.idle_s == 30.0
     finally:
         runtime.close()
     with pytest.raises(ConfigError, match="memory_pool_mb"):
         parse_config({"server": {"memory_pool_mb": -1}, "tenants": tenants})
+    with pytest.raises(ConfigError, match="memory_pool_idle_s"):
+        parse_config({"server": {"memory_pool_idle_s": 0}, "tenants": tenants})
 
 
 def test_the_engine_section_reaches_the_loaded_engine() -> None:
