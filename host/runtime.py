@@ -91,9 +91,9 @@ class Runtime:
             policy = dataclasses.replace(policy, start_hold_ms=start_hold_by_default(engine))
         current = threading.local()
         # lives as long as the engine; None: Wasmtime's own memories (copy-on-write images)
-        self.linear_memories = (LinearMemories(current, config.memory_pool_mb << 20,
-                                                 config.memory_pool_idle_s)
-                               if config.count_linear_memory else None)
+        self.linear_memories = (
+            LinearMemories(current, config.memory_pool_mb << 20, config.memory_pool_idle_s)
+            if config.count_linear_memory else None)
         self.wasm_engine = make_engine(self.linear_memories)
         self.programs = ProgramCache(self.wasm_engine, config.cache_dir, provided_items(),
                                      compile_timeout_s=config.compile_timeout_s,

@@ -20,9 +20,9 @@ partial 2 MiB stays in small pages (only whole read-write 2 MiB ranges get a hug
 memory's resident size stays within its accessible size.
 
 An ended instance's memory goes to a `MemoryPool` (`pool_bytes`, 0 = none; unmapped after
-`pool_idle_s` unused) when it fits; a new
-memory of the same shape is then that one, every byte the last instance could reach zeroed here
-and what lies past the new size made inaccessible again (host/sandbox/memory_pool.py: why).
+`pool_idle_s` unused) when it fits; a new memory of the same shape is then that one, every byte
+the last instance could reach zeroed here and what lies past the new size made inaccessible
+again (host/sandbox/memory_pool.py: why).
 """
 from __future__ import annotations
 
