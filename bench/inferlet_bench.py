@@ -3,7 +3,9 @@
     python bench/inferlet_bench.py [--tokens 64] [--repeats 3] [--dtype auto] [--json]
 
 Rows (medians of --repeats runs, wall time; the greedy rows' engine and wasm runs in alternated
-pairs, their ratio the median of the pairs'):
+pairs, their ratio the median of the pairs', after one untimed run of each side at that width:
+a first run at a new width pays what a running server has paid already, the memories of the
+instances it adds mapped fresh, ~30 ms of system time each on a VM with a balloon driver):
   greedy x1   text_completion (--ignore-eos, greedy; on host loops, or --step-by-step) vs
               Engine.generate_greedy, same prompt/tokens
   greedy x8   8 concurrent instances vs Engine.generate_greedy_batch of the 8 prompts
@@ -141,6 +143,8 @@ def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int, clock:
             wasm_counts["requests"] += after.num_requests - before.num_requests
             wasm_counts["batches"] += after.num_batches - before.num_batches
 
+        run_all(runtime, program, arg_lists)           # untimed: the width's first run
+        engine.generate_greedy_batch([encode(p) for p in prompts], num_tokens)
         engine_s, wasm_s, pair_ratios, outside_shares = paired_times(
             lambda: engine.generate_greedy_batch([encode(p) for p in prompts], num_tokens),
             wasm_run, repeats, clock)
