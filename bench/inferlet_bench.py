@@ -98,13 +98,13 @@ def prompts_of(width: int) -> list[str]:
     return [f"{PROMPTS[i % len(PROMPTS)]} (story {i + 1})" for i in range(width)]
 
 
-def paired_times(engine_run, wasm_run, repeats: int, clock: ForwardClock | None = None
+def paired_times(engine_run, wasm_run, repeats: int, clock: ForwardClock
                  ) -> tuple[float, float, list[float], list[float]]:
     """(engine s, wasm s, each pair's wasm / engine, each pair's outside share): medians of
     the times over `repeats` pairs, the two runs of a pair back to back and their order
     alternated, so that both sides of each ratio see the same phase of the machine (its speed
     drifts by 20-30% over tens of seconds here: timing all engine runs, then all wasm runs,
-    moved the 64-instance ratio between 0.8 and 1.2). With `clock`, a pair's outside share is
+    moved the 64-instance ratio between 0.8 and 1.2). A pair's outside share is
     (wasm's time outside the forwards - the engine loop's) / the engine loop's wall: what the
     host and the guests add, free of the forwards' own drift (it misses forwards made slower
     by host work beside them, which the ratio counts)."""
@@ -112,10 +112,9 @@ def paired_times(engine_run, wasm_run, repeats: int, clock: ForwardClock | None 
     pair = [(engine_run, engine_times, "engine"), (wasm_run, wasm_times, "wasm")]
     for repeat in range(repeats):
         for run, times, side in (pair if repeat % 2 == 0 else pair[::-1]):
-            forward_s = clock.seconds if clock else 0.0
+            forward_s = clock.seconds
             times.append(wall_seconds(run))
-            if clock:
-                outside[side].append(times[-1] - (clock.seconds - forward_s))
+            outside[side].append(times[-1] - (clock.seconds - forward_s))
     pair_ratios = [w / e for w, e in zip(wasm_times, engine_times)]
     outside_shares = [(w - e) / engine for w, e, engine in
                       zip(outside["wasm"], outside["engine"], engine_times)]
@@ -143,16 +142,17 @@ def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int, clock:
             wasm_counts["requests"] += after.num_requests - before.num_requests
             wasm_counts["batches"] += after.num_batches - before.num_batches
 
+        def engine_run() -> list[list[int]]:
+            return engine.generate_greedy_batch([encode(p) for p in prompts], num_tokens)
+
         run_all(runtime, program, arg_lists)           # untimed: the width's first run
-        engine.generate_greedy_batch([encode(p) for p in prompts], num_tokens)
-        engine_s, wasm_s, pair_ratios, outside_shares = paired_times(
-            lambda: engine.generate_greedy_batch([encode(p) for p in prompts], num_tokens),
-            wasm_run, repeats, clock)
+        engine_run()
+        engine_s, wasm_s, pair_ratios, outside_shares = paired_times(engine_run, wasm_run,
+                                                                     repeats, clock)
         ratio, outside = statistics.median(pair_ratios), statistics.median(outside_shares)
         mean_batch = wasm_counts["requests"] / max(1, wasm_counts["batches"])
         results = run_all(runtime, program, arg_lists)
-        same = [json.loads(r)["token_ids"] for r in results] == engine.generate_greedy_batch(
-            [encode(p) for p in prompts], num_tokens)
+        same = [json.loads(r)["token_ids"] for r in results] == engine_run()
         total = width * num_tokens
         if width in (8, 64):
             figures[f"wasm_vs_engine_{width}"] = round(ratio, 4)

@@ -219,10 +219,6 @@ class Instance:
     def log_lines(self) -> tuple[str, ...]:
         return self._log.lines()
 
-    @property
-    def num_log_chars(self) -> int:
-        return self._log.num_chars
-
     def log(self, line: str) -> None:
         """Append a line to the bounded log (see InstanceLog). Ignored once the instance has
         finished (the thread of an abandoned instance may still write)."""

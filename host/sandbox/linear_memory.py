@@ -177,18 +177,18 @@ class LinearMemories:
             self._charge(memory.owner, -memory.num_bytes)
             memory.owner = None
         if not (memory.reusable and self.pool.put(memory)):
-            self._libc.munmap(memory.mapping, memory.num_mapped)
+            self._unmap(memory)
 
     # ------------------------------------------------------------------------- the pool
     def release_idle(self, now: float | None = None) -> None:
         """Unmap the pooled memories unused for the pool's idle_s (the runtime's ticker)."""
         for memory in self.pool.take_idle(now):
-            self._libc.munmap(memory.mapping, memory.num_mapped)
+            self._unmap(memory)
 
     def close_pool(self) -> None:
         """Unmap every pooled memory and pool none from now on (the runtime closes)."""
         for memory in self.pool.close():
-            self._libc.munmap(memory.mapping, memory.num_mapped)
+            self._unmap(memory)
 
     def _mapped(self, capacity: int, num_mapped: int, minimum: int) -> _Memory | None:
         """A fresh reservation with [0, minimum) read-write, or None."""
@@ -215,12 +215,16 @@ class LinearMemories:
         end = -(-used // _OS_PAGE) * _OS_PAGE
         if (end > keep and self._libc.mprotect(base + keep, end - keep, _PROT_NONE) != 0) \
                 or not self._protect(base, used, minimum):
-            self._libc.munmap(memory.mapping, num_mapped)
+            self._unmap(memory)
             return None
         memory.num_bytes = minimum
         return memory
 
     # -------------------------------------------------------------------------- helpers
+    def _unmap(self, memory: _Memory) -> None:
+        """Give a memory's whole mapping (alignment, capacity and guard) back."""
+        self._libc.munmap(memory.mapping, memory.num_mapped)
+
     def _charge(self, owner: MemoryOwner, num_bytes: int) -> bool:
         """Add num_bytes to the owner's total; False (and marked as hit) past its limit."""
         with self._lock:
