@@ -17,7 +17,9 @@ instances it adds mapped fresh, ~30 ms of system time each on a VM with a balloo
 The ratio column is wasm time / engine time (target: within 1.03). Beside it, "outside the
 forwards": the time the Wasm run spends outside `engine.forward` (instance starts and ends, the
 host between passes) less the engine loop's, as a fraction of the engine loop's wall; the
-forwards' own drift between runs (+-10% here) cancels out of it. `--json` prints one object:
+forwards' own drift between runs (+-10% here) cancels out of it. It is split into before the
+first forward (instance starts), between forwards (the host's work per step) and after the
+last (instance ends). `--json` prints one object:
 wasm_vs_engine_8 / _64 (the greedy ratios) and wasm_outside_forwards_8 / _64, and runs only
 the greedy rows.
 """
@@ -54,15 +56,38 @@ class ForwardClock:
 
     def __init__(self, engine) -> None:
         self.seconds = 0.0
+        self.first_started: float | None = None   # since the last `restart`
+        self.last_ended: float | None = None
         self._forward = engine.forward
         engine.forward = self._timed
 
+    def restart(self) -> None:
+        """Forget the first and last forward (a run begins)."""
+        self.first_started = self.last_ended = None
+
     def _timed(self, batch):
         started = time.perf_counter()
+        if self.first_started is None:
+            self.first_started = started
         try:
             return self._forward(batch)
         finally:
-            self.seconds += time.perf_counter() - started
+            self.last_ended = time.perf_counter()
+            self.seconds += self.last_ended - started
+
+
+def timed_run(run, clock: ForwardClock) -> tuple[float, tuple[float, float, float]]:
+    """(wall s, (s before its first forward, s between forwards, s after its last)) of one
+    call of `run`."""
+    forward_s = clock.seconds
+    clock.restart()
+    started = time.perf_counter()
+    run()
+    ended = time.perf_counter()
+    wall = ended - started
+    before = (clock.first_started or ended) - started
+    after = ended - (clock.last_ended or ended)
+    return wall, (before, wall - (clock.seconds - forward_s) - before - after, after)
 
 
 def wall_seconds(run) -> float:
@@ -99,27 +124,32 @@ def prompts_of(width: int) -> list[str]:
 
 
 def paired_times(engine_run, wasm_run, repeats: int, clock: ForwardClock
-                 ) -> tuple[float, float, list[float], list[float]]:
-    """(engine s, wasm s, each pair's wasm / engine, each pair's outside share): medians of
-    the times over `repeats` pairs, the two runs of a pair back to back and their order
-    alternated, so that both sides of each ratio see the same phase of the machine (its speed
-    drifts by 20-30% over tens of seconds here: timing all engine runs, then all wasm runs,
-    moved the 64-instance ratio between 0.8 and 1.2). A pair's outside share is
-    (wasm's time outside the forwards - the engine loop's) / the engine loop's wall: what the
-    host and the guests add, free of the forwards' own drift (it misses forwards made slower
-    by host work beside them, which the ratio counts)."""
-    engine_times, wasm_times, outside = [], [], {"engine": [], "wasm": []}
+                 ) -> tuple[float, float, list[float], list[float], list[float]]:
+    """(engine s, wasm s, each pair's wasm / engine, each pair's outside share, the medians of
+    that share's three parts): medians of the times over `repeats` pairs, the two runs of a
+    pair back to back and their order alternated, so that both sides of each ratio see the
+    same phase of the machine (its speed drifts by 20-30% over tens of seconds here: timing all
+    engine runs, then all wasm runs, moved the 64-instance ratio between 0.8 and 1.2). A pair's
+    outside share is (wasm's time outside the forwards - the engine loop's) / the engine
+    loop's wall: what the host and the guests add, free of the forwards' own drift (it misses
+    forwards made slower by host work beside them, which the ratio counts). Its parts: before
+    the first forward (instance starts), between forwards, after the last (instance ends)."""
+    engine_times, wasm_times = [], []
+    parts: dict[str, list[tuple[float, float, float]]] = {"engine": [], "wasm": []}
     pair = [(engine_run, engine_times, "engine"), (wasm_run, wasm_times, "wasm")]
     for repeat in range(repeats):
         for run, times, side in (pair if repeat % 2 == 0 else pair[::-1]):
-            forward_s = clock.seconds
-            times.append(wall_seconds(run))
-            outside[side].append(times[-1] - (clock.seconds - forward_s))
+            wall, split = timed_run(run, clock)
+            times.append(wall)
+            parts[side].append(split)
     pair_ratios = [w / e for w, e in zip(wasm_times, engine_times)]
-    outside_shares = [(w - e) / engine for w, e, engine in
-                      zip(outside["wasm"], outside["engine"], engine_times)]
+    part_shares = [[(w - e) / engine for w, e in zip(wasm_split, engine_split)]
+                   for wasm_split, engine_split, engine in
+                   zip(parts["wasm"], parts["engine"], engine_times)]
+    outside_shares = [sum(shares) for shares in part_shares]
+    part_medians = [statistics.median(column) for column in zip(*part_shares)]
     return (statistics.median(engine_times), statistics.median(wasm_times), pair_ratios,
-            outside_shares)
+            outside_shares, part_medians)
 
 
 def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int, clock: ForwardClock,
@@ -147,8 +177,8 @@ def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int, clock:
 
         run_all(runtime, program, arg_lists)           # untimed: the width's first run
         engine_run()
-        engine_s, wasm_s, pair_ratios, outside_shares = paired_times(engine_run, wasm_run,
-                                                                     repeats, clock)
+        engine_s, wasm_s, pair_ratios, outside_shares, parts = paired_times(
+            engine_run, wasm_run, repeats, clock)
         ratio, outside = statistics.median(pair_ratios), statistics.median(outside_shares)
         mean_batch = wasm_counts["requests"] / max(1, wasm_counts["batches"])
         results = run_all(runtime, program, arg_lists)
@@ -160,7 +190,9 @@ def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int, clock:
         print(f"greedy x{width:<3} engine {engine_s:7.3f} s ({total / engine_s:7.1f} tok/s)   "
               f"wasm {wasm_s:7.3f} s ({total / wasm_s:7.1f} tok/s)   ratio {ratio:5.3f} (pairs "
               f"{', '.join(f'{r:.3f}' for r in pair_ratios)})   outside the forwards "
-              f"{outside:+.3f} (pairs {', '.join(f'{r:+.3f}' for r in outside_shares)})   "
+              f"{outside:+.3f} (pairs {', '.join(f'{r:+.3f}' for r in outside_shares)}; "
+              f"before the first {parts[0]:+.3f}, between {parts[1]:+.3f}, after the last "
+              f"{parts[2]:+.3f})   "
               f"same tokens: {same}   wasm mean batch {mean_batch:.2f}", file=out)
     return figures
 
