@@ -15,14 +15,15 @@ Its result is {"choices": [{"index", "text", "finish_reason", "logprobs", "tool_
 "usage": {"prompt_tokens", "completion_tokens"}}. Each prompt's KV is computed once and forked
 into its n choices, which generate in parallel, each on its own queue. A chat's leading part (the
 template's text up to the first non-system message's content: the system prompt, or the one the
-template adds) is shared between the tenant's requests in whole KV pages: kept as a persistent
+template adds) is shared between the tenant's requests, to the token: kept as a persistent
 export named by its tokens' hash (inferlet.prefix_context), at most MAX_PREFIX_EXPORTS of them,
 each of at most prefix_cache_pages / MAX_PREFIX_EXPORTS pages (the tenant's setting; 0: off).
-A streamed request steps token by token (host_loop=False), one that is not streamed runs on
-host decode loops: measured under load on a CPU (bench/load.py, 32 streaming clients), loops
-kept every generation in step, so requests ended and the clients' next requests arrived
-together and their prompts shared one long batch (TTFT p50 about 2x that of stepping, for the
-same throughput); a streamed request wakes its guest once per token either way.
+Every request decodes on host loops (the SDK's default; a streamed one reads them one token
+at a time and sends each delta, so its guest wakes once per token but no pass waits for it).
+Measured against stepping token by token (bench/load.py vs vLLM, 32 streaming clients, 2 vCPUs):
+~12% more tokens/s (batches of 31.7 rows on average against 19), TTFT p50 ~2.5x (1.2-1.3 s
+against 0.5; vLLM's 1.3-1.7): the bench's clients send equal requests in a closed loop, so
+loops keep them in step and the next prompts arrive together and share one long batch.
 
 Tools are described in a system message and rendered with the chat template; earlier calls and
 results become <tool_call> / <tool_response> turns. A forced call (tool_choice a function, or
@@ -133,9 +134,12 @@ def _prompts(request: dict) -> list:
 
 
 def _num_shared(request: dict, prompt_ids: list) -> int:
-    """Whole pages of a chat prompt that every request with the same leading system messages
+    """Leading tokens of a chat prompt that every request with the same leading system messages
     shares: the template's text up to the first other message's content (found by rendering
-    the chat again with that content changed), less one token for the boundary; 0 if none."""
+    the chat again with that content changed), less one token for the boundary, at most
+    prefix_cache_pages / MAX_PREFIX_EXPORTS pages; 0 if none. Not rounded to whole pages: an
+    importer copies the partial last page's tokens into a page of its own, the exporter's is
+    copied on write, and each is cheaper than computing those tokens again."""
     max_pages = request.get("prefix_cache_pages", 0) // MAX_PREFIX_EXPORTS
     if request["mode"] != "chat" or max_pages == 0:
         return 0
@@ -150,8 +154,7 @@ def _num_shared(request: dict, prompt_ids: list) -> int:
     common = next((i for i, (a, b) in enumerate(zip(prompt_ids, probe_ids)) if a != b),
                   min(len(prompt_ids), len(probe_ids)))
     page_size = model_info().page_size
-    usable = min(common - 1, len(prompt_ids) - 1, max_pages * page_size)
-    return max(0, usable) // page_size * page_size
+    return max(0, min(common - 1, len(prompt_ids) - 1, max_pages * page_size))
 
 
 def _contexts(prompt_ids: list, num_choices: int, num_shared: int) -> list:
@@ -200,7 +203,7 @@ def main(args: list) -> str:
     ignore_eos = {"stop_token_ids": ()} if request.get("ignore_eos") else {}
     generations = generate_parallel(contexts, request["max_tokens"], samplers,
                                     stop=tuple(request["stop"]), on_text=on_text, schema=schema,
-                                    host_loop=on_text is None, **ignore_eos)
+                                    **ignore_eos)
     choices = [_choice(request, i, gen, prompts[i // num_choices], call_schema)
                for i, gen in enumerate(generations)]
     usage = {"prompt_tokens": sum(len(ids) for ids in prompt_ids),
