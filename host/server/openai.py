@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from host.server.builtin import BUILTIN_NAME, load_builtin
+from host.server.builtin import BUILTIN_NAME, load_builtin, warm_up_builtin
 from host.server.openai_context import ContextLimits, context_problem, prompt_lengths
 from host.server.openai_format import completion_response, stream_chunk
 from host.server.openai_schema import ApiLimits, RequestError, parse_request
@@ -69,9 +69,15 @@ class OpenAIFrontend:
     @classmethod
     async def create(cls, service: PieService, tenants: TenantRegistry,
                      data_dir: Path) -> "OpenAIFrontend":
-        """Build (first start only; then cached in data_dir) and compile the built-in inferlet."""
+        """Build (first start only; then cached in data_dir) and compile the built-in inferlet,
+        then run it once (host/server/builtin.py: warm_up_builtin)."""
         program, program_hash = await load_builtin(service.runtime, data_dir)
-        return cls(service, tenants, program, program_hash)
+        frontend = cls(service, tenants, program, program_hash)
+        warm_up = parse_request({"model": frontend.model, "max_tokens": 2,
+                                 "messages": [{"role": "user", "content": "Hello"}]},
+                                "chat", frontend.limits)
+        await trio.to_thread.run_sync(warm_up_builtin, service.runtime, program, warm_up)
+        return frontend
 
     def routes(self) -> list[Route]:
         return [Route("/v1/models", self.models, methods=["GET"]),

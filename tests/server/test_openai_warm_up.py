@@ -1,0 +1,54 @@
+"""The built-in inferlet runs once before the server listens (host/server/builtin.py,
+warm_up_builtin): a fresh server has generated tokens before any request and holds nothing after
+it; a warm-up that fails is logged and the server starts anyway."""
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+
+from host.runtime import Runtime
+from host.runtime_config import RuntimeConfig
+from host.sandbox.build import build_cached
+from host.server.builtin import builtin_source, warm_up_builtin
+from host.server.server_config import parse_config
+from tests.host.fake_engine import FakeEngine
+from tests.server.conftest import BUILD_CACHE, REPO_DIR, scrape
+from tests.server.harness import ServerThread
+
+
+def _builtin_path():
+    path, _ = build_cached(builtin_source(), BUILD_CACHE)
+    return path
+
+
+@pytest.mark.slow
+def test_a_fresh_server_has_run_the_builtin_once_and_holds_nothing(tmp_path) -> None:
+    (tmp_path / "builtin").mkdir()
+    shutil.copy(_builtin_path(), tmp_path / "builtin")
+    config = parse_config({"server": {"data_dir": str(tmp_path), "openai": True,
+                                      "shutdown_grace_s": 1.0},
+                           "engine": {"num_pages": 64, "page_size": 16},
+                           "tenants": [{"name": "alice", "token": "tok-alice"}]})
+    server = ServerThread(config).start()
+    try:
+        figures = scrape(server.url)          # no request yet
+        assert figures["pie_generated_tokens_total"] >= 1
+        assert figures["pie_input_tokens_total"] > 1
+        assert figures["pie_instances_running"] == 0
+        assert figures["pie_kv_pages_used"] == 0            # no page kept, no prefix exported
+    finally:
+        server.stop()
+
+
+def test_a_failed_warm_up_is_logged_not_raised(caplog) -> None:
+    engine = FakeEngine(num_pages=64, page_size=16)
+    with Runtime(engine, RuntimeConfig(cache_dir=REPO_DIR / ".cache" / "pie-test")) as runtime:
+        program = runtime.load_program(_builtin_path().read_bytes())
+        with caplog.at_level(logging.WARNING, logger="host.server.builtin"):
+            # no messages: the built-in's main raises, the instance ends in error
+            assert warm_up_builtin(runtime, program, {"mode": "chat"}) is False
+        assert "warm-up run did not end well" in caplog.text
+        assert runtime.statistics().num_running == 0
+        assert runtime.statistics().pages.num_used == 0
