@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 
 import pytest
 
@@ -50,5 +51,26 @@ def test_a_failed_warm_up_is_logged_not_raised(caplog) -> None:
             # no messages: the built-in's main raises, the instance ends in error
             assert warm_up_builtin(runtime, program, {"mode": "chat"}) is False
         assert "warm-up run did not end well" in caplog.text
+        assert runtime.statistics().num_running == 0
+        assert runtime.statistics().pages.num_used == 0
+
+
+def test_a_warm_up_past_its_timeout_is_terminated(caplog, monkeypatch) -> None:
+    from host.server import builtin
+    monkeypatch.setattr(builtin, "WARM_UP_TIMEOUT_S", 0.2)
+    engine = FakeEngine(num_pages=64, page_size=16, batch_delay_s=0.01)
+    request = {"mode": "completion", "prompts": ["hello"], "echo": False, "max_tokens": 500,
+               "temperature": 0, "top_p": 1.0, "presence_penalty": 0.0,
+               "frequency_penalty": 0.0, "logit_bias": [], "logprobs": None,
+               "response_format": None, "tools": [], "tool_choice": "none", "seed": None,
+               "stop": [], "n": 1, "stream": False, "ignore_eos": True}
+    with Runtime(engine, RuntimeConfig(cache_dir=REPO_DIR / ".cache" / "pie-test")) as runtime:
+        program = runtime.load_program(_builtin_path().read_bytes())
+        with caplog.at_level(logging.WARNING, logger="host.server.builtin"):
+            assert warm_up_builtin(runtime, program, request) is False     # 500 x 10 ms
+        assert "took over 0.2 s: terminated" in caplog.text
+        deadline = time.monotonic() + 10
+        while runtime.statistics().num_running and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert runtime.statistics().num_running == 0
         assert runtime.statistics().pages.num_used == 0
