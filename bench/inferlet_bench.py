@@ -239,7 +239,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     parser.add_argument("--json", action="store_true",
-                        help="greedy rows only; print {wasm_vs_engine_8, wasm_vs_engine_64}")
+                        help="greedy rows only; print {wasm_vs_engine_8 / _64, "
+                             "wasm_outside_forwards_8 / _64}")
     parser.add_argument("--policy", default="adaptive", choices=("adaptive", "k-or-t"),
                         help="the scheduler policy of the Wasm path (k-or-t: k=8, t=--t-ms)")
     parser.add_argument("--t-ms", type=float, default=2.0)

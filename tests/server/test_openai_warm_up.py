@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import logging
 import shutil
-import time
 
 import pytest
 
-from host.runtime import Runtime
-from host.runtime_config import RuntimeConfig
 from host.sandbox.build import build_cached
 from host.server.builtin import builtin_source, warm_up_builtin
 from host.server.server_config import parse_config
+from tests.host.components import make_runtime, program_cache_dir  # noqa: F401
 from tests.host.fake_engine import FakeEngine
-from tests.server.conftest import BUILD_CACHE, REPO_DIR, scrape
+from tests.host.test_instance_threads import wait_until
+from tests.server.conftest import BUILD_CACHE, scrape
 from tests.server.harness import ServerThread
 
 
@@ -43,19 +42,19 @@ def test_a_fresh_server_has_run_the_builtin_once_and_holds_nothing(tmp_path) -> 
         server.stop()
 
 
-def test_a_failed_warm_up_is_logged_not_raised(caplog) -> None:
-    engine = FakeEngine(num_pages=64, page_size=16)
-    with Runtime(engine, RuntimeConfig(cache_dir=REPO_DIR / ".cache" / "pie-test")) as runtime:
-        program = runtime.load_program(_builtin_path().read_bytes())
-        with caplog.at_level(logging.WARNING, logger="host.server.builtin"):
-            # no messages: the built-in's main raises, the instance ends in error
-            assert warm_up_builtin(runtime, program, {"mode": "chat"}) is False
-        assert "warm-up run did not end well" in caplog.text
-        assert runtime.statistics().num_running == 0
-        assert runtime.statistics().pages.num_used == 0
+def test_a_failed_warm_up_is_logged_not_raised(caplog, make_runtime) -> None:  # noqa: F811
+    runtime = make_runtime(FakeEngine(num_pages=64, page_size=16))
+    program = runtime.load_program(_builtin_path().read_bytes())
+    with caplog.at_level(logging.WARNING, logger="host.server.builtin"):
+        # no messages: the built-in's main raises, the instance ends in error
+        assert warm_up_builtin(runtime, program, {"mode": "chat"}) is False
+    assert "warm-up run did not end well" in caplog.text
+    assert runtime.statistics().num_running == 0
+    assert runtime.statistics().pages.num_used == 0
 
 
-def test_a_warm_up_past_its_timeout_is_terminated(caplog, monkeypatch) -> None:
+def test_a_warm_up_past_its_timeout_is_terminated(caplog, monkeypatch,
+                                                  make_runtime) -> None:  # noqa: F811
     from host.server import builtin
     monkeypatch.setattr(builtin, "WARM_UP_TIMEOUT_S", 0.2)
     engine = FakeEngine(num_pages=64, page_size=16, batch_delay_s=0.01)
@@ -64,13 +63,10 @@ def test_a_warm_up_past_its_timeout_is_terminated(caplog, monkeypatch) -> None:
                "frequency_penalty": 0.0, "logit_bias": [], "logprobs": None,
                "response_format": None, "tools": [], "tool_choice": "none", "seed": None,
                "stop": [], "n": 1, "stream": False, "ignore_eos": True}
-    with Runtime(engine, RuntimeConfig(cache_dir=REPO_DIR / ".cache" / "pie-test")) as runtime:
-        program = runtime.load_program(_builtin_path().read_bytes())
-        with caplog.at_level(logging.WARNING, logger="host.server.builtin"):
-            assert warm_up_builtin(runtime, program, request) is False     # 500 x 10 ms
-        assert "took over 0.2 s: terminated" in caplog.text
-        deadline = time.monotonic() + 10
-        while runtime.statistics().num_running and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert runtime.statistics().num_running == 0
-        assert runtime.statistics().pages.num_used == 0
+    runtime = make_runtime(engine)
+    program = runtime.load_program(_builtin_path().read_bytes())
+    with caplog.at_level(logging.WARNING, logger="host.server.builtin"):
+        assert warm_up_builtin(runtime, program, request) is False     # 500 x 10 ms
+    assert "took over 0.2 s: terminated" in caplog.text
+    assert wait_until(lambda: runtime.statistics().num_running == 0, timeout_s=10)
+    assert runtime.statistics().pages.num_used == 0
