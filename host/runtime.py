@@ -26,6 +26,7 @@ from host.kv.contention import Holder, PoolView, next_victim, tenant_shares
 from host.messages.hub import MessageHub
 from host.runtime_config import InstanceLimits, RuntimeConfig
 from host.sandbox.events import EndedInstance, InstanceEvent, InstanceOutcome
+from host.sandbox.guest_activity import IDLE_WAIT_S
 from host.sandbox.instance import HostServices, Instance, ModelInfo
 from host.sandbox.instance_threads import InstanceThreads
 from host.sandbox.linear_memory import LinearMemories
@@ -127,12 +128,19 @@ class Runtime:
         self._num_launched = 0
         self._num_finished = 0
         self._closed = threading.Event()
+        self._num_ticks = 0                   # epoch ticks so far (the ticker's thread writes)
         self.scheduler.start()
         self._ticker = threading.Thread(target=self._tick, name="pie-epoch", daemon=True)
         self._ticker.start()
         if config.freeze_heap:
             gc.collect()
             gc.freeze()
+
+    @property
+    def num_epoch_ticks(self) -> int:
+        """Wasmtime epoch ticks so far: every epoch_tick_ms while some guest may run Wasm, none
+        while every instance waits in the host (or none runs)."""
+        return self._num_ticks
 
     # -------------------------------------------------------------- programs
     def load_program(self, wasm_bytes: bytes) -> Program:
@@ -224,6 +232,7 @@ class Runtime:
         for instance in running:
             instance.wait(timeout)
         self._closed.set()
+        self.services.guests.wake()
         self.scheduler.close()
         self.services.threads.close()
         self._ticker.join()
@@ -333,22 +342,35 @@ class Runtime:
         return self.page_allocator.num_free() > num_free_before
 
     def _tick(self) -> None:
-        """Advance the Wasmtime epoch every epoch_tick_ms; every _IDLE_CHECK_S, end the
+        """Advance the Wasmtime epoch every epoch_tick_ms while a guest may run Wasm, else wait
+        for one (host/sandbox/guest_activity.py); every _IDLE_CHECK_S at most, end the
         instances idle past their limit in a WASI call (no epoch deadline reaches them) and
         unmap the pooled linear memories unused for the pool's idle time."""
         interval = self.config.epoch_tick_ms / 1000
+        guests = self.services.guests
         next_idle_check = time.monotonic()
-        while not self._closed.wait(interval):
-            self.wasm_engine.increment_epoch()
+        while not self._closed.is_set():
+            if guests.num_active:
+                if self._closed.wait(interval):
+                    return
+                self.wasm_engine.increment_epoch()
+                self._num_ticks += 1
+            else:
+                guests.wait_for_guests(IDLE_WAIT_S)
             now = time.monotonic()
             if now >= next_idle_check:
                 next_idle_check = now + _IDLE_CHECK_S
-                with self._lock:
-                    running = list(self._running.values())
-                for instance in running:
-                    instance.end_if_idle_in_wasi(now)
-                if self.linear_memories is not None:
-                    self.linear_memories.release_idle()
+                self._check_idle(now)
+
+    def _check_idle(self, now: float) -> None:
+        """The ticker's idle check (a function of its own: no ended instance stays referenced
+        by the ticker's locals while it waits)."""
+        with self._lock:
+            running = list(self._running.values())
+        for instance in running:
+            instance.end_if_idle_in_wasi(now)
+        if self.linear_memories is not None:
+            self.linear_memories.release_idle()
 
 
 def _reclaim_reason(view: PoolView, victim: Holder, requester_id: str,

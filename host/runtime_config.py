@@ -113,7 +113,9 @@ class RuntimeConfig:
     scheduler:     the batching policy; None = host.scheduling.scheduler.SchedulerPolicy() (adaptive).
     limits:        the default InstanceLimits of a launch.
     messages:      the MessageLimits of the runtime's message hub.
-    epoch_tick_ms: how often the epoch ticker advances the Wasmtime epoch.
+    epoch_tick_ms: how often the epoch ticker advances the Wasmtime epoch while some guest may
+                   run Wasm (none while every instance waits in a host call, or none runs:
+                   host/sandbox/guest_activity.py).
     kv_shares:     (tenant, pages) guaranteed to each named tenant (host/kv/contention.py); the
                    tenants not named split what is left equally. Their sum must fit the pool
                    (checked by the Runtime, which knows the pool).

@@ -1,5 +1,6 @@
 """`pie:inferlet/messaging`: the instance's client channel, topics, and the tenant's store.
-Blocking receives wait at most `max_blocking_s` and wake with Cancelled on terminate."""
+Blocking receives wait at most `max_blocking_s` and wake with Cancelled on terminate; while they
+wait the guest runs no Wasm (GuestActivity: the epoch ticker may rest)."""
 from __future__ import annotations
 
 from host.bindings.context import BindingContext
@@ -18,8 +19,9 @@ def send(ctx: BindingContext, message: str) -> None:
 
 def receive(ctx: BindingContext) -> str:
     _blocking(ctx)
-    return _received(ctx, "messaging.receive",
-                     ctx.channel.receive(ctx.blocking_timeout()))
+    with ctx.services.guests.blocked():
+        message = ctx.channel.receive(ctx.blocking_timeout())
+    return _received(ctx, "messaging.receive", message)
 
 
 def try_receive(ctx: BindingContext) -> str | None:
@@ -37,8 +39,9 @@ def subscribe(ctx: BindingContext, topic: str) -> None:
 
 def receive_topic(ctx: BindingContext, topic: str) -> str:
     _blocking(ctx)
-    return _received(ctx, "messaging.receive-topic",
-                     ctx.channel.receive_topic(topic, ctx.blocking_timeout()))
+    with ctx.services.guests.blocked():
+        message = ctx.channel.receive_topic(topic, ctx.blocking_timeout())
+    return _received(ctx, "messaging.receive-topic", message)
 
 
 def try_receive_topic(ctx: BindingContext, topic: str) -> str | None:

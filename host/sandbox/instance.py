@@ -26,7 +26,7 @@ import math
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from wasmtime import Engine, Store, WasiConfig, WasmtimeError
@@ -38,6 +38,7 @@ from host.errors import Cancelled, TrapError
 from host.messages.hub import InstanceChannel, MessageHub
 from host.runtime_config import InstanceLimits
 from host.sandbox.events import InstanceOutcome
+from host.sandbox.guest_activity import GuestActivity
 from host.sandbox.instance_log import InstanceLog
 from host.sandbox.instance_threads import InstanceThreads
 from host.sandbox.programs import Program
@@ -86,6 +87,7 @@ class HostServices:
     current: threading.local
     threads: InstanceThreads         # each running instance's thread comes from here
     counts_memory: bool = False      # LinearMemories creates and counts every linear memory
+    guests: GuestActivity = field(default_factory=GuestActivity)   # what the epoch ticker needs
 
 
 class Instance:
@@ -151,6 +153,7 @@ class Instance:
                 return False
             self._cancel_reason, self._cancel_status = reason, status
         self._wake()
+        self.services.guests.wake()                  # a computing guest traps at the next ticks
         self.channel.close(f"instance {self.instance_id} terminated: {reason}")
         self.tables.decode_loops.stop_all()          # no loop submits after the cancel below
         self.services.scheduler.cancel_owner(self.instance_id)
@@ -239,24 +242,27 @@ class Instance:
         is re-raised as is). A scheduler submission is told first (`wait_started`: the adaptive
         policy's hold after a batch waits for instances until they block again); so is the
         scheduler for any other future (`owner_waiting`)."""
-        if isinstance(future, SubmissionFuture):
-            future.wait_started()
-        elif not future.done():                        # a decode loop's outputs, a lease...
-            self.services.scheduler.owner_waiting(self.instance_id)
-        if not future.done():
-            self._waker.acquire(blocking=False)        # forget a stale signal
-            self.check_not_cancelled(call)             # terminate signals after setting this
-            future.add_done_callback(self._wake)
-            timeout = self.limits.max_blocking_s
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while not future.done() and self._cancel_reason is None:
-                remaining = -1 if deadline is None else deadline - time.monotonic()
-                if deadline is not None and remaining <= 0:
-                    break
-                self._waker.acquire(timeout=remaining)
-            self.check_not_cancelled(call)
+        if future.done():
+            return future.result()
+        with self.services.guests.blocked():          # no Wasm runs in here
+            if isinstance(future, SubmissionFuture):
+                future.wait_started()
+            else:                                      # a decode loop's outputs, a lease...
+                self.services.scheduler.owner_waiting(self.instance_id)
             if not future.done():
-                raise TrapError(f"{call}: no answer within {timeout:g} s")
+                self._waker.acquire(blocking=False)        # forget a stale signal
+                self.check_not_cancelled(call)             # terminate signals after setting this
+                future.add_done_callback(self._wake)
+                timeout = self.limits.max_blocking_s
+                deadline = None if timeout is None else time.monotonic() + timeout
+                while not future.done() and self._cancel_reason is None:
+                    remaining = -1 if deadline is None else deadline - time.monotonic()
+                    if deadline is not None and remaining <= 0:
+                        break
+                    self._waker.acquire(timeout=remaining)
+                self.check_not_cancelled(call)
+                if not future.done():
+                    raise TrapError(f"{call}: no answer within {timeout:g} s")
         return future.result()
 
     def _wake(self, _future: Any = None) -> None:
@@ -301,6 +307,7 @@ class Instance:
         try:
             store = self._make_store()
             self._in_guest = True
+            self.services.guests.enter(wake=True)
             guest = self.services.linker.instantiate(store, self.program.component)
             run = guest.get_func(store, "run")
             if run is None:
@@ -313,6 +320,8 @@ class Instance:
             _log.exception("instance %s: host error", self.instance_id)
             return self._outcome_of_trap(f"host error: {exc!r}", host_error=True)
         finally:
+            if self._in_guest:
+                self.services.guests.leave()
             self._in_guest = False
             del store   # drop the (possibly poisoned) Store: nothing may call into it again
 
