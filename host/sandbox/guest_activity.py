@@ -14,8 +14,9 @@ The ticker (host/runtime.py) ticks every epoch_tick_ms while any instance is cou
 is, it waits until woken (a guest starts, `wake` by terminate or close) or IDLE_WAIT_S passes. A
 guest that resumes from a wait does not wake it: steps of a few microseconds between waits, the
 common case, would each cost a wake-up. So a guest that resumes and then computes without end is
-seen at the ticker's next look, at most IDLE_WAIT_S later than before; its idle trap follows the
-usual max_idle_s. Thread-safe.
+seen at the ticker's next look, at most IDLE_WAIT_S later: its idle trap still comes at
+max_idle_s past its last host call when that is longer than IDLE_WAIT_S (the default 10 s), up
+to IDLE_WAIT_S late when shorter. Thread-safe.
 """
 from __future__ import annotations
 
