@@ -3,6 +3,9 @@ Blocking receives wait at most `max_blocking_s` and wake with Cancelled on termi
 wait the guest runs no Wasm (GuestActivity: the epoch ticker may rest)."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 from host.bindings.context import BindingContext
 from host.errors import TrapError
 
@@ -18,8 +21,7 @@ def send(ctx: BindingContext, message: str) -> None:
 
 
 def receive(ctx: BindingContext) -> str:
-    _blocking(ctx)
-    with ctx.services.guests.blocked():
+    with _blocking(ctx):
         message = ctx.channel.receive(ctx.blocking_timeout())
     return _received(ctx, "messaging.receive", message)
 
@@ -38,8 +40,7 @@ def subscribe(ctx: BindingContext, topic: str) -> None:
 
 
 def receive_topic(ctx: BindingContext, topic: str) -> str:
-    _blocking(ctx)
-    with ctx.services.guests.blocked():
+    with _blocking(ctx):
         message = ctx.channel.receive_topic(topic, ctx.blocking_timeout())
     return _received(ctx, "messaging.receive-topic", message)
 
@@ -61,9 +62,13 @@ def store_delete(ctx: BindingContext, key: str) -> bool:
     return ctx.channel.store_delete(key)
 
 
-def _blocking(ctx: BindingContext) -> None:
-    """The instance is about to block: the scheduler's hold after a batch stops waiting for it."""
+@contextmanager
+def _blocking(ctx: BindingContext) -> Iterator[None]:
+    """Around a wait of the instance: the scheduler's hold after a batch stops waiting for it,
+    and its guest is counted out of those that may run Wasm (the epoch ticker may rest)."""
     ctx.services.scheduler.owner_waiting(ctx.instance_id)
+    with ctx.services.guests.blocked():
+        yield
 
 
 def _received(ctx: BindingContext, call: str, message: str | None) -> str:

@@ -45,8 +45,7 @@ class GuestActivity:
         """A guest starts (`wake`: tell the ticker at once) or resumes after a host wait."""
         with self._cond:
             self._num_active += 1
-            if wake:
-                self._woken = True
+            if wake:                   # the ticker's wait sees the count: no flag needed
                 self._cond.notify_all()
 
     def leave(self) -> None:
@@ -64,7 +63,8 @@ class GuestActivity:
             self.enter()
 
     def wake(self) -> None:
-        """Make the ticker look again now (an instance was terminated, the runtime closes)."""
+        """Make the ticker look again now, counted guests or not (an instance was terminated,
+        the runtime closes)."""
         with self._cond:
             self._woken = True
             self._cond.notify_all()
