@@ -264,6 +264,9 @@ def main() -> None:
     parser.add_argument("--memories", choices=("counted", "wasmtime"), default="counted",
                         help="linear memories counted by the host (RuntimeConfig."
                              "count_linear_memory, as `pie run` and `pie serve`) or Wasmtime's own")
+    parser.add_argument("--start-slots", type=int, default=None,
+                        help="instances starting at once (RuntimeConfig.start_slots; default "
+                             "twice the cores, 0: no gate)")
     parser.add_argument("--freeze-heap", choices=("on", "off"), default="on",
                         help="RuntimeConfig.freeze_heap, as `pie serve` and `pie run` set it")
     parser.add_argument("--step-by-step", action="store_true",
@@ -285,7 +288,7 @@ def main() -> None:
     config = RuntimeConfig(cache_dir=opts.cache_dir, scheduler=policy,
                            count_linear_memory=opts.memories == "counted",
                            memory_pool_mb=opts.memory_pool_mb,
-                           freeze_heap=opts.freeze_heap == "on")
+                           freeze_heap=opts.freeze_heap == "on", start_slots=opts.start_slots)
     with Runtime(engine, config) as runtime:
         print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, "
               f"{torch.get_num_threads()} torch threads; model {engine.model_name}, dtype "
@@ -293,7 +296,8 @@ def main() -> None:
               f"{runtime.scheduler.policy}, "
               f"{'step by step' if opts.step_by_step else 'host loops'}, {opts.memories} memories"
               f"{f' (pool {opts.memory_pool_mb} MiB)' if opts.memories == 'counted' else ''}"
-              f", heap frozen: {opts.freeze_heap}", file=out)
+              f", heap frozen: {opts.freeze_heap}, start slots "
+              f"{getattr(runtime.services.guests.start_gate, 'num_slots', 0)}", file=out)
         completion = runtime.load_program(completion_path.read_bytes())
         parallel = runtime.load_program(parallel_path.read_bytes())
         run_all(runtime, completion, [completion_args("warm up", 4)])   # first-call costs

@@ -26,11 +26,12 @@ from host.kv.contention import Holder, PoolView, next_victim, tenant_shares
 from host.messages.hub import MessageHub
 from host.runtime_config import InstanceLimits, RuntimeConfig
 from host.sandbox.events import EndedInstance, InstanceEvent, InstanceOutcome
-from host.sandbox.guest_activity import IDLE_WAIT_S
+from host.sandbox.guest_activity import IDLE_WAIT_S, GuestActivity
 from host.sandbox.instance import HostServices, Instance, ModelInfo
 from host.sandbox.instance_threads import InstanceThreads
 from host.sandbox.linear_memory import LinearMemories
 from host.sandbox.programs import Program, ProgramCache, ProgramStats, make_engine
+from host.sandbox.start_gate import start_gate_for
 from host.sandbox.tables import InstanceTables
 from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy, SchedulerStats
 
@@ -118,7 +119,8 @@ class Runtime:
                                  policy.max_batch_tokens),
             version=_version(), epoch_tick_ms=config.epoch_tick_ms, current=current,
             threads=InstanceThreads(),
-            counts_memory=self.linear_memories is not None)
+            counts_memory=self.linear_memories is not None,
+            guests=GuestActivity(start_gate_for(config.start_slots)))
         self._lock = threading.Lock()
         self._running: dict[str, Instance] = {}
         self._finished: dict[str, EndedInstance] = {}   # the newest, bounded

@@ -16,13 +16,19 @@ guest that resumes from a wait does not wake it: steps of a few microseconds bet
 common case, would each cost a wake-up. So a guest that resumes and then computes without end is
 seen at the ticker's next look, at most IDLE_WAIT_S later: its idle trap still comes at
 max_idle_s past its last host call when that is longer than IDLE_WAIT_S (the default 10 s), up
-to IDLE_WAIT_S late when shorter. Thread-safe.
+to IDLE_WAIT_S late when shorter.
+
+It also gates the starts (host/sandbox/start_gate.py): `start` waits for a slot of the gate, if
+the runtime has one, before counting the guest in; the slot goes back at the guest's first
+host wait (`blocked`) or at `end`, whichever comes first. Thread-safe.
 """
 from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
 from typing import Iterator
+
+from host.sandbox.start_gate import StartGate
 
 __all__ = ["GuestActivity", "IDLE_WAIT_S"]
 
@@ -32,10 +38,24 @@ IDLE_WAIT_S = 0.25      # the ticker's longest wait while no guest is counted
 class GuestActivity:
     """The count of instances whose guest may run Wasm now, and the ticker's wait on it."""
 
-    def __init__(self) -> None:
+    def __init__(self, start_gate: StartGate | None = None) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._num_active = 0
         self._woken = False
+        self.start_gate = start_gate
+        self._slots = threading.local()      # .token: the start slot this thread's guest holds
+
+    def start(self) -> None:
+        """The calling thread's guest is about to start: wait for a start slot (with a gate),
+        then count it in and tell the ticker."""
+        if self.start_gate is not None:
+            self._slots.token = self.start_gate.acquire()
+        self.enter(wake=True)
+
+    def end(self) -> None:
+        """The calling thread's guest has ended (after `start`): counted out, its slot back."""
+        self._release_slot()
+        self.leave()
 
     @property
     def num_active(self) -> int:
@@ -55,12 +75,20 @@ class GuestActivity:
 
     @contextmanager
     def blocked(self) -> Iterator[None]:
-        """Around a host wait of the calling instance's guest."""
+        """Around a host wait of the calling instance's guest (the first gives its start slot
+        back)."""
+        self._release_slot()
         self.leave()
         try:
             yield
         finally:
             self.enter()
+
+    def _release_slot(self) -> None:
+        token = getattr(self._slots, "token", None)
+        if token is not None:
+            self._slots.token = None
+            self.start_gate.release(token)
 
     def wake(self) -> None:
         """Make the ticker look again now, counted guests or not (an instance was terminated,

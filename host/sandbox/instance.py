@@ -11,12 +11,11 @@ wait through `wait_future` / `blocking_timeout`, which `terminate` wakes. Time b
 call (a sleep) counts like computing, but no deadline callback runs there: the runtime's ticker
 asks `end_if_idle_in_wasi` instead, which ends such an instance with the same idle trap.
 
-A terminated instance still running 0.5 s later outside the host's bindings (blocked in a WASI
-call Wasmtime cannot interrupt) is abandoned: its end is reported and its resources returned,
-its thread finishes by itself later (an instance over the idle limit in WASI is abandoned at once).
-
-After a trap the Store is poisoned: it is dropped, and the runtime's `on_finish` releases every
-page reference, pending submission and channel of the instance.
+A terminated instance still running 0.5 s later outside the host's bindings (in a WASI call
+Wasmtime cannot interrupt, or waiting for a start slot: host/sandbox/start_gate.py) is abandoned:
+its end reported, its resources returned, its thread ending by itself (past the idle limit in
+WASI, at once). After a trap the Store is poisoned and dropped; the runtime's `on_finish`
+releases every page reference, pending submission and channel of the instance.
 """
 from __future__ import annotations
 
@@ -305,9 +304,11 @@ class Instance:
     def _execute(self) -> InstanceOutcome:
         store = None
         try:
+            self.services.guests.start()             # may wait for a start slot
+            self._in_guest, self.last_host_exit = True, time.monotonic()   # idle clock from here
+            if self._cancel_reason is not None:      # terminated while it waited
+                return InstanceOutcome(self._cancel_status, self._cancel_reason)
             store = self._make_store()
-            self._in_guest = True
-            self.services.guests.enter(wake=True)
             guest = self.services.linker.instantiate(store, self.program.component)
             run = guest.get_func(store, "run")
             if run is None:
@@ -321,7 +322,7 @@ class Instance:
             return self._outcome_of_trap(f"host error: {exc!r}", host_error=True)
         finally:
             if self._in_guest:
-                self.services.guests.leave()
+                self.services.guests.end()
             self._in_guest = False
             del store   # drop the (possibly poisoned) Store: nothing may call into it again
 

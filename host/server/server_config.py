@@ -58,6 +58,7 @@ class ServerSection:
     count_linear_memory: bool = True          # name memory_mb whenever an instance hits it
     memory_pool_mb: int = 1024                # ended instances' memories kept for reuse (0: none)
     memory_pool_idle_s: float = 600.0         # a pooled memory unused this long is unmapped
+    start_slots: int | None = None            # instances starting at once; unset: 2 x cores
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -74,6 +75,8 @@ class ServerSection:
         if not 0 < self.memory_pool_idle_s <= 86_400:
             raise ValueError(f"server.memory_pool_idle_s must be in (0, 86400], "
                              f"got {self.memory_pool_idle_s}")
+        if self.start_slots is not None and not 0 <= self.start_slots <= 4096:
+            raise ValueError(f"server.start_slots must be in 0..4096, got {self.start_slots}")
 
     def resolved_data_dir(self) -> Path:
         """The program store directory (created by the store, not here)."""

@@ -61,6 +61,7 @@ def build_runtime(config: ServerConfig, engine: Any) -> Any:
                                          count_linear_memory=config.server.count_linear_memory,
                                          memory_pool_mb=config.server.memory_pool_mb,
                                          memory_pool_idle_s=config.server.memory_pool_idle_s,
+                                         start_slots=config.server.start_slots,
                                          freeze_heap=True))
 
 

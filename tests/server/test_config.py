@@ -123,6 +123,23 @@ def test_server_memory_pool_mb_reaches_the_counted_memories() -> None:
         parse_config({"server": {"memory_pool_idle_s": 0}, "tenants": tenants})
 
 
+def test_server_start_slots_reach_the_start_gate() -> None:
+    from host.server.setup import build_runtime
+    from tests.host.fake_engine import FakeEngine
+
+    tenants = [{"name": "a", "token": "t"}]
+    for slots, expected in ((3, 3), (0, None)):
+        runtime = build_runtime(parse_config({"server": {"start_slots": slots},
+                                              "tenants": tenants}), FakeEngine())
+        try:
+            gate = runtime.services.guests.start_gate
+            assert (gate and gate.num_slots) == expected
+        finally:
+            runtime.close()
+    with pytest.raises(ConfigError, match="start_slots"):
+        parse_config({"server": {"start_slots": -2}, "tenants": tenants})
+
+
 def test_the_engine_section_reaches_the_loaded_engine() -> None:
     config = parse_config({"tenants": [TENANT], "engine": {
         "num_pages": 48, "page_size": 8, "max_pass_tokens": 100, "kv_dtype": "float32"}})
