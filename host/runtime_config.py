@@ -148,7 +148,7 @@ class RuntimeConfig:
                    wait; host/sandbox/start_gate.py); a start past them waits for one, or for a
                    start that has held its slot 50 ms. None = twice the cores this process may
                    run on; 0 = no gate. On a 2-vCPU EPYC VM 4 took 64 instances launched
-                   together to their first forward 19% sooner than no gate (8 the same).
+                   together to their first forward 13-19% sooner than no gate (8 the same).
     freeze_heap:   at the end of the Runtime's construction, collect garbage, then move every
                    Python object alive (the model's, the engine's, the runtime's) out of the
                    garbage collector's reach (gc.freeze, process-wide): a full collection then

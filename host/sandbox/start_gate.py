@@ -7,9 +7,10 @@ more of them than cores they spend that CPU again in the kernel: 64 text_complet
 starting at once on a 2-vCPU EPYC VM made ~85 context switches and ~17 CPU migrations each
 (`perf stat`), against ~9 and none at 8, the futex waits and wakes of the GIL's hand-offs ~19% of
 their CPU. So a start waits here for one of `num_slots` slots and gives it back at its guest's
-first host wait (or its end): with 4 slots on that VM the 64 starts took 19% less time before
-the first forward (136 against 168 ms, median of 8 alternated runs, real model); 8 starts the
-same (17.4 against 18.0). Two slots left a core idle whenever one start waited for the GIL.
+first host wait (or its end): with 4 slots on that VM the 64 starts took 13-19% less time
+before the first forward (135 against 155 ms, and 136 against 168, medians of 8 alternated runs
+each, real model); 8 starts the same (17.4 against 18.0). Two slots left a core idle whenever
+one start waited for the GIL.
 
 A slot held longer than `max_hold_s` stops counting, so a start that computes long before its
 first wait (or never waits: a hostile guest spinning until its idle trap) delays the starts

@@ -1,6 +1,6 @@
 """Instances start at most `start_slots` at once (host/sandbox/start_gate.py): a start gives its
 slot back at its guest's first host wait or its end, a start that holds one past max_hold_s stops
-holding the others up, and a gate does not change what any instance computes."""
+holding the others up, and one terminated while it waits ends at once."""
 from __future__ import annotations
 
 import threading
