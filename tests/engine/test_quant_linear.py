@@ -40,6 +40,19 @@ def test_both_paths_compute_x_times_w_transposed(num_x_rows: int, monkeypatch) -
         assert_rows_close(layer(x), expected)
 
 
+def test_no_rows_give_an_empty_output_without_dequantizing(monkeypatch) -> None:
+    """A pass with no output rows asks the head for none: neither path runs."""
+    weight, _ = random_weight(Q.Q8_0, 64, 128, seed=5)
+    layer = QuantizedLinear(weight, BatchPlanner(fixed_block_rows=8))
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("a path ran for 0 rows")
+    monkeypatch.setattr(layer.planner, "dequantized_matmul", refuse)
+    monkeypatch.setattr(layer, "block_matmul", refuse)
+    out = layer(torch.empty(0, 128))
+    assert out.shape == (0, 64) and out.dtype == torch.float32
+
+
 def test_calibration_picks_a_limit_from_the_ladder() -> None:
     weight, _ = random_weight(Q.Q8_0, 64, 128, seed=4)
     limit = BatchPlanner().block_rows_limit(weight)

@@ -1,10 +1,14 @@
 """The built-in inferlet runs once before the server listens (host/server/builtin.py,
 warm_up_builtin): a fresh server has generated tokens before any request and holds nothing after
-it; a warm-up that fails is logged and the server starts anyway."""
+it; a warm-up that fails is logged and the server starts anyway. AnyIO's backend, which the first
+streamed answer would import, is loaded before the server listens (openai.load_stream_backend)."""
 from __future__ import annotations
 
 import logging
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -14,7 +18,7 @@ from host.server.server_config import parse_config
 from tests.host.components import make_runtime, program_cache_dir  # noqa: F401
 from tests.host.fake_engine import FakeEngine
 from tests.host.test_instance_threads import wait_until
-from tests.server.conftest import BUILD_CACHE, scrape
+from tests.server.conftest import BUILD_CACHE, REPO_DIR, scrape
 from tests.server.harness import ServerThread
 
 
@@ -40,6 +44,33 @@ def test_a_fresh_server_has_run_the_builtin_once_and_holds_nothing(tmp_path) -> 
         assert figures["pie_kv_pages_used"] == 0            # no page kept, no prefix exported
     finally:
         server.stop()
+
+
+STREAM_BACKEND = "anyio._backends._trio"
+LISTENING_SERVER = textwrap.dedent("""
+    import sys
+    from host.server.server_config import parse_config
+    from tests.host.fake_engine import FakeEngine
+    from tests.server.harness import ServerThread
+    config = parse_config({"server": {"data_dir": sys.argv[1], "openai": True,
+                                      "shutdown_grace_s": 1.0},
+                           "tenants": [{"name": "alice", "token": "tok-alice"}]})
+    print("before:", sys.argv[2] in sys.modules)
+    server = ServerThread(config, FakeEngine(num_pages=64, page_size=16)).start()
+    print("listening:", sys.argv[2] in sys.modules)
+    server.stop()
+""")
+
+
+def test_a_listening_server_has_loaded_the_stream_backend(tmp_path) -> None:
+    """In a fresh process (this one may have streamed already): not imported before the server
+    starts, imported once it listens, before any request."""
+    (tmp_path / "builtin").mkdir()
+    shutil.copy(_builtin_path(), tmp_path / "builtin")
+    run = subprocess.run([sys.executable, "-c", LISTENING_SERVER, str(tmp_path), STREAM_BACKEND],
+                         cwd=REPO_DIR, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split("\n")[:2] == ["before: False", "listening: True"], run.stdout
 
 
 def test_a_failed_warm_up_is_logged_not_raised(caplog, make_runtime) -> None:  # noqa: F811
