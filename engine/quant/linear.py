@@ -87,7 +87,8 @@ class BatchPlanner:
     def dequantized_matmul(self, x: torch.Tensor, weight: QuantizedTensor) -> torch.Tensor:
         """x [M, K] @ W^T -> [M, N], dequantizing slabs of W's rows into the scratch buffer."""
         num_rows, num_cols = weight.shape
-        slab_rows = max(8, min(num_rows, SCRATCH_ELEMENTS // num_cols // 8 * 8))  # whole 8-row groups
+        # whole 8-row groups
+        slab_rows = max(8, min(num_rows, SCRATCH_ELEMENTS // num_cols // 8 * 8))
         if slab_rows == num_rows:
             dense = kernels.dequantize(weight, out=self.scratch_for(num_rows * num_cols)
                                        .view(num_rows, num_cols))

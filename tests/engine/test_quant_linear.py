@@ -17,7 +17,8 @@ from tests.engine.test_quant_kernels import random_blocks, reference_weight
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.unavailable_reason())
 
 
-def random_weight(qtype: Q, num_rows: int, num_cols: int, seed: int) -> tuple[QuantizedTensor, torch.Tensor]:
+def random_weight(qtype: Q, num_rows: int, num_cols: int,
+                  seed: int) -> tuple[QuantizedTensor, torch.Tensor]:
     blocks = random_blocks(qtype, num_rows, num_cols, seed)
     return (QuantizedTensor(torch.from_numpy(blocks), qtype, num_cols),
             reference_weight(blocks, qtype, num_cols))
