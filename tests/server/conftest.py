@@ -24,6 +24,14 @@ TOKENS = {"alice": "tok-alice", "bob": "tok-bob", "tiny": "tok-tiny", "small": "
           "carol": "tok-carol"}   # carol: test_two_tenants_are_isolated; no prefix cache on the model
 
 
+def seed_builtin(data_dir: Path) -> None:
+    """Put the built-in inferlet, built once into the tests' cache, in data_dir's own cache (a
+    server on data_dir then starts without building it)."""
+    built, _ = build_cached(builtin_source(), BUILD_CACHE)
+    (data_dir / "builtin").mkdir()
+    shutil.copy(built, data_dir / "builtin" / built.name)
+
+
 def server_config(data_dir: Path, **server: object) -> object:
     return parse_config({
         "server": {"data_dir": str(data_dir), "max_upload_bytes": 32 * 1024 * 1024,
@@ -57,9 +65,7 @@ def fake_server(tmp_path_factory: pytest.TempPathFactory, probe_wasm: bytes):
 def model_server(tmp_path_factory: pytest.TempPathFactory):
     """The real model with the OpenAI API; the built-in inferlet is pre-built into the cache."""
     data_dir = tmp_path_factory.mktemp("pie-model-data")
-    built, _ = build_cached(builtin_source(), BUILD_CACHE)
-    (data_dir / "builtin").mkdir()
-    shutil.copy(built, data_dir / "builtin" / built.name)
+    seed_builtin(data_dir)
     config = parse_config({
         "server": {"data_dir": str(data_dir), "openai": True, "shutdown_grace_s": 1.0},
         "engine": {"num_pages": 256, "page_size": 16, "max_batch_tokens": 1024},

@@ -5,7 +5,6 @@ streamed answer would import, is loaded before the server listens (openai.load_s
 from __future__ import annotations
 
 import logging
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,7 @@ from host.server.server_config import parse_config
 from tests.host.components import make_runtime, program_cache_dir  # noqa: F401
 from tests.host.fake_engine import FakeEngine
 from tests.host.test_instance_threads import wait_until
-from tests.server.conftest import BUILD_CACHE, REPO_DIR, scrape
+from tests.server.conftest import BUILD_CACHE, REPO_DIR, scrape, seed_builtin
 from tests.server.harness import ServerThread
 
 
@@ -29,8 +28,7 @@ def _builtin_path():
 
 @pytest.mark.slow
 def test_a_fresh_server_has_run_the_builtin_once_and_holds_nothing(tmp_path) -> None:
-    (tmp_path / "builtin").mkdir()
-    shutil.copy(_builtin_path(), tmp_path / "builtin")
+    seed_builtin(tmp_path)
     config = parse_config({"server": {"data_dir": str(tmp_path), "openai": True,
                                       "shutdown_grace_s": 1.0},
                            "engine": {"num_pages": 64, "page_size": 16},
@@ -65,8 +63,7 @@ LISTENING_SERVER = textwrap.dedent("""
 def test_a_listening_server_has_loaded_the_stream_backend(tmp_path) -> None:
     """In a fresh process (this one may have streamed already): not imported before the server
     starts, imported once it listens, before any request."""
-    (tmp_path / "builtin").mkdir()
-    shutil.copy(_builtin_path(), tmp_path / "builtin")
+    seed_builtin(tmp_path)
     run = subprocess.run([sys.executable, "-c", LISTENING_SERVER, str(tmp_path), STREAM_BACKEND],
                          cwd=REPO_DIR, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
