@@ -19,7 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from host.server.builtin import BUILTIN_NAME, load_builtin, warm_up_builtin
+from host.server.builtin import (BUILTIN_NAME, load_builtin, warm_up_builtin,
+                                 warm_up_prefixes)
 from host.server.openai_context import ContextLimits, context_problem, prompt_lengths
 from host.server.openai_format import completion_response, stream_chunk
 from host.server.openai_schema import ApiLimits, RequestError, parse_request
@@ -79,13 +80,16 @@ class OpenAIFrontend:
     async def create(cls, service: PieService, tenants: TenantRegistry,
                      data_dir: Path) -> "OpenAIFrontend":
         """Build (first start only; then cached in data_dir) and compile the built-in inferlet,
-        then run it once (host/server/builtin.py: warm_up_builtin)."""
+        then run it once, and once per tenant that shares chat prefixes (host/server/builtin.py:
+        warm_up_builtin, warm_up_prefixes)."""
         program, program_hash = await load_builtin(service.runtime, data_dir)
         frontend = cls(service, tenants, program, program_hash)
         warm_up = parse_request({"model": frontend.model, "max_tokens": 2,
                                  "messages": [{"role": "user", "content": "Hello"}]},
                                 "chat", frontend.limits)
         await trio.to_thread.run_sync(warm_up_builtin, service.runtime, program, warm_up)
+        await trio.to_thread.run_sync(warm_up_prefixes, service.runtime, program, warm_up,
+                                      tenants.all(), service.limits)
         await load_stream_backend()
         return frontend
 

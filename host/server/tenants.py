@@ -78,6 +78,10 @@ class TenantRegistry:
     def names(self) -> list[str]:
         return [t.name for _, t in self._by_token]
 
+    def all(self) -> list[Tenant]:
+        """Every tenant, in the configured order."""
+        return [t for _, t in self._by_token]
+
 
 class QuotaExceeded(Exception):
     """A launch or upload would exceed a tenant quota; the message names quota and usage."""

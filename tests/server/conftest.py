@@ -63,14 +63,17 @@ def fake_server(tmp_path_factory: pytest.TempPathFactory, probe_wasm: bytes):
 
 @pytest.fixture(scope="session")
 def model_server(tmp_path_factory: pytest.TempPathFactory):
-    """The real model with the OpenAI API; the built-in inferlet is pre-built into the cache."""
+    """The real model with the OpenAI API; the built-in inferlet is pre-built into the cache.
+    Only alice shares chat prefixes (the exported pages the prefix tests read are hers alone:
+    her default prefix from the start-up, then her requests')."""
     data_dir = tmp_path_factory.mktemp("pie-model-data")
     seed_builtin(data_dir)
     config = parse_config({
         "server": {"data_dir": str(data_dir), "openai": True, "shutdown_grace_s": 1.0},
         "engine": {"num_pages": 256, "page_size": 16, "max_batch_tokens": 1024},
         "tenants": [{"name": "alice", "token": TOKENS["alice"]},
-                    {"name": "tiny", "token": TOKENS["tiny"], "max_instances": 1},
+                    {"name": "tiny", "token": TOKENS["tiny"], "max_instances": 1,
+                     "prefix_cache_pages": 0},
                     {"name": "carol", "token": TOKENS["carol"], "prefix_cache_pages": 0}]})
     server = ServerThread(config).start()
     yield server

@@ -1,7 +1,9 @@
 """The built-in inferlet runs once before the server listens (host/server/builtin.py,
-warm_up_builtin): a fresh server has generated tokens before any request and holds nothing after
-it; a warm-up that fails is logged and the server starts anyway. AnyIO's backend, which the first
-streamed answer would import, is loaded before the server listens (openai.load_stream_backend)."""
+warm_up_builtin), then once per tenant that shares chat prefixes (warm_up_prefixes): a fresh
+server has generated tokens before any request and holds only those tenants' default prefixes,
+which their first chats import; a warm-up that fails is logged and the server starts anyway.
+AnyIO's backend, which the first streamed answer would import, is loaded before the server
+listens (openai.load_stream_backend)."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import openai
 import pytest
 
 from host.sandbox.build import build_cached
@@ -17,7 +20,8 @@ from host.server.server_config import parse_config
 from tests.host.components import make_runtime, program_cache_dir  # noqa: F401
 from tests.host.fake_engine import FakeEngine
 from tests.host.test_instance_threads import wait_until
-from tests.server.conftest import BUILD_CACHE, REPO_DIR, scrape, seed_builtin
+from tests.server.conftest import (BUILD_CACHE, REPO_DIR, scrape, seed_builtin,
+                                   wait_until_idle)
 from tests.server.harness import ServerThread
 
 
@@ -26,20 +30,43 @@ def _builtin_path():
     return path
 
 
+def _first_chat(url: str, token: str) -> tuple[str, int, int]:
+    """(answer, input tokens the engine computed for it, prompt tokens) of a greedy chat with no
+    system prompt of its own."""
+    before = scrape(url)["pie_input_tokens_total"]
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0)
+    answer = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", max_tokens=4, temperature=0,
+        extra_body={"ignore_eos": True},
+        messages=[{"role": "user", "content": "What is the capital of France?"}])
+    computed = wait_until_idle(url)["pie_input_tokens_total"] - before
+    return answer.choices[0].message.content, int(computed), answer.usage.prompt_tokens
+
+
 @pytest.mark.slow
-def test_a_fresh_server_has_run_the_builtin_once_and_holds_nothing(tmp_path) -> None:
+def test_a_fresh_server_has_run_the_builtin_and_holds_only_default_prefixes(tmp_path) -> None:
+    """Before any request: the built-in has run, nothing runs, and the only pages held are the
+    default chat prefix of the tenant that shares prefixes (alice), which her first chat then
+    imports (carol, prefix_cache_pages = 0, computes the whole prompt) and answers the same."""
     seed_builtin(tmp_path)
     config = parse_config({"server": {"data_dir": str(tmp_path), "openai": True,
                                       "shutdown_grace_s": 1.0},
                            "engine": {"num_pages": 64, "page_size": 16},
-                           "tenants": [{"name": "alice", "token": "tok-alice"}]})
+                           "tenants": [{"name": "alice", "token": "tok-alice"},
+                                       {"name": "carol", "token": "tok-carol",
+                                        "prefix_cache_pages": 0}]})
     server = ServerThread(config).start()
     try:
         figures = scrape(server.url)          # no request yet
         assert figures["pie_generated_tokens_total"] >= 1
         assert figures["pie_input_tokens_total"] > 1
         assert figures["pie_instances_running"] == 0
-        assert figures["pie_kv_pages_used"] == 0            # no page kept, no prefix exported
+        assert 0 < figures["pie_kv_pages_exported"] == figures["pie_kv_pages_used"] <= 2
+        carol = _first_chat(server.url, "tok-carol")
+        alice = _first_chat(server.url, "tok-alice")
+        assert carol[1] == carol[2] + 3      # the whole prompt, then 3 of the 4 tokens as input
+        assert alice[2] == carol[2] and alice[1] < carol[1] - 16  # the default prefix imported
+        assert alice[0] == carol[0]
     finally:
         server.stop()
 
