@@ -69,6 +69,9 @@ def warm_up_prefixes(runtime: Any, program: Any, request: dict[str, Any],
     PREFIX_WAVE runs at a time (their passes batch); blocking. Returns how many ended well; a
     failure is logged, never raised."""
     sharing = [tenant for tenant in tenants if tenant.prefix_cache_pages > 0]
+    if sharing:
+        _log.info("computing the default chat prefix of %d tenants (server.warm_prefixes)",
+                  len(sharing))
     num_done = 0
     for start in range(0, len(sharing), PREFIX_WAVE):
         launched = [_launch(runtime, program,

@@ -77,19 +77,20 @@ class OpenAIFrontend:
         self.model = self.limits.listed_id
 
     @classmethod
-    async def create(cls, service: PieService, tenants: TenantRegistry,
-                     data_dir: Path) -> "OpenAIFrontend":
+    async def create(cls, service: PieService, tenants: TenantRegistry, data_dir: Path, *,
+                     warm_prefixes: bool = True) -> "OpenAIFrontend":
         """Build (first start only; then cached in data_dir) and compile the built-in inferlet,
-        then run it once, and once per tenant that shares chat prefixes (host/server/builtin.py:
-        warm_up_builtin, warm_up_prefixes)."""
+        then run it once, and (`warm_prefixes`) once per tenant that shares chat prefixes
+        (host/server/builtin.py: warm_up_builtin, warm_up_prefixes)."""
         program, program_hash = await load_builtin(service.runtime, data_dir)
         frontend = cls(service, tenants, program, program_hash)
         warm_up = parse_request({"model": frontend.model, "max_tokens": 2,
                                  "messages": [{"role": "user", "content": "Hello"}]},
                                 "chat", frontend.limits)
         await trio.to_thread.run_sync(warm_up_builtin, service.runtime, program, warm_up)
-        await trio.to_thread.run_sync(warm_up_prefixes, service.runtime, program, warm_up,
-                                      tenants.all(), service.limits)
+        if warm_prefixes:
+            await trio.to_thread.run_sync(warm_up_prefixes, service.runtime, program, warm_up,
+                                          tenants.all(), service.limits)
         await load_stream_backend()
         return frontend
 

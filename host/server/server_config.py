@@ -55,6 +55,7 @@ class ServerSection:
     max_tenant_upload_bytes: int = 256 * 1024 * 1024   # one tenant's uploads in progress
     shutdown_grace_s: float = 10.0            # running instances may finish within this
     openai: bool = True                       # serve /v1/* through the built-in inferlet
+    warm_prefixes: bool = True                # sharing tenants' default chat prefix at start
     count_linear_memory: bool = True          # name memory_mb whenever an instance hits it
     memory_pool_mb: int = 1024                # ended instances' memories kept for reuse (0: none)
     memory_pool_idle_s: float = 600.0         # a pooled memory unused this long is unmapped

@@ -104,5 +104,6 @@ async def build_context(config: ServerConfig, engine: Any = None) -> ServerConte
     openai = None
     if config.server.openai:
         from host.server.openai import OpenAIFrontend
-        openai = await OpenAIFrontend.create(service, tenants, data_dir)
+        openai = await OpenAIFrontend.create(service, tenants, data_dir,
+                                             warm_prefixes=config.server.warm_prefixes)
     return ServerContext(config, service, tenants, metrics, openai)

@@ -71,6 +71,31 @@ def test_a_fresh_server_has_run_the_builtin_and_holds_only_default_prefixes(tmp_
         server.stop()
 
 
+@pytest.mark.parametrize("warm_prefixes", [True, False])
+def test_warm_prefixes_decides_whether_sharing_tenants_start_with_their_prefix(
+        tmp_path, warm_prefixes: bool) -> None:
+    """server.warm_prefixes: on, each tenant with prefix_cache_pages > 0 holds its default chat
+    prefix before any request (one export each, its pages exported); off, nothing is held."""
+    seed_builtin(tmp_path)
+    tenants = [{"name": name, "token": f"tok-{name}"} for name in ("alice", "bob")]
+    config = parse_config({"server": {"data_dir": str(tmp_path), "openai": True,
+                                      "shutdown_grace_s": 1.0, "warm_prefixes": warm_prefixes},
+                           "tenants": [*tenants, {"name": "carol", "token": "tok-carol",
+                                                  "prefix_cache_pages": 0}]})
+    server = ServerThread(config, FakeEngine(num_pages=64, page_size=16)).start()
+    try:
+        figures = scrape(server.url)
+        assert figures["pie_instances_running"] == 0
+        assert figures["pie_kv_pages_used"] == figures["pie_kv_pages_exported"]
+        if warm_prefixes:       # alice's and bob's, the same tokens in two namespaces
+            assert figures["pie_kv_pages_exported"] > 0
+            assert figures["pie_kv_pages_exported"] % 2 == 0
+        else:
+            assert figures["pie_kv_pages_exported"] == 0
+    finally:
+        server.stop()
+
+
 STREAM_BACKEND = "anyio._backends._trio"
 LISTENING_SERVER = textwrap.dedent("""
     import sys
