@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -57,7 +58,8 @@ def warm_up_builtin(runtime: Any, program: Any, request: dict[str, Any]) -> bool
     ended well; a failure is logged, never raised: the server starts either way."""
     argument = json.dumps(dict(request, prefix_cache_pages=0))
     instance_id = _launch(runtime, program, argument, WARM_UP_TENANT, None)
-    return instance_id is not None and _ended_well(runtime, instance_id)
+    deadline = time.monotonic() + WARM_UP_TIMEOUT_S
+    return instance_id is not None and _ended_well(runtime, instance_id, deadline)
 
 
 def warm_up_prefixes(runtime: Any, program: Any, request: dict[str, Any],
@@ -66,22 +68,23 @@ def warm_up_prefixes(runtime: Any, program: Any, request: dict[str, Any],
     Tenant) whose prefix_cache_pages is not 0, with that setting and the page quota a request of
     the tenant gets (`limits`, the service's InstanceLimits, with the tenant's default_kv_pages):
     each run leaves the tenant's default chat prefix exported, as its first request would.
-    PREFIX_WAVE runs at a time (their passes batch); blocking. Returns how many ended well; a
-    failure is logged, never raised."""
+    PREFIX_WAVE runs at a time (their passes batch), each wave at most WARM_UP_TIMEOUT_S;
+    blocking. Returns how many ended well; a failure is logged, never raised."""
     sharing = [tenant for tenant in tenants if tenant.prefix_cache_pages > 0]
-    if sharing:
-        _log.info("computing the default chat prefix of %d tenants (server.warm_prefixes)",
-                  len(sharing))
+    if not sharing:
+        return 0
+    _log.info("computing the default chat prefix of %d tenants (server.warm_prefixes)",
+              len(sharing))
     num_done = 0
     for start in range(0, len(sharing), PREFIX_WAVE):
         launched = [_launch(runtime, program,
                             json.dumps(dict(request, prefix_cache_pages=tenant.prefix_cache_pages)),
                             tenant.name, replace(limits, page_quota=tenant.default_kv_pages))
                     for tenant in sharing[start:start + PREFIX_WAVE]]
-        num_done += sum(_ended_well(runtime, instance_id) for instance_id in launched
+        deadline = time.monotonic() + WARM_UP_TIMEOUT_S
+        num_done += sum(_ended_well(runtime, instance_id, deadline) for instance_id in launched
                         if instance_id is not None)
-    if sharing:
-        _log.info("computed the default chat prefix of %d of %d tenants", num_done, len(sharing))
+    _log.info("computed the default chat prefix of %d of %d tenants", num_done, len(sharing))
     return num_done
 
 
@@ -94,11 +97,11 @@ def _launch(runtime: Any, program: Any, argument: str, tenant: str, limits: Any)
         return None
 
 
-def _ended_well(runtime: Any, instance_id: str) -> bool:
-    """Wait for a warm-up run (at most WARM_UP_TIMEOUT_S, then terminated); True when it ended
-    well, else False, logged."""
+def _ended_well(runtime: Any, instance_id: str, deadline: float) -> bool:
+    """Wait for a warm-up run until `deadline` (time.monotonic()), then terminate it; True when
+    it ended well, else False, logged."""
     try:
-        outcome = runtime.wait(instance_id, timeout=WARM_UP_TIMEOUT_S)
+        outcome = runtime.wait(instance_id, timeout=max(0.0, deadline - time.monotonic()))
     except TimeoutError:
         runtime.terminate(instance_id, "warm-up timed out")
         _log.warning("the built-in's warm-up run took over %s s: terminated", WARM_UP_TIMEOUT_S)

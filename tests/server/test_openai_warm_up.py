@@ -15,8 +15,9 @@ import openai
 import pytest
 
 from host.sandbox.build import build_cached
-from host.server.builtin import builtin_source, warm_up_builtin
+from host.server.builtin import builtin_source, warm_up_builtin, warm_up_prefixes
 from host.server.server_config import parse_config
+from host.server.tenants import Tenant
 from tests.host.components import make_runtime, program_cache_dir  # noqa: F401
 from tests.host.fake_engine import FakeEngine
 from tests.host.test_instance_threads import wait_until
@@ -133,16 +134,19 @@ def test_a_failed_warm_up_is_logged_not_raised(caplog, make_runtime) -> None:  #
     assert runtime.statistics().pages.num_used == 0
 
 
+SLOW_REQUEST = {"mode": "completion", "prompts": ["hello"], "echo": False, "max_tokens": 500,
+                "temperature": 0, "top_p": 1.0, "presence_penalty": 0.0,
+                "frequency_penalty": 0.0, "logit_bias": [], "logprobs": None,
+                "response_format": None, "tools": [], "tool_choice": "none", "seed": None,
+                "stop": [], "n": 1, "stream": False, "ignore_eos": True}   # 500 x 10 ms
+
+
 def test_a_warm_up_past_its_timeout_is_terminated(caplog, monkeypatch,
                                                   make_runtime) -> None:  # noqa: F811
     from host.server import builtin
     monkeypatch.setattr(builtin, "WARM_UP_TIMEOUT_S", 0.2)
     engine = FakeEngine(num_pages=64, page_size=16, batch_delay_s=0.01)
-    request = {"mode": "completion", "prompts": ["hello"], "echo": False, "max_tokens": 500,
-               "temperature": 0, "top_p": 1.0, "presence_penalty": 0.0,
-               "frequency_penalty": 0.0, "logit_bias": [], "logprobs": None,
-               "response_format": None, "tools": [], "tool_choice": "none", "seed": None,
-               "stop": [], "n": 1, "stream": False, "ignore_eos": True}
+    request = SLOW_REQUEST
     runtime = make_runtime(engine)
     program = runtime.load_program(_builtin_path().read_bytes())
     with caplog.at_level(logging.WARNING, logger="host.server.builtin"):
@@ -150,3 +154,24 @@ def test_a_warm_up_past_its_timeout_is_terminated(caplog, monkeypatch,
     assert "took over 0.2 s: terminated" in caplog.text
     assert wait_until(lambda: runtime.statistics().num_running == 0, timeout_s=10)
     assert runtime.statistics().pages.num_used == 0
+
+
+def test_prefix_runs_past_their_timeout_are_terminated(caplog, monkeypatch,
+                                                       make_runtime) -> None:  # noqa: F811
+    """Each sharing tenant's run (prefix_cache_pages 0: none) that outlasts its wave's deadline
+    is terminated and logged; none counts as done, none keeps running, no page but the
+    prefixes' exports stays held."""
+    from host.server import builtin
+    monkeypatch.setattr(builtin, "WARM_UP_TIMEOUT_S", 0.3)
+    runtime = make_runtime(FakeEngine(num_pages=256, page_size=16, batch_delay_s=0.01))
+    program = runtime.load_program(_builtin_path().read_bytes())
+    request = dict(SLOW_REQUEST, mode="chat", max_tokens=1000,        # 10 s if not stopped
+                   messages=[{"role": "user", "content": "hello"}])
+    tenants = [Tenant(name, 2, 128, 1 << 20, prefix_cache_pages) for name, prefix_cache_pages
+               in (("alice", 16), ("bob", 16), ("carol", 0))]
+    with caplog.at_level(logging.WARNING, logger="host.server.builtin"):
+        assert warm_up_prefixes(runtime, program, request, tenants,
+                                runtime.config.limits) == 0
+    assert caplog.text.count("took over 0.3 s: terminated") == 2
+    assert wait_until(lambda: runtime.statistics().num_running == 0, timeout_s=5)
+    assert runtime.statistics().pages.num_used == runtime.exports.num_pages()
