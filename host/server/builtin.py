@@ -23,6 +23,9 @@ from typing import Any, Sequence
 
 import trio
 
+from host.runtime_config import InstanceLimits
+from host.server.tenants import Tenant
+
 __all__ = ["BUILTIN_NAME", "WARM_UP_TENANT", "builtin_source", "build_builtin", "load_builtin",
            "warm_up_builtin", "warm_up_prefixes"]
 
@@ -63,9 +66,9 @@ def warm_up_builtin(runtime: Any, program: Any, request: dict[str, Any]) -> bool
 
 
 def warm_up_prefixes(runtime: Any, program: Any, request: dict[str, Any],
-                     tenants: Sequence[Any], limits: Any) -> int:
-    """Run the built-in on the chat `request` once as each of `tenants` (host.server.tenants.
-    Tenant) whose prefix_cache_pages is not 0, with that setting and the page quota a request of
+                     tenants: Sequence[Tenant], limits: InstanceLimits) -> int:
+    """Run the built-in on the chat `request` once as each of `tenants` whose
+    prefix_cache_pages is not 0, with that setting and the page quota a request of
     the tenant gets (`limits`, the service's InstanceLimits, with the tenant's default_kv_pages):
     each run leaves the tenant's default chat prefix exported, as its first request would.
     PREFIX_WAVE runs at a time (their passes batch), each wave at most WARM_UP_TIMEOUT_S;
@@ -88,7 +91,8 @@ def warm_up_prefixes(runtime: Any, program: Any, request: dict[str, Any],
     return num_done
 
 
-def _launch(runtime: Any, program: Any, argument: str, tenant: str, limits: Any) -> str | None:
+def _launch(runtime: Any, program: Any, argument: str, tenant: str,
+            limits: InstanceLimits | None) -> str | None:
     """The id of a warm-up run of the built-in as `tenant`, or None (logged) if it did not start."""
     try:
         return runtime.launch(program, (argument,), tenant=tenant, limits=limits)

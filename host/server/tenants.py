@@ -72,12 +72,6 @@ class TenantRegistry:
                 found = tenant
         return found
 
-    def by_name(self, name: str) -> Tenant | None:
-        return next((t for _, t in self._by_token if t.name == name), None)
-
-    def names(self) -> list[str]:
-        return [t.name for _, t in self._by_token]
-
     def all(self) -> list[Tenant]:
         """Every tenant, in the configured order."""
         return [t for _, t in self._by_token]

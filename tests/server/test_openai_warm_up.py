@@ -146,11 +146,10 @@ def test_a_warm_up_past_its_timeout_is_terminated(caplog, monkeypatch,
     from host.server import builtin
     monkeypatch.setattr(builtin, "WARM_UP_TIMEOUT_S", 0.2)
     engine = FakeEngine(num_pages=64, page_size=16, batch_delay_s=0.01)
-    request = SLOW_REQUEST
     runtime = make_runtime(engine)
     program = runtime.load_program(_builtin_path().read_bytes())
     with caplog.at_level(logging.WARNING, logger="host.server.builtin"):
-        assert warm_up_builtin(runtime, program, request) is False     # 500 x 10 ms
+        assert warm_up_builtin(runtime, program, SLOW_REQUEST) is False
     assert "took over 0.2 s: terminated" in caplog.text
     assert wait_until(lambda: runtime.statistics().num_running == 0, timeout_s=10)
     assert runtime.statistics().pages.num_used == 0
