@@ -255,6 +255,10 @@ def main() -> None:
     parser.add_argument("--overlap", choices=("on", "off"), default=None,
                         help="overlapped batches (SchedulerPolicy.overlap; default: the "
                              "runtime's choice for the engine)")
+    parser.add_argument("--chain-steps", type=int, default=None,
+                        help="engine steps a batch of host loops' passes runs before the host "
+                             "resolves it (SchedulerPolicy.chain_steps; default: the runtime's "
+                             "choice, 4 on a CPU)")
     parser.add_argument("--start-hold-ms", type=float, default=None,
                         help="adaptive: the longest wait of launched instances' first passes for "
                              "the others starting (0: none; default: the runtime's choice)")
@@ -283,7 +287,7 @@ def main() -> None:
                              hold_fraction=opts.hold_fraction,
                              run_on_waiter=not opts.no_run_on_waiter,
                              overlap=None if opts.overlap is None else opts.overlap == "on",
-                             start_hold_ms=opts.start_hold_ms)
+                             start_hold_ms=opts.start_hold_ms, chain_steps=opts.chain_steps)
     out = sys.stderr if opts.json else sys.stdout       # --json: stdout holds the object alone
     config = RuntimeConfig(cache_dir=opts.cache_dir, scheduler=policy,
                            count_linear_memory=opts.memories == "counted",

@@ -91,6 +91,8 @@ class Runtime:
             policy = dataclasses.replace(policy, overlap=overlap_by_default(engine))
         if policy.start_hold_ms is None:
             policy = dataclasses.replace(policy, start_hold_ms=start_hold_by_default(engine))
+        if policy.chain_steps is None:   # overlap has its own short path between steps
+            policy = dataclasses.replace(policy, chain_steps=1 if policy.overlap else 4)
         current = threading.local()
         # lives as long as the engine; None: Wasmtime's own memories (copy-on-write images)
         self.linear_memories = (

@@ -6,6 +6,8 @@ run, the thread that resolved it (the engine thread, usually) appends the output
 and submits the next pass on the same queue at once, so the next batch carries it without waiting
 for the guest. The guest reads the outputs with `decode-stream.next` as they come, one or many at
 a time.
+Without overlap, a batch made only of such chained passes may run several steps before it is
+resolved (`chain_step`, host/scheduling/chaining.py): the loop then keeps several outputs at once.
 
 Every pass is prepared by `InstancePages` like a forward.submit (same checks, pins, copy-on-write);
 the first on the guest's thread (it may reclaim pages), the later ones without reclaim
@@ -70,6 +72,7 @@ class DecodeLoop:
         self._paused_token: int | None = None   # the next pass's input, held for the reader
         self._position = self._kv_len = self._num_pages = 0
         self._ahead_page_id: int | None = None  # the page the pass ahead added, while it may drop
+        self._num_chained = 0               # steps chained after the pass in flight (chaining.py)
 
     def start(self, prepared: PreparedForward, position: int) -> None:
         """Submit the first pass (prepared on the guest's thread); `position`: its last token's."""
@@ -145,6 +148,34 @@ class DecodeLoop:
             self._num_in_flight += 1
             return step[0], self._on_pass
 
+    def chain_step(self, result: ForwardResult) -> PreparedForward | None:
+        """Chained steps (host/scheduling/chaining.py), on the thread running this loop's pass:
+        the pass after the one whose output is `result` (the pass submitted, or a step chained
+        after it), prepared as the loop would once that output is kept (the common decode
+        route only; a new page of the instance when the last is full), the loop's position
+        and pages moved on. None, with nothing changed, unless it surely follows: no stop
+        token, max_tokens and the unread bound not reached, not stopped, the route taken, and
+        no reader woken by the outputs so far (a streaming reader gets each as it comes)."""
+        token_id = output_token_id(result)
+        if token_id in self._stop_token_ids:
+            return None
+        with self._lock:
+            num_unread = len(self._outputs) + self._num_chained + 1    # `result`'s counted
+            if (self._ended or self._stopped or self._trap is not None
+                    or self._num_in_flight != 1
+                    or self._num_outputs + self._num_chained + 1 >= self._max_tokens
+                    or num_unread >= MAX_UNREAD_OUTPUTS
+                    or self._waiter is not None and num_unread >= self._wake_at):
+                return None
+            try:
+                step = self._prepare_step(token_id, self._kv_len + 1, general=False)
+            except TrapError:
+                return None                       # the loop's next pass meets it again
+            if step is None:
+                return None
+            self._num_chained += 1
+            return step[0]
+
     def _prepare_step(self, token_id: int, kv_len: int,
                       general: bool = True) -> tuple[PreparedForward, int | None] | None:
         """Under the lock: the pass of `token_id` that makes the KV `kv_len` long (a new page
@@ -163,18 +194,25 @@ class DecodeLoop:
         return step
 
     def _on_pass(self, outcome: object) -> None:
-        """A pass resolved (on the thread that resolved it): keep its output, submit the next
-        pass (chained: no future) or end. A pass prepared ahead that resolves after the loop
-        ended (at the pass before it) is dropped."""
-        if not isinstance(outcome, ForwardResult):
-            self._end(error=f"engine failed the batch: {outcome}")
+        """A pass resolved (on the thread that resolved it; a tuple: the results of the steps
+        chained after it too, first first): keep its outputs, submit the next pass (chained: no
+        future) or end. A pass prepared ahead that resolves after the loop ended (at the pass
+        before it) is dropped."""
+        results = outcome if isinstance(outcome, tuple) else (outcome,)
+        if not isinstance(results[-1], ForwardResult):      # the pass, or a chained step, failed
+            if len(results) > 1:
+                with self._lock:
+                    self._keep_chained(results[:-1])
+            self._end(error=f"engine failed the batch: {results[-1]}")
             return
-        output, token_id = outcome.outputs[0], output_token_id(outcome)
+        last = results[-1]
         with self._lock:
             self._num_in_flight -= 1
             waiter = None
             if not self._ended:
-                waiter = self._keep(output, token_id)
+                if len(results) > 1:              # each step before the last had a successor
+                    self._keep_chained(results[:-1])
+                waiter = self._keep(last.outputs[0], output_token_id(last))
                 if not self._ended:
                     self._ahead_page_id = None    # the pass ahead (if any) counts
             else:                                 # a pass ahead of the loop's end: dropped
@@ -183,6 +221,13 @@ class DecodeLoop:
                     waiter, self._waiter = self._waiter, None
         if waiter is not None and not self._scheduler.defer_wake(lambda: waiter.set_result(None)):
             waiter.set_result(None)
+
+    def _keep_chained(self, results: tuple[ForwardResult, ...]) -> None:
+        """Under the lock: keep the outputs of the steps that chained steps followed (no end
+        among them: chain_step checked; the position and pages moved on when it prepared)."""
+        self._outputs.extend(result.outputs[0] for result in results)
+        self._num_outputs += len(results)
+        self._num_chained = 0
 
     def _keep(self, output: object, token_id: int) -> Future | None:
         """Under the lock: keep a pass's output and go on; the waiter to wake, if any."""
@@ -220,7 +265,8 @@ class DecodeLoop:
             self._ended = True            # no page without reclaim: the guest goes on
             return
         queued = self._scheduler.submit_chained(self._queue_key, self._priority, step[0],
-                                                self._on_pass, self.prepare_next)
+                                                self._on_pass, self.prepare_next,
+                                                self.chain_step)
         self._num_in_flight += queued
         self._ended = not queued                       # refused: the scheduler is closed
 

@@ -19,7 +19,7 @@ class Item:
 
     __slots__ = ("queue_key", "owner", "rank", "order", "request", "copies", "future", "on_done",
                  "on_outcome", "num_tokens", "enqueued_at", "parent", "output_slots", "outputs",
-                 "prepare_next")
+                 "prepare_next", "chain_step")
 
     def __init__(self, queue_key: Hashable, rank: int, order: int, request, copies, on_done,
                  on_wait: Callable[[SubmissionFuture], None] | None) -> None:
@@ -39,6 +39,8 @@ class Item:
         self.outputs: list | None = None       # ... in the whole pass's outputs
         # overlap (host/scheduling/overlap.py): prepares the pass after this one while it runs
         self.prepare_next: Callable[[], object] | None = None
+        # chained steps (host/scheduling/chaining.py): the one-token pass after this one's
+        self.chain_step: Callable[[object], object] | None = None
 
     def following(self, request, on_done: Callable[[], None] | None,
                   on_outcome: Callable[[object], None]) -> "Item":
@@ -50,7 +52,7 @@ class Item:
         item.request, item.copies, item.future, item.on_done = request, (), None, on_done
         item.on_outcome, item.num_tokens, item.enqueued_at = on_outcome, 1, self.enqueued_at
         item.parent, item.output_slots, item.outputs = None, [], None
-        item.prepare_next = self.prepare_next
+        item.prepare_next, item.chain_step = self.prepare_next, None
         return item
 
     def split(self, num_first: int, page_size: int) -> "Item":

@@ -33,6 +33,7 @@ from typing import Callable, Hashable, Sequence
 from engine.batch import ForwardResult, TokenCopy
 from engine.protocol import EngineLike
 from host.errors import Cancelled
+from host.scheduling.chaining import run_chain
 from host.scheduling.counts import BatchCounts
 from host.scheduling.engine_calls import resolve, run_forward
 from host.scheduling.fairness import FairShares
@@ -133,16 +134,19 @@ class BatchScheduler(FiringRules):
 
     def submit_chained(self, queue_key: Hashable, priority: str, prepared: PreparedForward,
                        on_outcome: Callable[[object], None],
-                       prepare_next: Callable[[], object] | None = None) -> bool:
+                       prepare_next: Callable[[], object] | None = None,
+                       chain_step: Callable[[object], object] | None = None) -> bool:
         """Queue a pass with no future (a host decode loop's next step): once it has run, failed
         or been cancelled, its on_done and then `on_outcome(ForwardResult or exception)` are
         called on the thread that resolves it. `synchronize` does not wait for it. False when
         closed: nothing queued, on_done called, on_outcome never. From a batch's resolution, on
         its thread, it is queued with the batch's other chained passes once it has resolved.
-        `prepare_next`: with overlap, prepares the pass after it while it runs (overlap.py)."""
+        `prepare_next`: with overlap, prepares the pass after it while it runs (overlap.py).
+        `chain_step`: without overlap, the one-token pass after it, run in the same batch's chain
+        (chaining.py); on_outcome then gets a tuple of the results of every step it took."""
         item = _Item(queue_key, rank_of(priority), 0, prepared.request, tuple(prepared.copies),
                      prepared.on_done, None)
-        item.on_outcome, item.prepare_next = on_outcome, prepare_next
+        item.on_outcome, item.prepare_next, item.chain_step = on_outcome, prepare_next, chain_step
         if self._wakes.resolving_here():
             with self._lock:                     # cancel_owner drops them from here too
                 self._chained.append(item)
@@ -269,6 +273,9 @@ class BatchScheduler(FiringRules):
     def _run_batch(self, copy_items: list[_Item], forward_items: list[_Item]) -> None:
         self._wakes.run()                                  # the last batch's, deferred
         outcomes = self._run_engine(copy_items, forward_items)
+        if ((self.policy.chain_steps or 1) > 1 and not copy_items
+                and threading.current_thread() is self._thread):   # never on a guest's thread
+            outcomes = run_chain(self, forward_items, outcomes)
         self._resolve(copy_items + forward_items, outcomes)
 
     def _run_engine(self, copy_items: list[_Item], forward_items: list[_Item],

@@ -10,6 +10,7 @@ __all__ = ["SchedulerPolicy", "SchedulerStats", "SubmissionFuture", "PRIORITIES"
 
 PRIORITIES = ("high", "normal", "low")     # batch order
 POLICY_KINDS = ("adaptive", "k-or-t")
+MAX_CHAIN_STEPS = 64
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,11 @@ class SchedulerPolicy:
     start_hold_ms: adaptive: a batch of instances' first passes waits for the
     other instances launched and not blocked yet, until its oldest pass has waited this long
     (host/scheduling/firing.py; 0: never). None: the Runtime's choice for its engine (500 on a
-    CPU, where instances starting and a batch share the cores; 0 on a GPU)."""
+    CPU, where instances starting and a batch share the cores; 0 on a GPU).
+    chain_steps: without overlap, a batch of host decode loops' passes runs up to this many
+    engine steps before the host resolves it, while nothing else is queued
+    (host/scheduling/chaining.py; 1: every step goes back to the host). None: the Runtime's
+    choice for its engine (4 on a CPU; 1 with overlap, which has its own short path)."""
 
     kind: str = "adaptive"
     max_batch_tokens: int = 4096
@@ -39,6 +44,7 @@ class SchedulerPolicy:
     run_on_waiter: bool = True
     overlap: bool | None = None
     start_hold_ms: float | None = None
+    chain_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens_per_owner <= 0:
@@ -65,6 +71,10 @@ class SchedulerPolicy:
         if self.start_hold_ms is not None and not self.start_hold_ms >= 0:
             raise ValueError(f"SchedulerPolicy.start_hold_ms must be >= 0, "
                              f"got {self.start_hold_ms}")
+        if self.chain_steps is not None and (type(self.chain_steps) is not int
+                                             or not 1 <= self.chain_steps <= MAX_CHAIN_STEPS):
+            raise ValueError(f"SchedulerPolicy.chain_steps must be None or an int in "
+                             f"1..{MAX_CHAIN_STEPS}, got {self.chain_steps!r}")
         if self.hold_fraction < 0:
             raise ValueError(f"SchedulerPolicy.hold_fraction must be >= 0, "
                              f"got {self.hold_fraction}")

@@ -132,6 +132,8 @@ class SchedulerSection:
                                         # at most this long; unset: 500 on a CPU, 0 on a GPU
     max_tokens_per_owner: int = 512   # one instance's input tokens per batch while others wait
     overlap: bool | None = None       # overlapped batches; unset: on for a GPU engine, off on a CPU
+    chain_steps: int | None = None    # engine steps a batch of host loops runs before the host
+                                      # resolves it; unset: 4 on a CPU, 1 with overlap
 
     def __post_init__(self) -> None:
         if self.policy not in ("adaptive", "k-or-t"):
@@ -142,6 +144,10 @@ class SchedulerSection:
             raise ValueError(f"scheduler.max_hold_ms must be >= 0, got {self.max_hold_ms}")
         if self.start_hold_ms is not None and not self.start_hold_ms >= 0:
             raise ValueError(f"scheduler.start_hold_ms must be >= 0, got {self.start_hold_ms}")
+        if self.chain_steps is not None and (type(self.chain_steps) is not int
+                                             or not 1 <= self.chain_steps <= 64):
+            raise ValueError(f"scheduler.chain_steps must be an int in 1..64, "
+                             f"got {self.chain_steps!r}")
 
 
 @dataclass(frozen=True)

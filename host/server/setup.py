@@ -54,7 +54,8 @@ def build_runtime(config: ServerConfig, engine: Any) -> Any:
                              max_batch_tokens=config.engine.max_batch_tokens,
                              max_tokens_per_owner=config.scheduler.max_tokens_per_owner,
                              overlap=config.scheduler.overlap,
-                             start_hold_ms=config.scheduler.start_hold_ms)
+                             start_hold_ms=config.scheduler.start_hold_ms,
+                             chain_steps=config.scheduler.chain_steps)
     limits = InstanceLimits(memory_mb=config.limits.memory_mb, max_idle_s=config.limits.max_idle_s)
     shares = resolve_kv_shares(config.tenants, engine.num_pages)
     return Runtime(engine, RuntimeConfig(scheduler=policy, limits=limits, kv_shares=shares,

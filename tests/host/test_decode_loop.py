@@ -5,7 +5,8 @@ tokens are `fake_next_token` applied step by step; its pages record which token 
 so the KV layout after a loop (the prompt and every output but the last, the pages the loop
 added appended in order) is checked slot by slot. Every test runs without and with overlapped
 batches (SchedulerPolicy.overlap: each loop's next pass prepared while its pass runs, its token
-fed by the engine); the outputs, pages and KV are the same.
+fed by the engine) and with chained steps (SchedulerPolicy.chain_steps 4); the outputs, pages
+and KV are the same.
 """
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ class Setup:
     `start`), with a sequence holding `prompt`'s slots."""
 
     def __init__(self, prompt: list[int], num_pool_pages: int = 32,
-                 page_quota: int | None = None, overlap: bool = False) -> None:
+                 page_quota: int | None = None, overlap: bool = False,
+                 chain_steps: int | None = None) -> None:
         self.engine = FakeEngine(num_pages=num_pool_pages, page_size=PAGE_SIZE)
         self.pool = PageAllocator(num_pool_pages)
         self.pages = InstancePages(self.pool, ExportRegistry(self.pool), instance_id="a",
@@ -57,7 +59,8 @@ class Setup:
                                    page_size=PAGE_SIZE,
                                    vocab_size=self.engine.model_config.vocab_size)
         self.overlap = overlap
-        self.scheduler = BatchScheduler(self.engine, SchedulerPolicy(overlap=overlap))
+        self.scheduler = BatchScheduler(self.engine, SchedulerPolicy(overlap=overlap,
+                                                                     chain_steps=chain_steps))
         self.tables = InstanceTables(self.pages)
         self.queue_id = self.tables.queues.create("normal")
         self.ctx = SimpleNamespace(
@@ -112,12 +115,15 @@ def _expected(prompt: list[int], num_tokens: int) -> list[int]:
     return tokens
 
 
-@pytest.fixture(params=[False, True], ids=["no-overlap", "overlap"])
+MODES = {"no-overlap": {}, "overlap": {"overlap": True}, "chained": {"chain_steps": 4}}
+
+
+@pytest.fixture(params=list(MODES))
 def setups(request):
     made: list[Setup] = []
 
     def make(prompt: list[int], **kwargs) -> Setup:
-        made.append(Setup(prompt, overlap=request.param, **kwargs))
+        made.append(Setup(prompt, **MODES[request.param], **kwargs))
         return made[-1]
     yield make
     for setup in made:

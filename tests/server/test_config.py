@@ -36,6 +36,7 @@ TENANT = {"name": "a", "token": "t"}
     ({"tenants": [TENANT], "scheduler": {"policy": "fifo"}}, "scheduler.policy must be"),
     ({"tenants": [TENANT], "scheduler": {"max_hold_ms": -1}}, "scheduler.max_hold_ms must be >= 0, got -1"),
     ({"tenants": [TENANT], "scheduler": {"start_hold_ms": -5}}, "scheduler.start_hold_ms must be >= 0, got -5"),
+    ({"tenants": [TENANT], "scheduler": {"chain_steps": 0}}, "scheduler.chain_steps must be an int in 1..64, got 0"),
     ({"tenants": [TENANT], "server": {"port": 70000}}, "server.port must be in 0..65535"),
     ({"tenants": [TENANT], "scheduler": {"overlap": 1}},
      "expected bool, got int 1 @ pie.toml.scheduler.overlap"),
@@ -171,5 +172,18 @@ def test_scheduler_start_hold_ms_reaches_the_runtime() -> None:
         runtime = build_runtime(config, FakeEngine(num_pages=16, page_size=4))
         try:
             assert runtime.scheduler.policy.start_hold_ms == start_hold_ms
+        finally:
+            runtime.close()
+
+
+def test_scheduler_chain_steps_reaches_the_runtime() -> None:
+    from host.server.setup import build_runtime
+    from tests.host.fake_engine import FakeEngine
+
+    for scheduler, chain_steps in (({}, 4), ({"chain_steps": 1}, 1), ({"chain_steps": 8}, 8)):
+        config = parse_config({"tenants": [TENANT], "scheduler": scheduler})
+        runtime = build_runtime(config, FakeEngine(num_pages=16, page_size=4))
+        try:
+            assert runtime.scheduler.policy.chain_steps == chain_steps
         finally:
             runtime.close()
