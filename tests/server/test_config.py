@@ -162,28 +162,17 @@ def test_scheduler_overlap_is_the_engines_choice_unless_set() -> None:
             runtime.close()
 
 
-def test_scheduler_start_hold_ms_reaches_the_runtime() -> None:
+@pytest.mark.parametrize("key, value, expected", [
+    ("start_hold_ms", None, 500.0), ("start_hold_ms", 50, 50.0), ("start_hold_ms", 0, 0.0),
+    ("chain_steps", None, 4), ("chain_steps", 1, 1), ("chain_steps", 8, 8)])   # unset: a CPU's
+def test_scheduler_settings_reach_the_runtime(key: str, value, expected) -> None:
     from host.server.setup import build_runtime
     from tests.host.fake_engine import FakeEngine
 
-    for scheduler, start_hold_ms in (({}, 500.0), ({"start_hold_ms": 50}, 50.0),   # CPU: 500
-                                     ({"start_hold_ms": 0}, 0.0)):
-        config = parse_config({"tenants": [TENANT], "scheduler": scheduler})
-        runtime = build_runtime(config, FakeEngine(num_pages=16, page_size=4))
-        try:
-            assert runtime.scheduler.policy.start_hold_ms == start_hold_ms
-        finally:
-            runtime.close()
-
-
-def test_scheduler_chain_steps_reaches_the_runtime() -> None:
-    from host.server.setup import build_runtime
-    from tests.host.fake_engine import FakeEngine
-
-    for scheduler, chain_steps in (({}, 4), ({"chain_steps": 1}, 1), ({"chain_steps": 8}, 8)):
-        config = parse_config({"tenants": [TENANT], "scheduler": scheduler})
-        runtime = build_runtime(config, FakeEngine(num_pages=16, page_size=4))
-        try:
-            assert runtime.scheduler.policy.chain_steps == chain_steps
-        finally:
-            runtime.close()
+    scheduler = {} if value is None else {key: value}
+    config = parse_config({"tenants": [TENANT], "scheduler": scheduler})
+    runtime = build_runtime(config, FakeEngine(num_pages=16, page_size=4))
+    try:
+        assert getattr(runtime.scheduler.policy, key) == expected
+    finally:
+        runtime.close()
