@@ -11,24 +11,24 @@ DecodeLoop.chain_step, its input the token the step sampled) and runs those at o
 chain_steps steps in all; each loop then gets the results of all its steps in one resolution
 (a tuple for its on_outcome).
 
-A loop goes on only while its next pass surely follows (the loop decides, as it would once
-the output is kept: no stop token sampled, below max_tokens and the unread bound, not stopped,
-the common decode route taken: its tail page its own alone, no mask, a new page of its quota
-when the last is full; and no reader woken by the outputs it has, so a streaming reader still
-gets each output as it comes). Each step is prepared like the loop's own next pass (checked,
-pinned until it has run, the loop's position and pages moved on). The chain hands back after any
-step that ends with work queued (a new instance's prompt, a guest's own pass): other work waits
-at most one step, as without chaining. A step the engine fails ends the chain and the loops in
-it, their outputs before it kept, as a failed pass ends a loop. Each step is counted in the
-statistics and charged to its owners' fair shares.
+A loop goes on only while its next pass surely follows (the loop decides, as it would once the
+output is kept: no stop token sampled, below max_tokens and the unread bound, not stopped, the
+common decode route taken: its tail page its own alone, no mask, a new page of its quota when
+the last is full; and no reader woken by the outputs it has, so a streaming reader still gets
+each output as it comes). Each step is prepared like the loop's own next pass (checked, pinned
+until it has run, the loop's position and pages moved on). The chain hands back after any step
+that ends with work queued (a new instance's prompt, a guest's own pass): other work waits at
+most one step, as without chaining. A pass of a step the engine fails ends its loop, its outputs
+before it kept, as a failed pass does (a RequestError fails the pass it names alone). Each step
+is counted in the statistics and charged to its owners' fair shares.
 """
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from engine.batch import ForwardBatch, ForwardResult
-from host.scheduling.engine_calls import check_results
+from engine.batch import ForwardResult
+from host.scheduling.engine_calls import run_forward
 from host.scheduling.items import Item
 from host.scheduling.work import PreparedForward
 
@@ -40,7 +40,7 @@ _log = logging.getLogger("host.scheduling.scheduler")
 def run_chain(scheduler: Any, forward_items: list[Item], outcomes: list) -> list:
     """`outcomes` of the batch of `forward_items` that just ran (one each), with the outcome of
     each item that took further steps replaced by the tuple of its results, first step first
-    (and last the exception of a step the engine failed). `scheduler`: the BatchScheduler (its
+    (last, the exception of a step that failed it). `scheduler`: the BatchScheduler (its
     policy, engine, lock, counts and fair shares)."""
     if not forward_items or not all(item.chain_step is not None for item in forward_items):
         return outcomes
@@ -55,13 +55,12 @@ def run_chain(scheduler: Any, forward_items: list[Item], outcomes: list) -> list
         if not step:
             break
         step_results = _run_step(scheduler, step)
-        failed = not isinstance(step_results[0], ForwardResult)
-        steps.append(([forward_items[index] for index, _ in step], failed))
+        active = []
         for (index, _), result in zip(step, step_results):
             results[index].append(result)
-        if failed:                                          # the chain ends there
-            break
-        active = [index for index, _ in step]
+            if isinstance(result, ForwardResult):           # a failed pass ends its loop
+                active.append(index)
+        steps.append(([forward_items[index] for index, _ in step], len(active) < len(step)))
     if steps:
         _count_steps(scheduler, steps)
     return [tuple(results[index]) if len(results.get(index, ())) > 1 else outcome
@@ -84,13 +83,10 @@ def _next_step(forward_items: list[Item], active: list[int], results: dict
 
 
 def _run_step(scheduler: Any, step: list[tuple[int, PreparedForward]]) -> list:
-    """A result per pass of the step, or the engine's exception for each; the passes' pins
-    end once it has run."""
-    requests = tuple(prepared.request for _, prepared in step)
+    """A result or an exception per pass of the step (run_forward: a RequestError fails the
+    pass it names alone); the passes' pins end once it has run."""
     try:
-        return check_results(scheduler.engine.forward(ForwardBatch(requests)), len(requests))
-    except Exception as error:                              # noqa: BLE001 -- the loops' error
-        return [error] * len(requests)
+        return run_forward(scheduler.engine, [prepared for _, prepared in step])
     finally:
         for _, prepared in step:
             if prepared.on_done is not None:
