@@ -10,12 +10,13 @@ import time
 
 import pytest
 
+from engine.errors import RequestError
 from host.bindings import decoding
 from host.runtime import Runtime
 from host.runtime_config import RuntimeConfig
 from host.scheduling.types import SchedulerPolicy
 from tests.host.fake_engine import FakeEngine
-from tests.host.test_decode_loop import Setup, _expected
+from tests.host.test_decode_loop import Setup, _expected, _options, _sampler
 from tests.host.test_scheduler import pass_on
 
 
@@ -151,6 +152,36 @@ def test_a_chained_step_the_engine_fails_ends_the_loop_after_its_outputs(setups)
     assert outputs[:-1] == _expected(setup.prompt, 2)
     assert outputs[-1] == "engine failed the batch: fake engine: injected failure"
     assert sizes == [1, 2]                        # a result, then the failed step's error
+
+
+def test_a_pass_the_engine_refuses_in_a_step_ends_its_loop_alone(setups) -> None:
+    setup = setups([1, 2, 3, 4, 5])
+    other_id = setup.pages.create_sequence()       # a second loop of the instance, own pages
+    setup.pages.sequence_append(other_id, setup.pages.allocate_pages(2))
+    rep = setup.submit(10)
+    other = decoding.submit_decode(setup.ctx, setup.tables.queues.create("normal"), other_id,
+                                   [7, 8, 9, 10, 11], list(range(5)), 1, _sampler(), _options(),
+                                   10, []).rep
+    forward = setup.engine.forward
+    refused = []
+
+    def refuse_one(batch):                        # the first chained step: refuse its first pass
+        if len(setup.engine.batches) == 2 and not refused:
+            refused.append(batch.requests[0].page_ids)
+            raise RequestError(0, "page_ids", "refused by the test")
+        return forward(batch)
+    setup.engine.forward = refuse_one
+    setup.start()
+    outputs = {rep: setup.read_all(rep), other: setup.read_all(other)}
+    sequence_ids = {rep: setup.sequence_id, other: other_id}
+    refused_rep = next(r for r in outputs
+                       if refused[0] == setup.pages._physical_ids(
+                           setup.pages.ledger.sequences[sequence_ids[r]])[:len(refused[0])])
+    going_on = other if refused_rep == rep else rep
+    prompt = {rep: setup.prompt, other: [7, 8, 9, 10, 11]}
+    assert outputs[refused_rep][-1].startswith("engine failed the batch: request 0")
+    assert outputs[refused_rep][:-1] == _expected(prompt[refused_rep], 2)
+    assert outputs[going_on] == _expected(prompt[going_on], 10)   # the other loop goes on
 
 
 @pytest.mark.parametrize("value", [0, 65, 2.0, True, "4"])
