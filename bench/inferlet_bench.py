@@ -20,8 +20,9 @@ host between passes) less the engine loop's, as a fraction of the engine loop's 
 forwards' own drift between runs (+-10% here) cancels out of it. It is split into before the
 first forward (instance starts), between forwards (the host's work per step) and after the
 last (instance ends). `--json` prints one object:
-wasm_vs_engine_8 / _64 (the greedy ratios) and wasm_outside_forwards_8 / _64, and runs only
-the greedy rows.
+wasm_vs_engine_8 / _64 (the greedy ratios), wasm_outside_forwards_8 / _64 and its three parts'
+medians (wasm_outside_starts_W: before the first forward, _steps_W: between, _ends_W: after the
+last), and runs only the greedy rows.
 """
 from __future__ import annotations
 
@@ -155,8 +156,8 @@ def paired_times(engine_run, wasm_run, repeats: int, clock: ForwardClock
 def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int, clock: ForwardClock,
                  out=sys.stdout, step_by_step: bool = False) -> dict[str, float]:
     """Greedy completion through Wasm vs the engine's batched loop; {wasm_vs_engine_W: the
-    median of paired runs' ratios, wasm_outside_forwards_W: the median outside share} for the
-    widths 8 and 64. The inferlets decode on host loops (the SDK's default), or
+    median of paired runs' ratios, wasm_outside_forwards_W: the median outside share,
+    wasm_outside_{starts,steps,ends}_W: its parts' medians} for the widths 8 and 64. The inferlets decode on host loops (the SDK's default), or
     `step_by_step`."""
     encode = engine.tokenizer.encode
     figures = {}
@@ -187,6 +188,8 @@ def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int, clock:
         if width in (8, 64):
             figures[f"wasm_vs_engine_{width}"] = round(ratio, 4)
             figures[f"wasm_outside_forwards_{width}"] = round(outside, 4)
+            for name, part in zip(("starts", "steps", "ends"), parts):
+                figures[f"wasm_outside_{name}_{width}"] = round(part, 4)
         print(f"greedy x{width:<3} engine {engine_s:7.3f} s ({total / engine_s:7.1f} tok/s)   "
               f"wasm {wasm_s:7.3f} s ({total / wasm_s:7.1f} tok/s)   ratio {ratio:5.3f} (pairs "
               f"{', '.join(f'{r:.3f}' for r in pair_ratios)})   outside the forwards "
@@ -240,7 +243,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     parser.add_argument("--json", action="store_true",
                         help="greedy rows only; print {wasm_vs_engine_8 / _64, "
-                             "wasm_outside_forwards_8 / _64}")
+                             "wasm_outside_forwards_8 / _64 and its parts}")
     parser.add_argument("--policy", default="adaptive", choices=("adaptive", "k-or-t"),
                         help="the scheduler policy of the Wasm path (k-or-t: k=8, t=--t-ms)")
     parser.add_argument("--t-ms", type=float, default=2.0)
