@@ -157,8 +157,8 @@ def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int, clock:
                  out=sys.stdout, step_by_step: bool = False) -> dict[str, float]:
     """Greedy completion through Wasm vs the engine's batched loop; {wasm_vs_engine_W: the
     median of paired runs' ratios, wasm_outside_forwards_W: the median outside share,
-    wasm_outside_{starts,steps,ends}_W: its parts' medians} for the widths 8 and 64. The inferlets decode on host loops (the SDK's default), or
-    `step_by_step`."""
+    wasm_outside_{starts,steps,ends}_W: its parts' medians} for the widths 8 and 64. The
+    inferlets decode on host loops (the SDK's default), or `step_by_step`."""
     encode = engine.tokenizer.encode
     figures = {}
     for width in WIDTHS:

@@ -28,7 +28,7 @@ import logging
 from typing import Any
 
 from engine.batch import ForwardResult
-from host.scheduling.engine_calls import run_forward
+from host.scheduling.engine_calls import end_pin, run_forward
 from host.scheduling.items import Item
 from host.scheduling.work import PreparedForward
 
@@ -89,11 +89,7 @@ def _run_step(scheduler: Any, step: list[tuple[int, PreparedForward]]) -> list:
         return run_forward(scheduler.engine, [prepared for _, prepared in step])
     finally:
         for _, prepared in step:
-            if prepared.on_done is not None:
-                try:
-                    prepared.on_done()
-                except Exception:                           # noqa: BLE001 -- as resolve()
-                    _log.exception("scheduler: on_done callback failed")
+            end_pin(prepared.on_done)
 
 
 def _count_steps(scheduler: Any, steps: list[tuple[list[Item], bool]]) -> None:

@@ -8,14 +8,14 @@ from __future__ import annotations
 import logging
 from concurrent.futures import InvalidStateError
 from operator import attrgetter
-from typing import Sequence
+from typing import Callable, Sequence
 
 from engine.batch import ForwardBatch, ForwardResult
 from engine.errors import RequestError
 from engine.protocol import EngineLike
 from host.scheduling.items import Item
 
-__all__ = ["run_forward", "forward_after_error", "check_results", "resolve"]
+__all__ = ["run_forward", "forward_after_error", "check_results", "resolve", "end_pin"]
 
 _log = logging.getLogger("host.scheduling.scheduler")
 _request_of = attrgetter("request")
@@ -70,14 +70,19 @@ def check_results(results: Sequence[ForwardResult], num_requests: int) -> list:
     return results if isinstance(results, list) else list(results)
 
 
+def end_pin(on_done: Callable[[], None] | None) -> None:
+    """Call a pass's `on_done` (None: nothing); a failure is logged, never raised out."""
+    if on_done is not None:
+        try:
+            on_done()
+        except Exception:
+            _log.exception("scheduler: on_done callback failed")
+
+
 def resolve(item: Item, outcome: object) -> None:
     """End a whole item: `on_done` (never raises out), then the future's result or exception
     (a chained pass: its `on_outcome`)."""
-    if item.on_done is not None:
-        try:
-            item.on_done()
-        except Exception:
-            _log.exception("scheduler: on_done callback failed")
+    end_pin(item.on_done)
     if item.future is None:
         if item.on_outcome is not None:
             try:

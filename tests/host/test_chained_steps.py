@@ -81,6 +81,17 @@ def test_a_chain_grows_the_sequence_into_new_pages_as_the_steps_would(setups) ->
     assert setup.slots(sequence)[:11] == setup.prompt + expected[:8]
 
 
+def test_every_chained_step_ends_its_pins_once_it_has_run(setups) -> None:
+    setup = setups([1, 2, 3])
+    rep = setup.submit(9)
+    setup.start()
+    assert setup.read_all(rep) == _expected(setup.prompt, 9)
+    added = decoding.added_pages(setup.ctx, None, rep)
+    num_free = setup.pool.num_free()
+    setup.pages.free_pages(added)                 # a pin still in flight would defer them
+    assert setup.pool.num_free() == num_free + len(added)
+
+
 def test_a_stop_token_ends_the_chain_with_no_step_after_it(setups) -> None:
     setup = setups([20, 21, 22, 23, 24])
     expected = _expected(setup.prompt, 12)
