@@ -34,6 +34,7 @@ from host.sandbox.programs import Program, ProgramCache, ProgramStats, make_engi
 from host.sandbox.start_gate import start_gate_for
 from host.sandbox.tables import InstanceTables
 from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy, SchedulerStats
+from host.scheduling.types import CPU_CHAIN_STEPS
 
 __all__ = ["Runtime", "RuntimeStats", "InstanceInfo", "InstanceEvent", "InstanceOutcome"]
 
@@ -92,7 +93,8 @@ class Runtime:
         if policy.start_hold_ms is None:
             policy = dataclasses.replace(policy, start_hold_ms=start_hold_by_default(engine))
         if policy.chain_steps is None:   # overlap has its own short path between steps
-            policy = dataclasses.replace(policy, chain_steps=1 if policy.overlap else 4)
+            policy = dataclasses.replace(policy,
+                                         chain_steps=1 if policy.overlap else CPU_CHAIN_STEPS)
         current = threading.local()
         # lives as long as the engine; None: Wasmtime's own memories (copy-on-write images)
         self.linear_memories = (

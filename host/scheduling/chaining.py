@@ -20,7 +20,7 @@ until it has run, the loop's position and pages moved on). The chain hands back 
 that ends with work queued (a new instance's prompt, a guest's own pass): other work waits at
 most one step, as without chaining. A pass of a step the engine fails ends its loop, its outputs
 before it kept, as a failed pass does (a RequestError fails the pass it names alone). Each step
-is counted in the statistics and charged to its owners' fair shares.
+is counted in the statistics and charged to its owners' fair shares as soon as it has run.
 """
 from __future__ import annotations
 
@@ -47,7 +47,6 @@ def run_chain(scheduler: Any, forward_items: list[Item], outcomes: list) -> list
     results = {index: [outcome] for index, outcome in enumerate(outcomes)
                if isinstance(outcome, ForwardResult)}
     active = list(results)
-    steps: list[tuple[list[Item], bool]] = []             # counted at the end: one lock
     for _ in range(scheduler.policy.chain_steps - 1):
         if scheduler._num_pending or scheduler._closed:    # read unlocked: a racing submission
             break                                           # waits one step at most
@@ -60,9 +59,8 @@ def run_chain(scheduler: Any, forward_items: list[Item], outcomes: list) -> list
             results[index].append(result)
             if isinstance(result, ForwardResult):           # a failed pass ends its loop
                 active.append(index)
-        steps.append(([forward_items[index] for index, _ in step], len(active) < len(step)))
-    if steps:
-        _count_steps(scheduler, steps)
+        _count_step(scheduler, [forward_items[index] for index, _ in step],
+                    len(active) < len(step))
     return [tuple(results[index]) if len(results.get(index, ())) > 1 else outcome
             for index, outcome in enumerate(outcomes)]
 
@@ -92,11 +90,10 @@ def _run_step(scheduler: Any, step: list[tuple[int, PreparedForward]]) -> list:
             end_pin(prepared.on_done)
 
 
-def _count_steps(scheduler: Any, steps: list[tuple[list[Item], bool]]) -> None:
-    """Count each chained step (its items, failed) as a batch in the statistics, charge its
-    passes' owners."""
+def _count_step(scheduler: Any, items: list[Item], failed: bool) -> None:
+    """Count a chained step that has run (its items; whether a pass failed) as a batch in the
+    statistics and charge its passes' owners, at once: a chain may run for seconds."""
     with scheduler._lock:
-        for items, failed in steps:
-            scheduler._counts.record_batch(0, len(items), failed)
-            for item in items:
-                scheduler._fair.charge(item.owner, 1)
+        scheduler._counts.record_batch(0, len(items), failed)
+        for item in items:
+            scheduler._fair.charge(item.owner, 1)

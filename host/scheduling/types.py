@@ -6,11 +6,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Hashable
 
-__all__ = ["SchedulerPolicy", "SchedulerStats", "SubmissionFuture", "PRIORITIES", "POLICY_KINDS"]
+__all__ = ["SchedulerPolicy", "SchedulerStats", "SubmissionFuture", "PRIORITIES", "POLICY_KINDS",
+           "MAX_CHAIN_STEPS", "CPU_CHAIN_STEPS"]
 
 PRIORITIES = ("high", "normal", "low")     # batch order
 POLICY_KINDS = ("adaptive", "k-or-t")
 MAX_CHAIN_STEPS = 64
+CPU_CHAIN_STEPS = MAX_CHAIN_STEPS   # chain_steps unset, no overlap: a chain ends when other work
+                                    # is queued, so a longer bound costs no one a wait
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,8 @@ class SchedulerPolicy:
     chain_steps: without overlap, a batch of host decode loops' passes runs up to this many
     engine steps before the host resolves it, while nothing else is queued
     (host/scheduling/chaining.py; 1: every step goes back to the host). None: the Runtime's
-    choice for its engine (4 on a CPU; 1 with overlap, which has its own short path)."""
+    choice for its engine (CPU_CHAIN_STEPS, 64, on a CPU; 1 with overlap, which has its own
+    short path)."""
 
     kind: str = "adaptive"
     max_batch_tokens: int = 4096

@@ -92,6 +92,23 @@ def test_every_chained_step_ends_its_pins_once_it_has_run(setups) -> None:
     assert setup.pool.num_free() == num_free + len(added)
 
 
+def test_each_chained_step_is_counted_as_soon_as_it_has_run(setups) -> None:
+    setup = setups([1, 2, 3, 4, 5], chain_steps=64)
+    rep = setup.submit(12)
+    sizes = _resolutions(setup, rep)
+    forward, seen = setup.engine.forward, []
+
+    def forward_counted(batch):                   # the batches counted before each forward
+        seen.append(setup.scheduler.statistics().num_batches)
+        return forward(batch)
+    setup.engine.forward = forward_counted
+    setup.start()
+    assert setup.read_all(rep) == _expected(setup.prompt, 12)
+    assert sizes == [1, 11]                       # the prompt's pass, then one chain
+    assert seen[1:] == list(range(seen[1], seen[1] + 11))   # the chain's steps, one by one
+    assert setup.scheduler.statistics().num_batches == 12
+
+
 def test_a_stop_token_ends_the_chain_with_no_step_after_it(setups) -> None:
     setup = setups([20, 21, 22, 23, 24])
     expected = _expected(setup.prompt, 12)
@@ -201,10 +218,10 @@ def test_chain_steps_out_of_range_is_refused(value) -> None:
         SchedulerPolicy(chain_steps=value)
 
 
-def test_the_runtime_chains_four_steps_on_a_cpu_and_none_with_overlap(tmp_path) -> None:
+def test_the_runtime_chains_up_to_64_steps_on_a_cpu_and_none_with_overlap(tmp_path) -> None:
     config = RuntimeConfig(cache_dir=tmp_path)
     with Runtime(FakeEngine(num_pages=8, page_size=4), config) as runtime:
-        assert runtime.scheduler.policy.chain_steps == 4
+        assert runtime.scheduler.policy.chain_steps == 64
     overlapped = dataclasses.replace(config, scheduler=SchedulerPolicy(overlap=True))
     with Runtime(FakeEngine(num_pages=8, page_size=4), overlapped) as runtime:
         assert runtime.scheduler.policy.chain_steps == 1

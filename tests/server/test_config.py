@@ -164,7 +164,7 @@ def test_scheduler_overlap_is_the_engines_choice_unless_set() -> None:
 
 @pytest.mark.parametrize("key, value, expected", [
     ("start_hold_ms", None, 500.0), ("start_hold_ms", 50, 50.0), ("start_hold_ms", 0, 0.0),
-    ("chain_steps", None, 4), ("chain_steps", 1, 1), ("chain_steps", 8, 8)])   # unset: a CPU's
+    ("chain_steps", None, 64), ("chain_steps", 1, 1), ("chain_steps", 8, 8)])   # unset: a CPU's
 def test_scheduler_settings_reach_the_runtime(key: str, value, expected) -> None:
     from host.server.setup import build_runtime
     from tests.host.fake_engine import FakeEngine
