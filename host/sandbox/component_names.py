@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ComponentNames", "ComponentFormatError", "read_names"]
+__all__ = ["ComponentNames", "ComponentFormatError", "ByteReader", "read_names", "skip_extern_desc"]
 
 _PREAMBLE_LEN = 8                 # "\0asm", version 0x0d 0x00, layer 0x01 0x00
 _IMPORT_SECTION = 10
@@ -32,7 +32,9 @@ class ComponentNames:
     exports: tuple[str, ...]
 
 
-class _Reader:
+class ByteReader:
+    """Bytes, LEB128 integers and names of the component binary format, in [position, end)."""
+
     def __init__(self, data: bytes, position: int = 0, end: int | None = None) -> None:
         self.data = data
         self.position = position
@@ -73,7 +75,7 @@ class _Reader:
 
 def read_names(wasm_bytes: bytes) -> ComponentNames:
     """The top-level import and export names. Raises ComponentFormatError."""
-    reader = _Reader(wasm_bytes, _PREAMBLE_LEN)
+    reader = ByteReader(wasm_bytes, _PREAMBLE_LEN)
     imports: list[str] = []
     exports: list[str] = []
     while reader.position < reader.end:
@@ -83,7 +85,7 @@ def read_names(wasm_bytes: bytes) -> ComponentNames:
         if start + size > reader.end:
             raise ComponentFormatError(f"section {section_id} of {size} bytes at byte {start} "
                                        f"runs past the end")
-        section = _Reader(wasm_bytes, start, start + size)
+        section = ByteReader(wasm_bytes, start, start + size)
         if section_id == _IMPORT_SECTION:
             imports.extend(_read_vector(section, _read_import))
         elif section_id == _EXPORT_SECTION:
@@ -94,7 +96,7 @@ def read_names(wasm_bytes: bytes) -> ComponentNames:
     return ComponentNames(tuple(imports), tuple(exports))
 
 
-def _read_vector(section: _Reader, read_one) -> list[str]:
+def _read_vector(section: ByteReader, read_one) -> list[str]:
     count = section.u32()
     if count > _MAX_NAMES:
         raise ComponentFormatError(f"a section of {count} entries")
@@ -105,7 +107,7 @@ def _read_vector(section: _Reader, read_one) -> list[str]:
     return names
 
 
-def _read_extern_name(reader: _Reader) -> str:
+def _read_extern_name(reader: ByteReader) -> str:
     """importname' / exportname': 0x00 name (0x01 name in binaries of older tools)."""
     kind = reader.byte()
     if kind not in (0x00, 0x01):
@@ -113,24 +115,24 @@ def _read_extern_name(reader: _Reader) -> str:
     return reader.name()
 
 
-def _read_import(reader: _Reader) -> str:
+def _read_import(reader: ByteReader) -> str:
     name = _read_extern_name(reader)
-    _skip_extern_desc(reader)
+    skip_extern_desc(reader)
     return name
 
 
-def _read_export(reader: _Reader) -> str:
+def _read_export(reader: ByteReader) -> str:
     name = _read_extern_name(reader)
     sort = reader.byte()          # sortidx: sort (core sorts carry one more byte), index
     if sort == 0x00:
         reader.byte()
     reader.u32()
     if reader.byte() == 0x01:     # an optional ascribed type
-        _skip_extern_desc(reader)
+        skip_extern_desc(reader)
     return name
 
 
-def _skip_extern_desc(reader: _Reader) -> None:
+def skip_extern_desc(reader: ByteReader) -> None:
     kind = reader.byte()
     if kind == 0x00:              # core module: 0x11 typeidx
         if reader.byte() != 0x11:
@@ -151,7 +153,7 @@ def _skip_extern_desc(reader: _Reader) -> None:
         raise ComponentFormatError(f"unknown extern kind {kind:#x} at byte {reader.position - 1}")
 
 
-def _skip_valtype(reader: _Reader) -> None:
+def _skip_valtype(reader: ByteReader) -> None:
     """A primitive value type is one byte in 0x64..0x7f; anything else is a type index."""
     first = reader.data[reader.position] if reader.position < reader.end else 0
     if 0x64 <= first <= 0x7F:

@@ -11,7 +11,9 @@ total (`InstanceLimits.memory_mb`, all its memories together) and records that i
 instance's outcome can name the limit whatever the guest reports.
 
 Memories created outside an instance thread are not charged. Data segments are copied into each
-memory (`memory_init_cow` off: copy-on-write images need Wasmtime's own mmap memories). Each
+memory (`memory_init_cow` off: copy-on-write images need Wasmtime's own mmap memories); where the
+program's one memory has a `MemoryImage` (host/sandbox/memory_image.py: its active segments were
+emptied when it was loaded), the creator copies that image in as it creates the memory. Each
 reservation starts on a 2 MiB boundary and is advised for transparent huge pages, so that copy
 faults its pages in 2 MiB at a time where the kernel allows it (THP "madvise" or "always"):
 componentize-py's 12 MiB heap image took 10.4 ms to instantiate in 4 KiB faults, 2 ms so; where
@@ -34,7 +36,9 @@ from typing import Any, Protocol
 from wasmtime import Config, WasmtimeError
 from wasmtime import _bindings
 
+from host.sandbox.memory_image import MemoryImage
 from host.sandbox.memory_pool import MemoryPool
+
 __all__ = ["LinearMemories", "MemoryOwner"]
 
 _PROT_NONE, _PROT_READ_WRITE = 0, 3
@@ -46,12 +50,17 @@ _MADV_HUGEPAGE = 14
 _Finalizer = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
+class ImageHolder(Protocol):
+    memory_image: MemoryImage | None   # what the program's one memory starts as (None: zeros)
+
+
 class MemoryOwner(Protocol):
     """What an instance exposes to be charged for its memories."""
 
     memory_limit_bytes: int      # its total, all memories together
     num_memory_bytes: int        # charged now
     memory_limit_hit: bool       # a creation or growth was refused at the limit
+    program: ImageHolder         # the image of its memory, if any
 
 
 def _libc() -> Any:
@@ -125,8 +134,11 @@ class LinearMemories:
                               f"(a memory of {minimum} bytes at instantiation)")
             capacity = max(reserved, minimum)
             num_mapped = capacity + guard + _HUGE_PAGE
-            memory = self._reused(capacity, num_mapped, minimum) or self._mapped(capacity,
-                                                                                num_mapped, minimum)
+            image = owner.program.memory_image if owner is not None else None
+            if image is not None and image.num_bytes != minimum:
+                image = None                      # not the memory the image is of
+            memory = (self._reused(capacity, num_mapped, minimum, image)
+                      or self._mapped(capacity, num_mapped, minimum, image))
             if memory is None:
                 if owner is not None:
                     self._charge(owner, -minimum)
@@ -190,8 +202,9 @@ class LinearMemories:
         for memory in self.pool.close():
             self._unmap(memory)
 
-    def _mapped(self, capacity: int, num_mapped: int, minimum: int) -> _Memory | None:
-        """A fresh reservation with [0, minimum) read-write, or None."""
+    def _mapped(self, capacity: int, num_mapped: int, minimum: int,
+                image: MemoryImage | None) -> _Memory | None:
+        """A fresh reservation with [0, minimum) read-write (starting with `image`), or None."""
         mapping = self._libc.mmap(None, num_mapped, _PROT_NONE,
                                   _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
         if mapping in (None, _MAP_FAILED):
@@ -201,16 +214,23 @@ class LinearMemories:
         if not self._protect(base, 0, minimum):
             self._libc.munmap(mapping, num_mapped)
             return None
+        if image is not None:
+            ctypes.memmove(base, image.data, len(image.data))
         return _Memory(base, minimum, capacity, mapping, num_mapped, None)
 
-    def _reused(self, capacity: int, num_mapped: int, minimum: int) -> _Memory | None:
-        """A pooled memory of that shape, all zeros, [0, minimum) read-write and the rest
-        inaccessible; or None."""
+    def _reused(self, capacity: int, num_mapped: int, minimum: int,
+                image: MemoryImage | None) -> _Memory | None:
+        """A pooled memory of that shape, [0, minimum) read-write and the rest inaccessible,
+        holding `image` then zeros (all zeros without one); or None. With an image, one copy
+        writes it over the last instance's bytes (what lies past it is zeroed): a pass less than
+        zeroing all and then copying the data segments in."""
         memory = self.pool.take(capacity, num_mapped)
         if memory is None:
             return None
         base, used = memory.base, memory.num_bytes
-        ctypes.memset(base, 0, used)                 # every byte the last instance could reach
+        num_image_bytes = 0 if image is None else len(image.data)
+        if used > num_image_bytes:               # every byte the last instance could reach
+            ctypes.memset(base + num_image_bytes, 0, used - num_image_bytes)
         keep = -(-minimum // _OS_PAGE) * _OS_PAGE
         end = -(-used // _OS_PAGE) * _OS_PAGE
         if (end > keep and self._libc.mprotect(base + keep, end - keep, _PROT_NONE) != 0) \
@@ -218,6 +238,8 @@ class LinearMemories:
             self._unmap(memory)
             return None
         memory.num_bytes = minimum
+        if image is not None:                    # within [0, minimum): the image's own check
+            ctypes.memmove(base, image.data, num_image_bytes)
         return memory
 
     # -------------------------------------------------------------------------- helpers
