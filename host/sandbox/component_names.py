@@ -11,10 +11,12 @@ skipped whole: their imports are satisfied inside the component.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
-__all__ = ["ComponentNames", "ComponentFormatError", "ByteReader", "read_names", "skip_extern_desc"]
+__all__ = ["ComponentNames", "ComponentFormatError", "ByteReader", "PREAMBLE_LEN", "read_names",
+           "sections", "read_extern_name", "skip_extern_desc"]
 
-_PREAMBLE_LEN = 8                 # "\0asm", version 0x0d 0x00, layer 0x01 0x00
+PREAMBLE_LEN = 8                  # "\0asm", version, layer (a core module's: magic, version)
 _IMPORT_SECTION = 10
 _EXPORT_SECTION = 11
 _MAX_NAMES = 10_000               # more imports or exports than any real inferlet has
@@ -75,25 +77,34 @@ class ByteReader:
 
 def read_names(wasm_bytes: bytes) -> ComponentNames:
     """The top-level import and export names. Raises ComponentFormatError."""
-    reader = ByteReader(wasm_bytes, _PREAMBLE_LEN)
     imports: list[str] = []
     exports: list[str] = []
-    while reader.position < reader.end:
-        section_id = reader.byte()
-        size = reader.u32()
-        start = reader.position
-        if start + size > reader.end:
-            raise ComponentFormatError(f"section {section_id} of {size} bytes at byte {start} "
-                                       f"runs past the end")
-        section = ByteReader(wasm_bytes, start, start + size)
+    for section_id, _, start, end in sections(wasm_bytes, PREAMBLE_LEN, len(wasm_bytes)):
+        section = ByteReader(wasm_bytes, start, end)
         if section_id == _IMPORT_SECTION:
             imports.extend(_read_vector(section, _read_import))
         elif section_id == _EXPORT_SECTION:
             exports.extend(_read_vector(section, _read_export))
-        reader.position = start + size
         if len(imports) + len(exports) > _MAX_NAMES:
             raise ComponentFormatError(f"more than {_MAX_NAMES} imports and exports")
     return ComponentNames(tuple(imports), tuple(exports))
+
+
+def sections(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(id, where the section starts, its payload's start, its payload's end) of each section
+    of a component or core module whose sections lie in [start, end). Raises
+    ComponentFormatError for one that runs past `end`."""
+    reader = ByteReader(data, start, end)
+    while reader.position < end:
+        section = reader.position
+        section_id = reader.byte()
+        size = reader.u32()
+        payload = reader.position
+        if payload + size > end:
+            raise ComponentFormatError(f"section {section_id} of {size} bytes at byte {payload} "
+                                       f"runs past the end")
+        yield section_id, section, payload, payload + size
+        reader.position = payload + size
 
 
 def _read_vector(section: ByteReader, read_one) -> list[str]:
@@ -107,7 +118,7 @@ def _read_vector(section: ByteReader, read_one) -> list[str]:
     return names
 
 
-def _read_extern_name(reader: ByteReader) -> str:
+def read_extern_name(reader: ByteReader) -> str:
     """importname' / exportname': 0x00 name (0x01 name in binaries of older tools)."""
     kind = reader.byte()
     if kind not in (0x00, 0x01):
@@ -116,13 +127,13 @@ def _read_extern_name(reader: ByteReader) -> str:
 
 
 def _read_import(reader: ByteReader) -> str:
-    name = _read_extern_name(reader)
+    name = read_extern_name(reader)
     skip_extern_desc(reader)
     return name
 
 
 def _read_export(reader: ByteReader) -> str:
-    name = _read_extern_name(reader)
+    name = read_extern_name(reader)
     sort = reader.byte()          # sortidx: sort (core sorts carry one more byte), index
     if sort == 0x00:
         reader.byte()

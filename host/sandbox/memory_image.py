@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from host.sandbox.component_names import ByteReader, ComponentFormatError, skip_extern_desc
+from host.sandbox.component_names import (PREAMBLE_LEN, ByteReader, ComponentFormatError,
+                                          read_extern_name, sections, skip_extern_desc)
 
 __all__ = ["MemoryImage", "split_memory_image"]
 
-_PREAMBLE_LEN = 8
 _PAGE = 65536
 _MAX_SLACK = 1 << 20              # zero bytes an image may add to its segments' own, beyond 2x
 _CORE_MODULE, _CORE_INSTANCE, _COMPONENT = 1, 2, 4         # component section ids
@@ -69,7 +69,7 @@ def split_memory_image(component: bytes) -> tuple[bytes, MemoryImage] | None:
 def _split(component: bytes) -> tuple[bytes, MemoryImage]:
     modules: list[_Module] = []
     instantiations: dict[int, int] = {}
-    nested_memories = _walk(component, _PREAMBLE_LEN, len(component), modules, instantiations)
+    nested_memories = _walk(component, PREAMBLE_LEN, len(component), modules, instantiations)
     with_memory = [index for index, module in enumerate(modules) if module.memory is not None]
     if nested_memories or len(with_memory) != 1:
         raise _NotSplit("not exactly one memory in the component")
@@ -97,7 +97,7 @@ def _walk(data: bytes, start: int, end: int, modules: list[_Module] | None,
     instantiated; returns whether a nested module defines a memory; _NotSplit where a core module
     is passed around."""
     nested_memory = False
-    for section_id, section, payload, payload_end in _sections(data, start, end):
+    for section_id, section, payload, payload_end in sections(data, start, end):
         if section_id == _CORE_MODULE:
             module = _read_module(data, section, payload, payload_end)
             if modules is None:
@@ -105,7 +105,7 @@ def _walk(data: bytes, start: int, end: int, modules: list[_Module] | None,
             else:
                 modules.append(module)
         elif section_id == _COMPONENT:
-            nested_memory |= _walk(data, payload + _PREAMBLE_LEN, payload_end, None, {})
+            nested_memory |= _walk(data, payload + PREAMBLE_LEN, payload_end, None, {})
         elif section_id == _CORE_INSTANCE and modules is not None:
             _count_instantiations(ByteReader(data, payload, payload_end), instantiations)
         elif section_id in (_INSTANCE, _ALIAS, _IMPORT, _EXPORT):
@@ -113,24 +113,11 @@ def _walk(data: bytes, start: int, end: int, modules: list[_Module] | None,
     return nested_memory
 
 
-def _sections(data: bytes, start: int, end: int):
-    """(id, section start, payload start, payload end) of each section in [start, end)."""
-    reader = ByteReader(data, start, end)
-    while reader.position < end:
-        section = reader.position
-        section_id = reader.byte()
-        size = reader.u32()
-        if reader.position + size > end:
-            raise _NotSplit("a section runs past its parent")
-        yield section_id, section, reader.position, reader.position + size
-        reader.position += size
-
-
 def _read_module(data: bytes, section: int, start: int, end: int) -> _Module:
     module = _Module(section, start, end)
     if data[start:start + 4] != b"\0asm":
         raise _NotSplit("a core module section without a core module")
-    for section_id, inner, payload, payload_end in _sections(data, start + _PREAMBLE_LEN, end):
+    for section_id, inner, payload, payload_end in sections(data, start + PREAMBLE_LEN, end):
         if section_id == _MEMORY:
             module.memory = (payload, payload_end)
         elif section_id == _DATA:
@@ -165,7 +152,7 @@ def _refuse_core_modules(reader: ByteReader, section_id: int) -> None:
                 if kind == 0x00:
                     reader.name()
                 else:
-                    _extern_name(reader)
+                    read_extern_name(reader)
                 _sort(reader)
                 reader.u32()
         elif section_id == _ALIAS:
@@ -177,12 +164,12 @@ def _refuse_core_modules(reader: ByteReader, section_id: int) -> None:
             else:
                 reader.u32()
         elif section_id == _IMPORT:
-            _extern_name(reader)
+            read_extern_name(reader)
             if reader.data[reader.position] == 0x00:
                 raise _NotSplit("a core module import")
             skip_extern_desc(reader)
         else:                                     # export: name, sortidx, an optional type
-            _extern_name(reader)
+            read_extern_name(reader)
             _sort(reader)
             reader.u32()
             if reader.byte() == 0x01:
@@ -197,12 +184,6 @@ def _sort(reader: ByteReader) -> None:
 def _core_sort(reader: ByteReader) -> None:
     if reader.byte() == _CORE_MODULE_SORT:
         raise _NotSplit("a core module passed around")
-
-
-def _extern_name(reader: ByteReader) -> None:
-    if reader.byte() not in (0x00, 0x01):
-        raise _NotSplit("unknown name kind")
-    reader.name()
 
 
 def _memory_size(data: bytes, start: int, end: int) -> int:
