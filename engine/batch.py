@@ -273,5 +273,9 @@ class TokenCopy:
 def output_token_id(result: "ForwardResult") -> int:
     """The token a one-output pass sampled (an int, or a TokenLogprobs' token): what a decode
     loop keeps and feeds to its next pass."""
-    output = result.outputs[0]
+    return sampled_token_id(result.outputs[0])
+
+
+def sampled_token_id(output: "int | TokenLogprobs") -> int:
+    """The token of a token sampler's output (an int, or a TokenLogprobs' token)."""
     return output if isinstance(output, int) else output.token_id

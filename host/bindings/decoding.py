@@ -26,7 +26,7 @@ from typing import Any, Callable, Hashable
 
 from wasmtime.component import Record
 
-from engine.batch import ForwardResult, SamplerSpec, output_token_id
+from engine.batch import ForwardResult, SamplerSpec, output_token_id, sampled_token_id
 from engine.paging import kv_len as paged_kv_len
 from host.bindings.context import BindingContext
 from host.bindings.samplers import lower_sampled, sampler_spec
@@ -35,7 +35,7 @@ from host.kv import InstancePages
 from host.scheduling.work import PreparedForward
 from host.sandbox.wit_codec import HostResource
 
-__all__ = ["DecodeLoop", "submit_decode", "next_outputs", "added_pages", "stop", "drop",
+__all__ = ["DecodeLoop", "submit_decode", "next_outputs", "next_token_ids", "added_pages", "stop", "drop",
            "DECODE_STREAM_TYPE", "MAX_DECODE_TOKENS", "MAX_STOP_TOKEN_IDS"]
 
 DECODE_STREAM_TYPE = 2
@@ -324,15 +324,25 @@ def submit_decode(ctx: BindingContext, queue_id: int, sequence_id: int, token_id
 def next_outputs(ctx: BindingContext, store: Any, rep: int, min_outputs: int) -> list | str:
     """result<list<sampled>>: the outputs since the last call (once there are min-outputs,
     clamped to 1..MAX_MIN_OUTPUTS, or the loop is over); [] once the loop has ended."""
-    call = "decode-stream.next"
+    outputs = _take_outputs(ctx, "decode-stream.next", rep, min_outputs)
+    return outputs if isinstance(outputs, str) else [lower_sampled(o) for o in outputs]
+
+
+def next_token_ids(ctx: BindingContext, store: Any, rep: int, min_outputs: int) -> list | str:
+    """result<list<u32>>: next_outputs' outputs as the token each sampled."""
+    outputs = _take_outputs(ctx, "decode-stream.next-tokens", rep, min_outputs)
+    return outputs if isinstance(outputs, str) else [sampled_token_id(o) for o in outputs]
+
+
+def _take_outputs(ctx: BindingContext, call: str, rep: int, min_outputs: int) -> list | str:
+    """The loop's outputs since the last take (waiting for min-outputs, clamped), or the
+    engine's error text."""
     loop: DecodeLoop = ctx.tables.decode_loops.get(call, rep)
     min_outputs = min(max(min_outputs, 1), MAX_MIN_OUTPUTS)
     while True:
         outputs, ended, waiter = loop.take(min_outputs)
         if waiter is None:
-            if ended and outputs:
-                return outputs[0]                   # the engine's error
-            return [lower_sampled(output) for output in outputs]
+            return outputs[0] if ended and outputs else outputs
         ctx.wait_future(waiter, call)
 
 

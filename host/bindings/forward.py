@@ -130,6 +130,7 @@ FUNCTIONS = {"submit": submit, "submit-with": submit_with, "submit-verify": subm
 METHODS = {"[method]forward-future.ready": ready, "[method]forward-future.get": get,
            "[method]forward-future.get-sampled": get_sampled,
            "[method]decode-stream.next": decoding.next_outputs,
+           "[method]decode-stream.next-tokens": decoding.next_token_ids,
            "[method]decode-stream.added-pages": decoding.added_pages,
            "[method]decode-stream.stop": decoding.stop}
 RESOURCES = {"forward-future": (FORWARD_FUTURE_TYPE, drop),

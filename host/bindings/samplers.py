@@ -50,9 +50,14 @@ def _sampler_spec(call: str, index: int, sampler: Record, vocab_size: int) -> Sa
 
 def _with_options(ctx: BindingContext, call: str, index: int, base: SamplerSpec,
                   options: Record) -> SamplerSpec:
-    vocab_size = ctx.services.model_info.vocab_size
     logit_bias = getattr(options, "logit-bias")
     allowed = getattr(options, "allowed-token-ids")
+    if (not logit_bias and allowed is None and options.generation is None
+            and options.logprobs is None and getattr(options, "presence-penalty") == 0.0
+            and getattr(options, "frequency-penalty") == 0.0
+            and getattr(options, "repetition-penalty") == 1.0):
+        return base                     # the options' defaults (a NaN penalty is checked below)
+    vocab_size = ctx.services.model_info.vocab_size
     for field, token_ids in (("logit-bias", [t for t, _ in logit_bias]), ("allowed-token-ids",
                                                                           allowed or [])):
         if len(token_ids) > vocab_size or any(t >= vocab_size for t in token_ids):

@@ -126,3 +126,10 @@ def test_distribution_descending_sums_at_most_one_and_matches_softmax():
     assert all(math.isclose(p, float(expected[t]), rel_tol=1e-5)
                for t, p in zip(first.token_ids, first.probs))
     assert math.isclose(sum(full.probs), 1.0, rel_tol=1e-5)
+
+
+def test_sampled_token_id_reads_a_token_or_token_logprobs() -> None:
+    from engine.batch import TokenLogprobs, sampled_token_id
+    assert sampled_token_id(17) == 17
+    assert sampled_token_id(TokenLogprobs(token_id=5, logprob=-0.5, top_token_ids=(5, 2),
+                                          top_logprobs=(-0.5, -1.2))) == 5

@@ -300,3 +300,31 @@ def test_submit_chained_calls_on_done_then_on_outcome_and_refuses_when_closed(se
     assert not setup.scheduler.submit_chained(("a", setup.queue_id), "normal", prepared,
                                               lambda outcome: calls.append(outcome))
     assert calls == ["on_done"]
+
+
+def test_next_tokens_returns_the_tokens_next_returns(setups) -> None:
+    setup = setups([7, 8, 9])
+    setup.start()
+    rep = setup.submit(11)
+    token_ids: list[int] = []
+    while batch := decoding.next_token_ids(setup.ctx, None, rep, 3):
+        assert all(type(token_id) is int for token_id in batch)
+        token_ids += batch
+    assert token_ids == _expected(setup.prompt, 11)
+
+
+def test_after_max_tokens_outputs_no_pass_is_in_flight(setups) -> None:
+    """Once the reader has max-tokens outputs, `next` ends without waiting and the KV holds
+    every output but the last (with overlap too: no pass was prepared past the bound)."""
+    setup = setups([3, 4, 5])
+    setup.start()
+    rep, num_tokens = setup.submit(6), 6
+    token_ids: list[int] = []
+    while len(token_ids) < num_tokens:
+        token_ids += decoding.next_token_ids(setup.ctx, None, rep, 1)
+    setup.ctx.wait_future = lambda future, call: pytest.fail(f"{call} waited after the end")
+    assert decoding.next_token_ids(setup.ctx, None, rep, 1) == []
+    kv_len = len(setup.prompt) + num_tokens - 1
+    sequence = setup.pages.sequence_pages(setup.sequence_id)
+    assert setup.slots(sequence)[:kv_len] == setup.prompt + token_ids[:-1]
+    assert setup.engine.statistics().num_requests == num_tokens

@@ -50,3 +50,29 @@ def test_the_cache_is_bounded() -> None:
         cache.put(("sample", seed), seed)
         assert len(cache._specs) <= MAX_CACHED_SAMPLERS
     assert cache.get(("sample", 3 * MAX_CACHED_SAMPLERS - 1)) == 3 * MAX_CACHED_SAMPLERS - 1
+
+
+def _options(**fields) -> Record:
+    record = Record()
+    values = {"logprobs": None, "generation": None, "logit-bias": [], "allowed-token-ids": None,
+              "presence-penalty": 0.0, "frequency-penalty": 0.0, "repetition-penalty": 1.0}
+    values.update(fields)
+    for name, value in values.items():
+        setattr(record, name, value)
+    return record
+
+
+def test_default_options_keep_the_checked_spec_and_others_are_applied_and_checked() -> None:
+    ctx = _ctx(vocab_size=100)
+    base = samplers.sampler_spec(ctx, "forward.submit", 0, _sampler(), None)
+    assert samplers.sampler_spec(ctx, "forward.submit", 0, _sampler(), _options()) is base
+    with_logprobs = samplers.sampler_spec(ctx, "forward.submit", 0, _sampler(),
+                                          _options(logprobs=2))
+    assert with_logprobs.num_logprobs == 2 and with_logprobs.temperature == base.temperature
+    biased = samplers.sampler_spec(ctx, "forward.submit", 0, _sampler(),
+                                   _options(**{"logit-bias": [(3, 1.5)]}))
+    assert biased.logit_bias == ((3, 1.5),)
+    for bad in ({"repetition-penalty": float("nan")}, {"presence-penalty": float("nan")},
+                {"presence-penalty": 0.5}, {"logit-bias": [(100, 1.0)]}):
+        with pytest.raises(TrapError):
+            samplers.sampler_spec(ctx, "forward.submit", 0, _sampler(), _options(**bad))

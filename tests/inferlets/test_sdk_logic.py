@@ -162,3 +162,58 @@ def test_text_stream_decodes_once_a_token_and_matches_a_whole_decode(sdk, monkey
     deltas = "".join(stream.push(b) for b in data) + stream.finish()
     assert deltas == stream.text == data.decode()
     assert len(calls) <= 1.2 * len(data) and max(calls) <= 8 + 3    # window + a held character
+
+
+def _options_parser(parser_class):
+    parser = parser_class(prog="t")
+    parser.add_argument("--prompt", default="x")
+    parser.add_argument("--max-tokens", type=int, default="32")     # a str default: converted
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--mode", choices=["a", "b"], default="a")
+    parser.add_argument("--chat", action="store_true")
+    parser.add_argument("--no-cache", dest="cache", action="store_false")
+    parser.add_argument("--level", action="store_const", const=3)
+    parser.add_argument("--tag", action="append")
+    parser.set_defaults(extra=7)
+    return parser
+
+
+PLAIN_LINES = [[], ["--prompt", "hi", "--max-tokens", "5"], ["--chat", "--chat", "--mode", "b"],
+               ["--prompt", ""], ["--prompt", "a", "--prompt", "b"], ["--level", "--no-cache"],
+               ["--temperature", "0.5", "--max-tokens", "007"]]
+OTHER_LINES = [["--max", "5"], ["--prompt=hi"], ["--temperature", "-1"], ["--max-tokens", "x"],
+               ["--mode", "c"], ["--tag", "x"], ["pos"], ["--prompt"], ["--", "x"],
+               ["--prompt", "-"], ["--prompt", "--chat"]]
+
+
+def _outcome(parser, line):
+    try:
+        return list(vars(parser.parse_args(line)).items())
+    except (SystemExit, Exception) as exc:     # argparse exits; the SDK's raises InferletError
+        return type(exc) is SystemExit or type(exc).__name__ == "InferletError"
+
+
+@pytest.mark.parametrize("line", PLAIN_LINES + OTHER_LINES)
+def test_the_sdk_parser_reads_every_line_as_argparse_does(sdk, line, capsys):
+    """A plain command line takes the short path (parse_simple), anything else argparse's;
+    either way the namespace (its order too) or the failure is argparse's."""
+    import argparse
+
+    from inferlet.fast_args import parse_simple
+    sdk_parser = _options_parser(sdk.ArgumentParser)
+    assert (parse_simple(sdk_parser, line) is not None) == (line in PLAIN_LINES)
+    assert _outcome(sdk_parser, line) == _outcome(_options_parser(argparse.ArgumentParser), line)
+
+
+def test_parse_simple_declines_positionals_required_options_and_groups(sdk):
+    import argparse
+
+    from inferlet.fast_args import parse_simple
+    with_positional = argparse.ArgumentParser()
+    with_positional.add_argument("name", nargs="?")
+    required = argparse.ArgumentParser()
+    required.add_argument("--x", required=True)
+    grouped = argparse.ArgumentParser()
+    grouped.add_mutually_exclusive_group().add_argument("--y")
+    for parser, line in ((with_positional, []), (required, ["--x", "1"]), (grouped, ["--y", "1"])):
+        assert parse_simple(parser, line) is None

@@ -190,8 +190,10 @@ class Generation:
         while not self.done:
             loop = loop or self._start_loop()
             try:
-                for output in loop.outputs(min_outputs):
-                    yield self._take(output.value)
+                outputs = (loop.outputs(min_outputs) if self.sampler.logprobs is not None
+                           else loop.token_ids(min_outputs))
+                for output in outputs:
+                    yield self._take(output if isinstance(output, int) else output.value)
                     if self.done:
                         break
             finally:

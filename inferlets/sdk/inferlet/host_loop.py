@@ -22,8 +22,9 @@ MAX_READ_AHEAD = 64
 
 class HostLoop:
     """One `forward.submit-decode` on `ctx` from its pending tokens; read `outputs()` (each a
-    forward.Sampled), then `close()` (also when stopping early: the tokens the host computed
-    past the last output read are cut off the context's KV)."""
+    forward.Sampled) or `token_ids()` (the tokens alone, cheaper to pass), then `close()` (also
+    when stopping early: the tokens the host computed past the last output read are cut off the
+    context's KV)."""
 
     def __init__(self, ctx, max_tokens: int, sampler, options: forward.SamplerOptions,
                  stop_token_ids) -> None:
@@ -43,6 +44,7 @@ class HostLoop:
         self._stream = forward.submit_decode(
             ctx.queue_id, ctx.sequence_id, tail, positions, ctx.last_page_len, sampler.to_wit(),
             options, max_tokens, sorted(stop_token_ids))
+        self._max_tokens = max_tokens
         ctx.next_position += len(tail)
         ctx.note_submitted()
         ctx.open_loop = self
@@ -54,19 +56,27 @@ class HostLoop:
         """The loop's outputs as they come, read `min_outputs` (1..64) at a time when the loop
         goes on that long (1: as each token is sampled; more: fewer wake-ups); ends with the
         loop. An engine failure raises InferletError("forward pass failed: ...")."""
+        return self._read(self._stream.next, min_outputs)
+
+    def token_ids(self, min_outputs: int = 1) -> Iterator[int]:
+        """`outputs`, each as the token it sampled (`decode-stream.next-tokens`)."""
+        return self._read(self._stream.next_tokens, min_outputs)
+
+    def _read(self, next_call, min_outputs: int) -> Iterator:
         while not self._ended and self.ctx.open_loop is self:     # closed by a settle: over
-            for output in self._next(min_outputs):
+            for output in self._next(next_call, min_outputs):
                 self.num_read += 1
                 yield output
 
-    def _next(self, min_outputs: int = 1) -> list:
+    def _next(self, next_call, min_outputs: int = 1) -> list:
         try:
-            outputs = self._stream.next(min_outputs)
+            outputs = next_call(min_outputs)
         except Err as err:
             self._ended = True
             raise InferletError(f"forward pass failed: {err.value}") from None
-        self._ended = not outputs
         self._num_produced += len(outputs)
+        # after max-tokens outputs no pass is in flight (submit-decode): the end, unread
+        self._ended = not outputs or self._num_produced >= self._max_tokens
         return outputs
 
     def close(self) -> None:
@@ -78,7 +88,7 @@ class HostLoop:
         if not self._ended:
             self._stream.stop()
             while not self._ended:
-                self._next()
+                self._next(self._stream.next_tokens)
         added_page_ids = list(self._stream.added_pages())
         self._stream.__exit__(None, None, None)
         ctx = self.ctx
