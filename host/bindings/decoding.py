@@ -35,8 +35,8 @@ from host.kv import InstancePages
 from host.scheduling.work import PreparedForward
 from host.sandbox.wit_codec import HostResource
 
-__all__ = ["DecodeLoop", "submit_decode", "next_outputs", "next_token_ids", "added_pages", "stop", "drop",
-           "DECODE_STREAM_TYPE", "MAX_DECODE_TOKENS", "MAX_STOP_TOKEN_IDS"]
+__all__ = ["DecodeLoop", "submit_decode", "next_outputs", "next_token_ids", "added_pages", "stop",
+           "drop", "DECODE_STREAM_TYPE", "MAX_DECODE_TOKENS", "MAX_STOP_TOKEN_IDS"]
 
 DECODE_STREAM_TYPE = 2
 MAX_DECODE_TOKENS = 65536     # outputs of one loop
@@ -168,7 +168,8 @@ class DecodeLoop:
                     or self._waiter is not None and num_unread >= self._wake_at):
                 return None
             try:
-                step = self._prepare_step(token_id, self._kv_len + 1, general=False)
+                step = self._prepare_step(token_id, self._kv_len + 1, general=False,
+                                          pinned=False)   # the chain's first pass pins
             except TrapError:
                 return None                       # the loop's next pass meets it again
             if step is None:
@@ -176,15 +177,17 @@ class DecodeLoop:
             self._num_chained += 1
             return step[0]
 
-    def _prepare_step(self, token_id: int, kv_len: int,
-                      general: bool = True) -> tuple[PreparedForward, int | None] | None:
+    def _prepare_step(self, token_id: int, kv_len: int, general: bool = True,
+                      pinned: bool = True) -> tuple[PreparedForward, int | None] | None:
         """Under the lock: the pass of `token_id` that makes the KV `kv_len` long (a new page
         first when the last is full); the loop's position and pages advance. None: no page
-        without reclaim, or (general False) the common route declined; TrapError."""
+        without reclaim, or (general False) the common route declined; TrapError. `pinned`:
+        as InstancePages.prepare_decode_step."""
         grow = kv_len > self._num_pages * self._page_size
         last_page_len = kv_len - (self._num_pages - (not grow)) * self._page_size
         step = self._pages.prepare_decode_step(self._sequence_id, token_id, self._position + 1,
-                                               last_page_len, self._sampler, grow, general)
+                                               last_page_len, self._sampler, grow, general,
+                                               pinned)
         if step is None:
             return None
         if step[1] is not None:

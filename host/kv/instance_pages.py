@@ -258,14 +258,17 @@ class InstancePages:
 
     def prepare_decode_step(self, sequence_id: int, token_id: int, position: int,
                             last_page_len: int, sampler: SamplerSpec, grow: bool,
-                            general: bool = True) -> tuple[PreparedForward, int | None] | None:
+                            general: bool = True, pinned: bool = True
+                            ) -> tuple[PreparedForward, int | None] | None:
         """A decode loop's next pass (one token, its output sampled): prepare_forward without
         reclaim, for the thread that resolved the previous pass (it must not wait for pages).
         `grow`: a new page (the instance's, within its quota) joins the end of the sequence
         first; returns (the pass, that page's local id or None). None, with nothing changed,
         when the quota is reached or the pool or a copy-on-write is short of pages (the loop
         ends; the guest's own allocation may reclaim or trap), or, `general` False, when the
-        common route declines (a copy, a mask, ...). TrapError as prepare_forward."""
+        common route declines (a copy, a mask, ...). TrapError as prepare_forward. `pinned`
+        False (the common route only): the pass holds no pin of its own, for a chained step,
+        which its loop's pass that began the chain covers until the chain is resolved."""
         call = "forward.submit-decode"
         with self.ledger.lock:
             self.ledger.check_open(call)
@@ -282,7 +285,7 @@ class InstancePages:
                 sequence.physical_ids = None
             try:
                 prepared = (self._decode_step_locked(sequence, token_id, position, last_page_len,
-                                                     sampler)
+                                                     sampler, pinned)
                             or general and self._prepare_forward_locked(
                                 call, sequence_id, (token_id,), (position,), last_page_len, (0,),
                                 (sampler,), None))
@@ -312,7 +315,8 @@ class InstancePages:
             self.ledger.drop_local(page_id)
 
     def _decode_step_locked(self, sequence: PageSequence, token_id: int, position: int,
-                            last_page_len: int, sampler: SamplerSpec) -> PreparedForward | None:
+                            last_page_len: int, sampler: SamplerSpec,
+                            pinned: bool = True) -> PreparedForward | None:
         """The common decode step without prepare_forward's generality: a valid shape, no
         hidden slots, a tail page of this instance alone. None: anything else (the general path
         checks, copies or traps)."""
@@ -329,7 +333,7 @@ class InstancePages:
             return None                   # the general path traps (read-only) or copies it
         request = ForwardRequest.decode_step(token_id, position, self._physical_ids(sequence),
                                              last_page_len, sampler)
-        return PreparedForward(request, (), ledger.pin())
+        return PreparedForward(request, (), ledger.pin() if pinned else None)
 
     def _prepare_forward_locked(self, call: str, sequence_id: int, token_ids: Sequence[int],
                                 positions: Sequence[int], last_page_len: int,

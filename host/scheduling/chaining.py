@@ -15,8 +15,10 @@ A loop goes on only while its next pass surely follows (the loop decides, as it 
 output is kept: no stop token sampled, below max_tokens and the unread bound, not stopped, the
 common decode route taken: its tail page its own alone, no mask, a new page of its quota when
 the last is full; and no reader woken by the outputs it has, so a streaming reader still gets
-each output as it comes). Each step is prepared like the loop's own next pass (checked, pinned
-until it has run, the loop's position and pages moved on). The chain hands back after any step
+each output as it comes). Each step is prepared like the loop's own next pass (checked, the
+loop's position and pages moved on), without a pin of its own: the loop's pass that began the
+chain holds its instance's pin until the chain is resolved, so pages released meanwhile return
+once the chain is over, as they would behind that pin anyway. The chain hands back after any step
 that ends with work queued (a new instance's prompt, a guest's own pass): other work waits at
 most one step, as without chaining. A pass of a step the engine fails ends its loop, its outputs
 before it kept, as a failed pass does (a RequestError fails the pass it names alone). Each step
@@ -82,7 +84,7 @@ def _next_step(forward_items: list[Item], active: list[int], results: dict
 
 def _run_step(scheduler: Any, step: list[tuple[int, PreparedForward]]) -> list:
     """A result or an exception per pass of the step (run_forward: a RequestError fails the
-    pass it names alone); the passes' pins end once it has run."""
+    pass it names alone); a pass's pin, if it has one, ends once it has run."""
     try:
         return run_forward(scheduler.engine, [prepared for _, prepared in step])
     finally:

@@ -92,6 +92,29 @@ def test_every_chained_step_ends_its_pins_once_it_has_run(setups) -> None:
     assert setup.pool.num_free() == num_free + len(added)
 
 
+def test_pages_freed_during_a_chain_return_once_it_is_over(setups) -> None:
+    """The chained steps hold no pins of their own: the pass that began the chain holds the
+    instance's until the chain is resolved, so a page freed meanwhile waits for that."""
+    setup = setups([1, 2, 3], chain_steps=64)
+    spare_page_ids = setup.pages.allocate_pages(2)
+    rep = setup.submit(12)
+    forward, free_counts = setup.engine.forward, []
+
+    def forward_freeing(batch):                   # frees the spare pages before the 4th pass
+        if setup.engine.statistics().num_batches == 3:
+            setup.pages.free_pages(spare_page_ids)
+        free_counts.append(setup.pool.num_free())
+        return forward(batch)
+    setup.engine.forward = forward_freeing
+    num_free = setup.pool.num_free()
+    setup.start()
+    assert setup.read_all(rep) == _expected(setup.prompt, 12)
+    # passes 2-12 are one chain: the loop had added one page by the 4th, the freed two wait
+    assert len(free_counts) == 12 and max(free_counts[3:]) <= num_free
+    num_added = len(decoding.added_pages(setup.ctx, None, rep))
+    assert setup.pool.num_free() == num_free + len(spare_page_ids) - num_added
+
+
 def test_each_chained_step_is_counted_as_soon_as_it_has_run(setups) -> None:
     setup = setups([1, 2, 3, 4, 5], chain_steps=64)
     rep = setup.submit(12)
