@@ -267,13 +267,11 @@ class InstancePages:
         when the quota is reached or the pool or a copy-on-write is short of pages (the loop
         ends; the guest's own allocation may reclaim or trap), or, `general` False, when the
         common route declines (a copy, a mask, ...). TrapError as prepare_forward. `pinned`
-        False (the common route only): the pass holds no pin of its own, for a chained step,
-        which its loop's pass that began the chain covers until the chain is resolved."""
-        call = "forward.submit-decode"
+        False: no pin of its own (a chained step: the chain's first pass holds one)."""
+        call, new_page_id = "forward.submit-decode", None
         with self.ledger.lock:
             self.ledger.check_open(call)
             sequence = self.ledger.sequence(call, sequence_id)
-            new_page_id = None
             if grow:
                 if not self.ledger.within_quota(1):
                     return None
@@ -315,13 +313,12 @@ class InstancePages:
             self.ledger.drop_local(page_id)
 
     def _decode_step_locked(self, sequence: PageSequence, token_id: int, position: int,
-                            last_page_len: int, sampler: SamplerSpec,
-                            pinned: bool = True) -> PreparedForward | None:
+                            last_page_len: int, sampler: SamplerSpec, pinned: bool = True
+                            ) -> PreparedForward | None:
         """The common decode step without prepare_forward's generality: a valid shape, no
         hidden slots, a tail page of this instance alone. None: anything else (the general path
         checks, copies or traps)."""
-        ledger = self.ledger
-        page_ids = sequence.page_ids
+        ledger, page_ids = self.ledger, sequence.page_ids
         if (not page_ids or not 1 <= last_page_len <= ledger.page_size or ledger.num_masked_pages
                 or (self.vocab_size is not None and token_id >= self.vocab_size)):
             return None
@@ -331,9 +328,9 @@ class InstancePages:
         tail = ledger.pages[page_ids[-1]]
         if tail.read_only or ledger.allocator.refcount(tail.physical_id) > 1:
             return None                   # the general path traps (read-only) or copies it
-        request = ForwardRequest.decode_step(token_id, position, self._physical_ids(sequence),
-                                             last_page_len, sampler)
-        return PreparedForward(request, (), ledger.pin() if pinned else None)
+        return PreparedForward(ForwardRequest.decode_step(
+            token_id, position, self._physical_ids(sequence), last_page_len, sampler), (),
+            ledger.pin() if pinned else None)
 
     def _prepare_forward_locked(self, call: str, sequence_id: int, token_ids: Sequence[int],
                                 positions: Sequence[int], last_page_len: int,
