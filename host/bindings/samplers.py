@@ -53,10 +53,11 @@ def _with_options(ctx: BindingContext, call: str, index: int, base: SamplerSpec,
     logit_bias = getattr(options, "logit-bias")
     allowed = getattr(options, "allowed-token-ids")
     if (not logit_bias and allowed is None and options.generation is None
-            and options.logprobs is None and getattr(options, "presence-penalty") == 0.0
-            and getattr(options, "frequency-penalty") == 0.0
-            and getattr(options, "repetition-penalty") == 1.0):
-        return base                     # the options' defaults (a NaN penalty is checked below)
+            and options.logprobs is None
+            and getattr(options, "presence-penalty") == base.presence_penalty
+            and getattr(options, "frequency-penalty") == base.frequency_penalty
+            and getattr(options, "repetition-penalty") == base.repetition_penalty):
+        return base           # options that change nothing (a NaN penalty is checked below)
     vocab_size = ctx.services.model_info.vocab_size
     for field, token_ids in (("logit-bias", [t for t, _ in logit_bias]), ("allowed-token-ids",
                                                                           allowed or [])):

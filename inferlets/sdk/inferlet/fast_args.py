@@ -17,6 +17,7 @@ __all__ = ["parse_simple"]
 
 _STORE_ACTIONS = (argparse._StoreAction, argparse._StoreConstAction, argparse._StoreTrueAction,
                   argparse._StoreFalseAction)         # exactly these types: no custom __call__
+_DECLINED = object()                                  # _convert's failure (None is a value)
 
 
 def parse_simple(parser: argparse.ArgumentParser, args: list[str]) -> argparse.Namespace | None:
@@ -49,9 +50,6 @@ def parse_simple(parser: argparse.ArgumentParser, args: list[str]) -> argparse.N
                 return None
             setattr(namespace, action.dest, converted)
     return namespace
-
-
-_DECLINED = object()
 
 
 def _read_values(parser: argparse.ArgumentParser, args: list[str]) -> dict | None:
