@@ -14,6 +14,9 @@ instances it adds mapped fresh, ~30 ms of system time each on a VM with a balloo
               (same prefix + suffixes): prefill tokens computed, tokens/s
   launch      launch-to-result of a cached component (--help, no model work); load of a
               compiled component from the disk cache in a fresh Runtime
+The Wasm runs' runtime keeps as many instances of text_completion instantiated ahead as the
+row's width (`Runtime.keep_spares`, `--spares N` to change, 0: none), made while nothing runs:
+the bench waits for them before every timed run of either side, as a server between bursts.
 The ratio column is wasm time / engine time (target: within 1.03). Beside it, "outside the
 forwards": the time the Wasm run spends outside `engine.forward` (instance starts and ends, the
 host between passes) less the engine loop's, as a fraction of the engine loop's wall; the
@@ -124,7 +127,7 @@ def prompts_of(width: int) -> list[str]:
     return [f"{PROMPTS[i % len(PROMPTS)]} (story {i + 1})" for i in range(width)]
 
 
-def paired_times(engine_run, wasm_run, repeats: int, clock: ForwardClock
+def paired_times(engine_run, wasm_run, repeats: int, clock: ForwardClock, settle=lambda: None
                  ) -> tuple[float, float, list[float], list[float], list[float]]:
     """(engine s, wasm s, each pair's wasm / engine, each pair's outside share, the medians of
     that share's three parts): medians of the times over `repeats` pairs, the two runs of a
@@ -134,12 +137,14 @@ def paired_times(engine_run, wasm_run, repeats: int, clock: ForwardClock
     outside share is (wasm's time outside the forwards - the engine loop's) / the engine
     loop's wall: what the host and the guests add, free of the forwards' own drift (it misses
     forwards made slower by host work beside them, which the ratio counts). Its parts: before
-    the first forward (instance starts), between forwards, after the last (instance ends)."""
+    the first forward (instance starts), between forwards, after the last (instance ends).
+    `settle()` is called before every timed run, either side (the runtime's spares made)."""
     engine_times, wasm_times = [], []
     parts: dict[str, list[tuple[float, float, float]]] = {"engine": [], "wasm": []}
     pair = [(engine_run, engine_times, "engine"), (wasm_run, wasm_times, "wasm")]
     for repeat in range(repeats):
         for run, times, side in (pair if repeat % 2 == 0 else pair[::-1]):
+            settle()
             wall, split = timed_run(run, clock)
             times.append(wall)
             parts[side].append(split)
@@ -154,11 +159,14 @@ def paired_times(engine_run, wasm_run, repeats: int, clock: ForwardClock
 
 
 def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int, clock: ForwardClock,
-                 out=sys.stdout, step_by_step: bool = False) -> dict[str, float]:
+                 out=sys.stdout, step_by_step: bool = False, spares: int | None = None
+                 ) -> dict[str, float]:
     """Greedy completion through Wasm vs the engine's batched loop; {wasm_vs_engine_W: the
     median of paired runs' ratios, wasm_outside_forwards_W: the median outside share,
     wasm_outside_{starts,steps,ends}_W: its parts' medians} for the widths 8 and 64. The
-    inferlets decode on host loops (the SDK's default), or `step_by_step`."""
+    inferlets decode on host loops (the SDK's default), or `step_by_step`. The runtime keeps
+    `spares` instances of the program instantiated ahead (None: as many as the width), made
+    between the runs (`Runtime.wait_spares` before each timed run, engine or Wasm)."""
     encode = engine.tokenizer.encode
     figures = {}
     for width in WIDTHS:
@@ -176,10 +184,12 @@ def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int, clock:
         def engine_run() -> list[list[int]]:
             return engine.generate_greedy_batch([encode(p) for p in prompts], num_tokens)
 
+        runtime.keep_spares(program, width if spares is None else spares)
+        runtime.wait_spares(60)
         run_all(runtime, program, arg_lists)           # untimed: the width's first run
         engine_run()
         engine_s, wasm_s, pair_ratios, outside_shares, parts = paired_times(
-            engine_run, wasm_run, repeats, clock)
+            engine_run, wasm_run, repeats, clock, lambda: runtime.wait_spares(60))
         ratio, outside = statistics.median(pair_ratios), statistics.median(outside_shares)
         mean_batch = wasm_counts["requests"] / max(1, wasm_counts["batches"])
         results = run_all(runtime, program, arg_lists)
@@ -276,6 +286,9 @@ def main() -> None:
                              "twice the cores, 0: no gate)")
     parser.add_argument("--freeze-heap", choices=("on", "off"), default="on",
                         help="RuntimeConfig.freeze_heap, as `pie serve` and `pie run` set it")
+    parser.add_argument("--spares", type=int, default=None,
+                        help="instances of the program the runtime keeps instantiated ahead "
+                             "(Runtime.keep_spares; default: the width of each row, 0: none)")
     parser.add_argument("--step-by-step", action="store_true",
                         help="the inferlets decode one forward.submit per token, not on host loops")
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "pie-bench")
@@ -303,14 +316,16 @@ def main() -> None:
               f"{runtime.scheduler.policy}, "
               f"{'step by step' if opts.step_by_step else 'host loops'}, {opts.memories} memories"
               f"{f' (pool {opts.memory_pool_mb} MiB)' if opts.memories == 'counted' else ''}"
-              f", heap frozen: {opts.freeze_heap}, start slots "
+              f", heap frozen: {opts.freeze_heap}, spares "
+              f"{'the width' if opts.spares is None else opts.spares}, start slots "
               f"{getattr(runtime.services.guests.start_gate, 'num_slots', 0)}", file=out)
         completion = runtime.load_program(completion_path.read_bytes())
         parallel = runtime.load_program(parallel_path.read_bytes())
         run_all(runtime, completion, [completion_args("warm up", 4)])   # first-call costs
         engine.generate_greedy(engine.tokenizer.encode("warm up"), 4)
         figures = bench_greedy(runtime, engine, completion, opts.tokens, opts.repeats,
-                               ForwardClock(engine), out, opts.step_by_step)
+                               ForwardClock(engine), out, opts.step_by_step, opts.spares)
+        runtime.keep_spares(completion, 0)          # the rows below: every start as it comes
         if opts.json:
             print(json.dumps(figures))
             return

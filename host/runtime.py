@@ -8,7 +8,6 @@ exactly one final InstanceEvent.
 """
 from __future__ import annotations
 
-import dataclasses
 import gc
 import importlib.metadata
 import itertools
@@ -22,19 +21,21 @@ from typing import Callable, Iterable
 from engine.protocol import EngineLike, EngineStats
 from host.bindings import build_linker, provided_items
 from host.kv import ExportRegistry, InstancePages, PageAllocator, PageStats
-from host.kv.contention import Holder, PoolView, next_victim, tenant_shares
+from host.kv.contention import (Holder, PoolView, next_victim, reclaim_reason,
+                                tenant_shares)
 from host.messages.hub import MessageHub
 from host.runtime_config import InstanceLimits, RuntimeConfig
+from host.runtime_defaults import resolved_policy
 from host.sandbox.events import EndedInstance, InstanceEvent, InstanceOutcome
 from host.sandbox.guest_activity import IDLE_WAIT_S, GuestActivity
-from host.sandbox.instance import HostServices, Instance, ModelInfo
+from host.sandbox.instance import HostServices, Instance, Launch, ModelInfo
 from host.sandbox.instance_threads import InstanceThreads
 from host.sandbox.linear_memory import LinearMemories
 from host.sandbox.programs import Program, ProgramCache, ProgramStats, make_engine
+from host.sandbox.spare_instances import SpareHandover, SpareInstances
 from host.sandbox.start_gate import start_gate_for
 from host.sandbox.tables import InstanceTables
 from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy, SchedulerStats
-from host.scheduling.types import CPU_CHAIN_STEPS
 
 __all__ = ["Runtime", "RuntimeStats", "InstanceInfo", "InstanceEvent", "InstanceOutcome"]
 
@@ -65,36 +66,13 @@ class RuntimeStats:
     num_finished: int
 
 
-def overlap_by_default(engine: EngineLike) -> bool:
-    """SchedulerPolicy.overlap when left None: on for an engine on a GPU (its forward leaves the
-    CPU to the host), off for one on the CPU (the host's work takes the engine's cores: on a
-    2-vCPU EPYC its decode forwards ran 2-5% slower beside it, about what it saved between
-    them; docs/performance.md)."""
-    return getattr(getattr(engine, "device", None), "type", None) == "cuda"
-
-
-def start_hold_by_default(engine: EngineLike) -> float:
-    """SchedulerPolicy.start_hold_ms when left None: 500 ms for an engine on the CPU (a batch
-    run while instances start shares the cores with them, and prompts cost less together: on
-    a 2-vCPU EPYC, 64 instances launched at once took 0.2-0.3 s to reach their first pass, and
-    their prompts in one batch 1.6 s against 2.6 s in three), 0 on a GPU."""
-    return 0.0 if overlap_by_default(engine) else 500.0
-
-
 class Runtime:
     """The host. Thread-safe; use as a context manager or call `close()`."""
 
     def __init__(self, engine: EngineLike, config: RuntimeConfig = RuntimeConfig()) -> None:
         self.engine = engine
         self.config = config
-        policy = config.scheduler or SchedulerPolicy()
-        if policy.overlap is None:
-            policy = dataclasses.replace(policy, overlap=overlap_by_default(engine))
-        if policy.start_hold_ms is None:
-            policy = dataclasses.replace(policy, start_hold_ms=start_hold_by_default(engine))
-        if policy.chain_steps is None:   # overlap has its own short path between steps
-            policy = dataclasses.replace(policy,
-                                         chain_steps=1 if policy.overlap else CPU_CHAIN_STEPS)
+        policy = resolved_policy(config.scheduler or SchedulerPolicy(), engine)
         current = threading.local()
         # lives as long as the engine; None: Wasmtime's own memories (copy-on-write images)
         self.linear_memories = (
@@ -138,6 +116,8 @@ class Runtime:
         self.scheduler.start()
         self._ticker = threading.Thread(target=self._tick, name="pie-epoch", daemon=True)
         self._ticker.start()
+        self.spares = SpareInstances(self._make_spare, config.max_spare_instances,
+                                     self.services.threads.run)
         if config.freeze_heap:
             gc.collect()
             gc.freeze()
@@ -176,10 +156,15 @@ class Runtime:
             max_kv_len=self.engine.model_config.max_position)
         channel = self.hub.open(instance_id, tenant,
                                 lambda message: emit(InstanceEvent(instance_id, "message", message)))
-        instance = Instance(instance_id=instance_id, tenant=tenant, program=program, args=args,
-                            limits=limits, services=self.services, tables=InstanceTables(pages),
-                            channel=channel, launch_index=next(self._launch_counter),
-                            on_finish=lambda inst, outcome: self._finish(inst, outcome, emit))
+        launch = Launch(instance_id, tenant, args, limits, InstanceTables(pages), channel,
+                        next(self._launch_counter),
+                        lambda inst, outcome: self._finish(inst, outcome, emit))
+        instance = self.spares.take(program, limits)
+        if instance is None:
+            instance = Instance(program=program, limits=limits, services=self.services,
+                                launch=launch)
+        else:
+            instance.bind(launch)
         self.scheduler.set_owner_group(instance_id, tenant)
         self.scheduler.owner_starting(instance_id)
         with self._lock:
@@ -187,6 +172,24 @@ class Runtime:
             self._num_launched += 1
         instance.start()
         return instance_id
+
+    def keep_spares(self, program: Program | str, num_spares: int,
+                    limits: InstanceLimits | None = None) -> None:
+        """Keep `num_spares` instances of `program` instantiated ahead, for launches with
+        `limits` (default: the config's): made while no instance runs, each taken by a launch
+        (host/sandbox/spare_instances.py). 0: none. Raises ValueError past
+        RuntimeConfig.max_spare_instances."""
+        if isinstance(program, str):
+            program = self.programs.get(program)
+        self.spares.keep(program, num_spares, limits or self.config.limits)
+        with self._lock:
+            idle = not self._running
+        if idle:
+            self.spares.fill()
+
+    def wait_spares(self, timeout: float = 10.0) -> bool:
+        """Wait until no spare is being made; False if `timeout` passed first."""
+        return self.spares.wait_filled(timeout)
 
     def send(self, instance_id: str, message: str) -> bool:
         """Deliver a client message to a running instance; False when it has ended. Raises
@@ -238,6 +241,7 @@ class Runtime:
         for instance in running:
             instance.wait(timeout)
         self._closed.set()
+        self.spares.close(timeout)
         self.services.guests.wake()
         self.scheduler.close()
         self.services.threads.close()
@@ -286,7 +290,14 @@ class Runtime:
             self._num_finished_chars += ended.num_kept_chars
             self._forget_finished()
             self._num_finished += 1
+            idle = not self._running
+        if idle:
+            self.spares.fill()
         emit(InstanceEvent(instance.instance_id, outcome.event_kind, outcome.value))
+
+    def _make_spare(self, program: Program, limits: InstanceLimits,
+                    handover: SpareHandover) -> Instance:
+        return Instance(program=program, limits=limits, services=self.services, spare=handover)
 
     def num_lingering(self, tenant: str | None = None) -> int:
         """Ended instances (of `tenant`, or all) whose threads are still blocked in the WASI
@@ -342,7 +353,7 @@ class Runtime:
                 requester = self._running.get(requester_id)
             if instance is None or requester is None:
                 break
-            instance.terminate(_reclaim_reason(view, victim, requester_id, requester.tenant))
+            instance.terminate(reclaim_reason(view, victim, requester_id, requester.tenant))
             if instance.wait(_RECLAIM_WAIT_S) is None:
                 break
         return self.page_allocator.num_free() > num_free_before
@@ -377,15 +388,6 @@ class Runtime:
             instance.end_if_idle_in_wasi(now)
         if self.linear_memories is not None:
             self.linear_memories.release_idle()
-
-
-def _reclaim_reason(view: PoolView, victim: Holder, requester_id: str,
-                    requester_tenant: str) -> str:
-    why = (f"this instance held {victim.num_pages} pages, over its fair share of "
-           f"{view.fair_share(victim.tenant)}" if victim.tenant == requester_tenant else
-           f"tenant {victim.tenant!r} held {view.tenant_pages.get(victim.tenant, 0)} pages, over "
-           f"its guaranteed share of {view.shares.get(victim.tenant, 0)}")
-    return f"out of KV pages: terminated to free pages for instance {requester_id} ({why})"
 
 
 def _version() -> str:

@@ -156,6 +156,10 @@ class RuntimeConfig:
                    every few hundred instance starts, each a pause of every host thread). For a
                    process built around one Runtime (`pie serve`, `pie run`); objects alive then
                    that later become cyclic garbage are never collected.
+    max_spare_instances: instances instantiated ahead of their launch (Runtime.keep_spares) the
+                   runtime holds at most, all programs together; each holds its Store and linear
+                   memory (a componentize-py guest ~13 MiB), the host's until a launch takes it
+                   (host/sandbox/spare_instances.py).
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -173,6 +177,7 @@ class RuntimeConfig:
     memory_pool_idle_s: float = 600.0
     start_slots: int | None = None
     freeze_heap: bool = False
+    max_spare_instances: int = 64
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_shares", tuple((str(t), int(n)) for t, n in self.kv_shares))
@@ -202,6 +207,10 @@ class RuntimeConfig:
         if not isinstance(self.memory_pool_mb, int) or not 0 <= self.memory_pool_mb <= 1 << 20:
             raise ValueError(f"RuntimeConfig.memory_pool_mb must be an int in 0..{1 << 20}, "
                              f"got {self.memory_pool_mb!r}")
+        if not isinstance(self.max_spare_instances, int) \
+                or not 0 <= self.max_spare_instances <= 4096:
+            raise ValueError(f"RuntimeConfig.max_spare_instances must be an int in 0..4096, "
+                             f"got {self.max_spare_instances!r}")
         if self.start_slots is not None and (not isinstance(self.start_slots, int)
                                              or not 0 <= self.start_slots <= 4096):
             raise ValueError(f"RuntimeConfig.start_slots must be None or an int in 0..4096, "

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-__all__ = ["Holder", "PoolView", "tenant_shares", "next_victim"]
+__all__ = ["Holder", "PoolView", "tenant_shares", "next_victim", "reclaim_reason"]
 
 
 @dataclass(frozen=True)
@@ -92,3 +92,13 @@ def next_victim(view: PoolView, requester_id: str, num_pages: int) -> Holder | N
     if not eligible:
         return None
     return max(eligible, key=lambda h: (view.overage(h.tenant), h.num_pages, h.launch_index))
+
+
+def reclaim_reason(view: PoolView, victim: Holder, requester_id: str,
+                   requester_tenant: str) -> str:
+    """The reason `victim` is terminated for `requester_id` (of `requester_tenant`)."""
+    why = (f"this instance held {victim.num_pages} pages, over its fair share of "
+           f"{view.fair_share(victim.tenant)}" if victim.tenant == requester_tenant else
+           f"tenant {victim.tenant!r} held {view.tenant_pages.get(victim.tenant, 0)} pages, over "
+           f"its guaranteed share of {view.shares.get(victim.tenant, 0)}")
+    return f"out of KV pages: terminated to free pages for instance {requester_id} ({why})"

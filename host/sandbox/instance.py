@@ -25,28 +25,23 @@ import math
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from wasmtime import Engine, Store, WasiConfig, WasmtimeError
+from wasmtime import Store, WasiConfig, WasmtimeError
 from wasmtime import _bindings, _ffi as ffi
-from wasmtime.component import Linker, Variant
+from wasmtime.component import Variant
 
-from engine.protocol import EngineLike
 from host.errors import Cancelled, TrapError
-from host.messages.hub import InstanceChannel, MessageHub
 from host.runtime_config import InstanceLimits
 from host.sandbox.events import InstanceOutcome
-from host.sandbox.guest_activity import GuestActivity
 from host.sandbox.instance_log import InstanceLog
-from host.sandbox.instance_threads import InstanceThreads
 from host.sandbox.programs import Program
-from host.sandbox.tables import InstanceTables
+from host.sandbox.services import HostServices, Launch, ModelInfo
+from host.sandbox.spare_instances import SpareHandover
 from host.sandbox.traps import classify_trap
-from host.scheduling.scheduler import BatchScheduler
 from host.scheduling.types import SubmissionFuture
 
-__all__ = ["Instance", "HostServices", "ModelInfo"]
+__all__ = ["Instance", "HostServices", "Launch", "ModelInfo"]
 
 _log = logging.getLogger("pie.instance")
 _ABANDON_AFTER_S = 0.5          # a terminated instance still running then is abandoned
@@ -58,63 +53,33 @@ _DeadlineCallback = _bindings._wasmtime_store_epoch_deadline_callback.argtypes[1
 _NO_FINALIZER = ctypes.cast(0, _bindings._wasmtime_store_epoch_deadline_callback.argtypes[3])
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    """The model as every instance sees it (runtime.get-model-info, less the per-instance quota)."""
-
-    name: str
-    page_size: int
-    vocab_size: int
-    stop_token_ids: tuple[int, ...]
-    chat_template: str
-    max_batch_tokens: int
-
-
-@dataclass(frozen=True)
-class HostServices:
-    """What the bindings of every instance of one runtime share. `current` holds, per thread,
-    the Instance whose guest runs on that thread (each instance has its own thread)."""
-
-    wasm_engine: Engine              # epoch interruption on
-    linker: Linker
-    scheduler: BatchScheduler
-    hub: MessageHub
-    engine: EngineLike
-    model_info: ModelInfo
-    version: str
-    epoch_tick_ms: int
-    current: threading.local
-    threads: InstanceThreads         # each running instance's thread comes from here
-    counts_memory: bool = False      # LinearMemories creates and counts every linear memory
-    guests: GuestActivity = field(default_factory=GuestActivity)   # what the epoch ticker needs
-
-
 class Instance:
-    """A launched inferlet. Created by the runtime, started with `start()`; ends exactly once,
-    calling `on_finish(instance, outcome)` on its own thread after its Store is dropped."""
+    """A launched inferlet. Created by the runtime with its `launch`, started with `start()`;
+    ends exactly once, calling `launch.on_finish(instance, outcome)` on its own thread after its
+    Store is dropped. Or a spare (`spare` given, no launch): started at once, it instantiates
+    and waits; `bind` then gives it its launch and `start` lets it run (or the handover
+    discards it: it ends calling `spare.on_end(instance)`): host/sandbox/spare_instances.py."""
 
-    def __init__(self, *, instance_id: str, tenant: str, program: Program, args: tuple[str, ...],
-                 limits: InstanceLimits, services: HostServices, tables: InstanceTables,
-                 channel: InstanceChannel,
-                 launch_index: int, on_finish: Callable[["Instance", InstanceOutcome], None]) -> None:
-        self.instance_id = instance_id
-        self.tenant = tenant
+    def __init__(self, *, program: Program, limits: InstanceLimits, services: HostServices,
+                 launch: Launch | None = None, spare: SpareHandover | None = None) -> None:
+        if (launch is None) == (spare is None):
+            raise ValueError("Instance: give exactly one of launch and spare")
         self.program = program
-        self.args = args
         self.limits = limits
         self.services = services
-        self.tables = tables
-        self.channel = channel
-        self.launch_index = launch_index
+        self.spare = spare
+        self._launched = False
+        self.instance_id, self.tenant, self.args, self.launch_index = "spare", "", (), -1
+        if launch is not None:
+            self.bind(launch)
         self.started_at = time.time()
         self.outcome: InstanceOutcome | None = None
         self.trap_cause: str | None = None
         self.last_host_exit = time.monotonic()
         self.last_deadline_check = 0.0   # the deadline callback's last run (the guest computing)
         self._in_guest = False           # the Store exists: the guest instantiates or runs
-        self._on_finish = on_finish
         self._log = InstanceLog(limits.max_log_chars,
-                                lambda line: _log.debug("[%s] %s", instance_id, line))
+                                lambda line: _log.debug("[%s] %s", self.instance_id, line))
         self._lock = threading.Lock()
         self._cancel_reason: str | None = None
         self._cancel_status = "terminated"   # the outcome's status once cancelled
@@ -136,7 +101,22 @@ class Instance:
         self._thread_active = False       # _main has been started and has not returned
 
     # ------------------------------------------------------------ lifecycle
+    def bind(self, launch: Launch) -> None:
+        """Give the instance its launch (before `start`); a spare's limits are its launch's
+        but for page_quota (host/sandbox/spare_instances.py: spare_key)."""
+        self.instance_id, self.tenant, self.args = launch.instance_id, launch.tenant, launch.args
+        self.limits = launch.limits
+        self.tables, self.channel = launch.tables, launch.channel
+        self.launch_index = launch.launch_index
+        self._on_finish = launch.on_finish
+        self.started_at = time.time()
+        self._launched = True
+
     def start(self) -> None:
+        """Run the instance on a thread of its own; a bound spare runs on, on its thread."""
+        if self.spare is not None and self._launched:
+            self.spare.launch()
+            return
         self._thread_active = True
         self.services.threads.run(self._main, f"pie-{self.instance_id}")
 
@@ -275,6 +255,8 @@ class Instance:
         reason = self._cancel_reason
         if reason is not None:
             raise Cancelled(f"{call}: instance {self.instance_id} terminated: {reason}")
+        if not self._launched:
+            raise TrapError(f"{call}: called while instantiating ahead of a launch (a spare)")
 
     # -------------------------------------------------------------- thread
     def _main(self) -> None:
@@ -297,7 +279,10 @@ class Instance:
             self._finish_started = True
         self.outcome = outcome
         try:
-            self._on_finish(self, outcome)
+            if self._launched:
+                self._on_finish(self, outcome)
+            else:                                    # a spare that never ran
+                self.spare.on_end(self)
         finally:
             self._done.set()
 
@@ -313,6 +298,8 @@ class Instance:
             run = guest.get_func(store, "run")
             if run is None:
                 return InstanceOutcome("trap", "the component has no `run` export")
+            if self.spare is not None and not self._wait_for_launch(store):
+                return InstanceOutcome(self._cancel_status, self._cancel_reason or "not launched")
             value = run(store)
             return self._outcome_of_result(value)
         except WasmtimeError as exc:
@@ -325,6 +312,19 @@ class Instance:
                 self.services.guests.end()
             self._in_guest = False
             del store   # drop the (possibly poisoned) Store: nothing may call into it again
+
+    def _wait_for_launch(self, store: Store) -> bool:
+        """A spare, instantiated: out of the guests' count and its start slot, wait for the
+        launch; then back in, its clocks restarted. False when discarded or terminated."""
+        self.services.guests.end()
+        self._in_guest = False
+        if not self.spare.wait_for_launch(self):
+            return False
+        threading.current_thread().name = f"pie-{self.instance_id}"
+        self.services.guests.start()
+        self._in_guest, self.last_host_exit = True, time.monotonic()
+        store.set_epoch_deadline(self._check_ticks)
+        return self._cancel_reason is None
 
     def _make_store(self) -> Store:
         store = Store(self.services.wasm_engine)

@@ -51,6 +51,7 @@ class RuntimeFigures:
     batch_size_counts: dict[int, int]   # batch size (passes) -> number of batches of that size
     num_output_tokens: int
     num_input_tokens: int
+    num_spare_instances: int = 0        # instantiated ahead, waiting for a launch
 
 
 class TokenRate:
@@ -117,6 +118,8 @@ class _RuntimeCollector:
         figures = self._metrics.figures()
         yield _gauge("pie_instances_running", "Instances running now",
                      figures.num_running_instances)
+        yield _gauge("pie_instances_spare", "Instances instantiated ahead, waiting for a launch",
+                     figures.num_spare_instances)
         yield _gauge("pie_kv_pages_used", "KV pages in use", figures.num_pages_used)
         yield _gauge("pie_kv_pages_free", "KV pages free", figures.num_pages_free)
         yield _gauge("pie_kv_pages_exported", "KV pages held by exports (part of the used)",

@@ -78,10 +78,12 @@ class OpenAIFrontend:
 
     @classmethod
     async def create(cls, service: PieService, tenants: TenantRegistry, data_dir: Path, *,
-                     warm_prefixes: bool = True) -> "OpenAIFrontend":
+                     warm_prefixes: bool = True, spare_builtins: int = 0
+                     ) -> "OpenAIFrontend":
         """Build (first start only; then cached in data_dir) and compile the built-in inferlet,
         then run it once, and (`warm_prefixes`) once per tenant that shares chat prefixes
-        (host/server/builtin.py: warm_up_builtin, warm_up_prefixes)."""
+        (host/server/builtin.py: warm_up_builtin, warm_up_prefixes); then keep
+        `spare_builtins` instances of it instantiated ahead (Runtime.keep_spares)."""
         program, program_hash = await load_builtin(service.runtime, data_dir)
         frontend = cls(service, tenants, program, program_hash)
         warm_up = parse_request({"model": frontend.model, "max_tokens": 2,
@@ -91,6 +93,7 @@ class OpenAIFrontend:
         if warm_prefixes:
             await trio.to_thread.run_sync(warm_up_prefixes, service.runtime, program, warm_up,
                                           tenants.all(), service.limits)
+        service.runtime.keep_spares(program, spare_builtins, limits=service.limits)
         await load_stream_backend()
         return frontend
 

@@ -60,6 +60,7 @@ class ServerSection:
     memory_pool_mb: int = 1024                # ended instances' memories kept for reuse (0: none)
     memory_pool_idle_s: float = 600.0         # a pooled memory unused this long is unmapped
     start_slots: int | None = None            # instances starting at once; unset: 2 x cores
+    spare_builtins: int = 8                   # built-in instances instantiated ahead (0: none)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -76,6 +77,9 @@ class ServerSection:
         if not 0 < self.memory_pool_idle_s <= 86_400:
             raise ValueError(f"server.memory_pool_idle_s must be in (0, 86400], "
                              f"got {self.memory_pool_idle_s}")
+        if not isinstance(self.spare_builtins, int) or not 0 <= self.spare_builtins <= 64:
+            raise ValueError(f"server.spare_builtins must be an int in 0..64, "
+                             f"got {self.spare_builtins!r}")
         if self.start_slots is not None and not 0 <= self.start_slots <= 4096:
             raise ValueError(f"server.start_slots must be in 0..4096, got {self.start_slots}")
 

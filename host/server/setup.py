@@ -76,7 +76,8 @@ def runtime_figures(runtime: Any) -> RuntimeFigures:
         num_pages_exported=runtime.exports.num_pages(),
         queue_depth=scheduler.num_pending, num_batches=scheduler.num_batches,
         batch_size_counts=dict(scheduler.batch_size_histogram),
-        num_output_tokens=engine.num_output_tokens, num_input_tokens=engine.num_input_tokens)
+        num_output_tokens=engine.num_output_tokens, num_input_tokens=engine.num_input_tokens,
+        num_spare_instances=runtime.spares.num_ready)
 
 
 def model_info(config: ServerConfig, engine: Any) -> dict[str, Any]:
@@ -106,5 +107,6 @@ async def build_context(config: ServerConfig, engine: Any = None) -> ServerConte
     if config.server.openai:
         from host.server.openai import OpenAIFrontend
         openai = await OpenAIFrontend.create(service, tenants, data_dir,
-                                             warm_prefixes=config.server.warm_prefixes)
+                                             warm_prefixes=config.server.warm_prefixes,
+                                             spare_builtins=config.server.spare_builtins)
     return ServerContext(config, service, tenants, metrics, openai)

@@ -13,7 +13,7 @@ import pytest
 
 from engine.batch import ForwardBatch, ForwardResult
 from host.errors import Cancelled
-from host.runtime import overlap_by_default
+from host.runtime_defaults import overlap_by_default
 from host.scheduling.helper_thread import HelperThread
 from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy
 from host.scheduling.work import PreparedForward

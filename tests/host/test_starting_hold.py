@@ -139,7 +139,7 @@ def test_launches_that_keep_coming_hold_a_first_pass_no_longer_than_the_bound():
 
 
 def test_the_runtime_holds_first_passes_on_a_cpu_engine_only():
-    from host.runtime import start_hold_by_default
+    from host.runtime_defaults import start_hold_by_default
 
     class GpuEngine:
         device = type("Device", (), {"type": "cuda"})()

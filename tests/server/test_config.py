@@ -38,6 +38,8 @@ TENANT = {"name": "a", "token": "t"}
     ({"tenants": [TENANT], "scheduler": {"start_hold_ms": -5}}, "scheduler.start_hold_ms must be >= 0, got -5"),
     ({"tenants": [TENANT], "scheduler": {"chain_steps": 0}}, "scheduler.chain_steps must be an int in 1..64, got 0"),
     ({"tenants": [TENANT], "server": {"port": 70000}}, "server.port must be in 0..65535"),
+    ({"tenants": [TENANT], "server": {"spare_builtins": 65}},
+     "server.spare_builtins must be an int in 0..64, got 65"),
     ({"tenants": [TENANT], "scheduler": {"overlap": 1}},
      "expected bool, got int 1 @ pie.toml.scheduler.overlap"),
     ({"tenants": [{**TENANT, "prefix_cache_pages": -1}]},

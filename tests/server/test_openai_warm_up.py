@@ -10,6 +10,7 @@ import logging
 import subprocess
 import sys
 import textwrap
+import time
 
 import openai
 import pytest
@@ -31,6 +32,18 @@ def _builtin_path():
     return path
 
 
+def wait_until_spares(url: str, num_spares: int) -> dict[str, float]:
+    """The server's figures once `num_spares` built-ins wait instantiated (server.spare_builtins,
+    made after the warm-ups while nothing runs)."""
+    deadline = time.monotonic() + 30
+    figures = scrape(url)
+    while figures["pie_instances_spare"] != num_spares and time.monotonic() < deadline:
+        time.sleep(0.05)
+        figures = scrape(url)
+    assert figures["pie_instances_spare"] == num_spares, figures
+    return figures
+
+
 def _first_chat(url: str, token: str) -> tuple[str, int, int]:
     """(answer, input tokens the engine computed for it, prompt tokens) of a greedy chat with no
     system prompt of its own."""
@@ -46,7 +59,8 @@ def _first_chat(url: str, token: str) -> tuple[str, int, int]:
 
 @pytest.mark.slow
 def test_a_fresh_server_has_run_the_builtin_and_holds_only_default_prefixes(tmp_path) -> None:
-    """Before any request: the built-in has run, nothing runs, and the only pages held are the
+    """Before any request: the built-in has run, 8 instances of it wait instantiated
+    (server.spare_builtins), nothing runs, and the only pages held are the
     default chat prefix of the tenant that shares prefixes (alice), which her first chat then
     imports (carol, prefix_cache_pages = 0, computes the whole prompt) and answers the same."""
     seed_builtin(tmp_path)
@@ -58,7 +72,7 @@ def test_a_fresh_server_has_run_the_builtin_and_holds_only_default_prefixes(tmp_
                                         "prefix_cache_pages": 0}]})
     server = ServerThread(config).start()
     try:
-        figures = scrape(server.url)          # no request yet
+        figures = wait_until_spares(server.url, 8)          # no request yet
         assert figures["pie_generated_tokens_total"] >= 1
         assert figures["pie_input_tokens_total"] > 1
         assert figures["pie_instances_running"] == 0
