@@ -10,7 +10,8 @@ Rows (each with the baseline it is read against, measured in the same run):
     (forward.submit-decode), here with overlapped batches (SchedulerPolicy.overlap, what a GPU
     engine gets); the rows below it: without overlap, and step by step (host_loop=False);
   - launch_ms: a cached Python guest, launch to result (median), and the load from the disk cache;
-    beside it the launch with counted linear memories (`pie serve`, `pie run`);
+    beside it the launch with counted linear memories (`pie serve`, `pie run`), and the same
+    taking a spare instantiated ahead (`launch_ms_spare`, Runtime.keep_spares);
   - batch_fill_256 / host_share_256: 256 Python guests decoding at once (host loops, overlap)
     over an engine that sleeps a GPU-like 5 ms per batch: mean passes per batch / 256, and the
     host time per batch as a fraction of the engine time: a guest's time between two tokens less
@@ -149,18 +150,29 @@ def launch_rows(py_wasm: bytes, config: RuntimeConfig, repeats: int) -> tuple[li
         launch = _median_launch(runtime, program, repeats)
     counted_config = dataclasses.replace(config, count_linear_memory=True)
     with Runtime(BenchEngine(), counted_config) as runtime:
-        counted = _median_launch(runtime, runtime.load_program(py_wasm), repeats)
+        program = runtime.load_program(py_wasm)
+        counted = _median_launch(runtime, program, repeats)
+        runtime.keep_spares(program, 1)
+        spare = _median_launch(runtime, program, repeats, lambda: runtime.wait_spares(10))
     rows = [("Python guest: launch to result (cached)", f"{launch * 1e3:.2f} ms",
              f"target <= 5; load from the disk cache {cached_load * 1e3:.1f} ms"),
             ("  the same, memories counted (pie serve / pie run)", f"{counted * 1e3:.2f} ms",
              "count_linear_memory: the heap image copied into a pooled memory, not mapped "
-             "copy-on-write")]
-    return rows, {"launch_ms": launch * 1e3, "launch_ms_counted": counted * 1e3}
+             "copy-on-write"),
+            ("  the same, taking a spare (pie serve's built-in)", f"{spare * 1e3:.2f} ms",
+             "Runtime.keep_spares: instantiated ahead while nothing ran")]
+    return rows, {"launch_ms": launch * 1e3, "launch_ms_counted": counted * 1e3,
+                  "launch_ms_spare": spare * 1e3}
 
 
-def _median_launch(runtime: Runtime, program, repeats: int) -> float:
+def _median_launch(runtime: Runtime, program, repeats: int, settle=lambda: None) -> float:
+    """The median launch-to-result of `repeats` runs, `settle()` called before each."""
     run_to_end(runtime, program, ["noop"])            # warm up
-    return statistics.median(run_to_end(runtime, program, ["noop"]) for _ in range(repeats))
+    times = []
+    for _ in range(repeats):
+        settle()
+        times.append(run_to_end(runtime, program, ["noop"]))
+    return statistics.median(times)
 
 
 def with_overlap(config: RuntimeConfig, overlap: bool) -> RuntimeConfig:

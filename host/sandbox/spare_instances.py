@@ -102,8 +102,7 @@ class SpareInstances:
     def keep(self, program: Any, num_spares: int, limits: InstanceLimits) -> None:
         """Keep `num_spares` spares of `program` for launches with `limits`, whatever their
         page_quota (0: none; discards what is ready beyond it, or all of them when the limits
-        change). Raises ValueError past
-        max_spare_instances in all. Spares are made by `fill`."""
+        change). Raises ValueError past max_spare_instances in all. Spares are made by `fill`."""
         if not isinstance(num_spares, int) or num_spares < 0:
             raise ValueError(f"keep_spares: num_spares must be an int >= 0, got {num_spares!r}")
         limits = spare_key(limits)
