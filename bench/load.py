@@ -53,12 +53,13 @@ class Sample:
 class InProcessServer:
     """`pie serve` with the default model in a thread of this process (trio loop of its own)."""
 
-    def __init__(self, num_pages: int, max_instances: int) -> None:
+    def __init__(self, num_pages: int, max_instances: int, spare_builtins: int = 8) -> None:
         from host.server.server_config import parse_config
         data_dir = Path.home() / ".cache" / "pie" / "bench-server"   # keeps the built-in build
         self.token = "bench-token"
         self.config = parse_config({
-            "server": {"data_dir": str(data_dir), "openai": True, "shutdown_grace_s": 2.0},
+            "server": {"data_dir": str(data_dir), "openai": True, "shutdown_grace_s": 2.0,
+                       "spare_builtins": spare_builtins},
             "engine": {"num_pages": num_pages, "page_size": 16},
             # The store outlives a run (it keeps the built-in's build), so every earlier build
             # of an example stays counted: a quota far above one run's few programs.
@@ -268,6 +269,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="requests per client")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--num-pages", type=int, default=2048, help="in-process server only")
+    parser.add_argument("--spare-builtins", type=int, default=8,
+                        help="in-process server only: server.spare_builtins (0: none)")
     parser.add_argument("--url", default=None, help="a running pie server (default: start one)")
     parser.add_argument("--token", default=None)
     parser.add_argument("--baseline-url", default=None, help="another OpenAI server, e.g. vLLM")
@@ -288,7 +291,8 @@ def main() -> int:
                         args.clients, args.rounds, args.max_tokens, args.json)
     else:
         started = time.perf_counter()
-        with InProcessServer(args.num_pages, max(args.clients) + 4) as server:
+        with InProcessServer(args.num_pages, max(args.clients) + 4,
+                             args.spare_builtins) as server:
             if not args.json:
                 print(f"in-process server {server.url} ready in "
                       f"{time.perf_counter() - started:.1f} s")

@@ -117,7 +117,7 @@ class Runtime:
         self._ticker = threading.Thread(target=self._tick, name="pie-epoch", daemon=True)
         self._ticker.start()
         self.spares = SpareInstances(self._make_spare, config.max_spare_instances,
-                                     self.services.threads.run)
+                                     self.services.threads.run, lambda: not self._running)
         if config.freeze_heap:
             gc.collect()
             gc.freeze()

@@ -3,11 +3,12 @@
 Most of an instance's start is Wasmtime instantiating the component (for a componentize-py guest
 ~2.5-3 ms of CPU: its 12.6 MiB heap image copied into a fresh memory, CPython's tables filled),
 none of which depends on who launches it or with which arguments. So for a program named with
-`keep` the runtime instantiates up to that many instances while it has nothing running, each on
-a thread of its own, and parks them right before their guest's `run`: a launch of that program
-with the same limits then takes one (`take`), gives it its id, tenant, arguments, tables and
-channel (`Instance.bind`), and lets it run. A launch with other limits, or when none is ready,
-starts an instance as before.
+`keep` the runtime instantiates up to that many instances while it has nothing running (from 20
+ms after it went idle until a launch comes: on a CPU they would take the cores of the instances
+running), each on a thread of its own, and parks them right before their guest's `run`: a
+launch of that program with the same limits then takes one (`take`), gives it its id, tenant,
+arguments, tables and channel (`Instance.bind`), and lets it run. A launch with other limits,
+or when none is ready, starts an instance as before.
 
 A spare runs no guest code of its own before its launch: a host call during its instantiation (a
 core module's start function calling a pie import) traps it, it is dropped and the program gets
@@ -84,9 +85,11 @@ class SpareInstances:
     `target` on another thread."""
 
     def __init__(self, make: Callable[[Any, InstanceLimits, SpareHandover], Any],
-                 max_spares: int, run: Callable[[Callable[[], None], str], None]) -> None:
+                 max_spares: int, run: Callable[[Callable[[], None], str], None],
+                 is_idle: Callable[[], bool]) -> None:
         self._make = make
         self._run = run                            # runs a callable on another thread
+        self._is_idle = is_idle                    # no instance runs
         self._max_spares = max_spares
         self._lock = threading.Condition(threading.Lock())
         self._kept: dict[str, _Kept] = {}          # program hash -> its spares
@@ -134,8 +137,8 @@ class SpareInstances:
             return spare
 
     def fill(self) -> None:
-        """Have the missing spares made, FILL_DELAY_S from now on a thread of `run`'s (call it
-        when no instance runs); returns at once."""
+        """Have the missing spares made, FILL_DELAY_S from now on a thread of `run`'s, for as
+        long as no instance runs (call it when none does); returns at once."""
         jobs = []
         with self._lock:
             if self._closed:
@@ -149,12 +152,16 @@ class SpareInstances:
             self._run(lambda: self._make_all(jobs), "pie-spares")
 
     def _make_all(self, jobs: list[tuple[Any, InstanceLimits, int]]) -> None:
+        """Make the spares of `jobs`, each only while the runtime is still idle: once a launch
+        has come (or the pool closed), the rest are not made."""
         time.sleep(FILL_DELAY_S)     # the last instance's end, its waiter's wake
         for program, limits, num_spares in jobs:
             for _ in range(num_spares):
-                spare = self._make(program, limits, SpareHandover(self._ready, self._ended))
+                spare = None
+                if self._is_idle():
+                    spare = self._make(program, limits, SpareHandover(self._ready, self._ended))
                 with self._lock:
-                    if self._closed:                 # none made from now on
+                    if spare is None or self._closed:
                         self._kept[program.hash].num_making -= 1
                         self._lock.notify_all()
                         continue

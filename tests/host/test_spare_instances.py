@@ -162,3 +162,20 @@ def test_spares_are_bounded(components, make_runtime):  # noqa: F811
 def test_max_spare_instances_is_checked(value) -> None:
     with pytest.raises(ValueError, match="max_spare_instances must be an int in 0..4096"):
         RuntimeConfig(max_spare_instances=value)
+
+
+def test_no_spare_is_made_once_a_launch_has_come() -> None:
+    """The pool alone (no Wasm): `fill` while idle, but a launch comes within the fill delay:
+    nothing is made, and nothing is left counted as being made."""
+    from types import SimpleNamespace
+
+    from host.sandbox.spare_instances import SpareInstances
+    made, idle = [], [True]
+    spares = SpareInstances(lambda program, limits, handover: made.append(program),
+                            max_spares=4, run=lambda target, name: target(),
+                            is_idle=lambda: idle[0])
+    spares.keep(SimpleNamespace(hash="p"), 2, InstanceLimits())
+    idle[0] = False                                         # a launch came
+    spares.fill()
+    assert spares.wait_filled(1)
+    assert made == [] and spares.num_ready == 0
