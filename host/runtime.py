@@ -182,10 +182,7 @@ class Runtime:
         if isinstance(program, str):
             program = self.programs.get(program)
         self.spares.keep(program, num_spares, limits or self.config.limits)
-        with self._lock:
-            idle = not self._running
-        if idle:
-            self.spares.fill()
+        self.spares.fill()
 
     def wait_spares(self, timeout: float = 10.0) -> bool:
         """Wait until no spare is being made; False if `timeout` passed first."""
@@ -290,9 +287,7 @@ class Runtime:
             self._num_finished_chars += ended.num_kept_chars
             self._forget_finished()
             self._num_finished += 1
-            idle = not self._running
-        if idle:
-            self.spares.fill()
+        self.spares.fill()                            # when that was the last one running
         emit(InstanceEvent(instance.instance_id, outcome.event_kind, outcome.value))
 
     def _make_spare(self, program: Program, limits: InstanceLimits,

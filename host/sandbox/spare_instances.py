@@ -137,8 +137,10 @@ class SpareInstances:
             return spare
 
     def fill(self) -> None:
-        """Have the missing spares made, FILL_DELAY_S from now on a thread of `run`'s, for as
-        long as no instance runs (call it when none does); returns at once."""
+        """If no instance runs, have the missing spares made, FILL_DELAY_S from now on a thread
+        of `run`'s, for as long as none does; returns at once."""
+        if not self._is_idle():
+            return
         jobs = []
         with self._lock:
             if self._closed:

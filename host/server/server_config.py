@@ -25,6 +25,8 @@ from typing import Any
 import cattrs
 from cattrs.v import format_exception, transform_error
 
+from host.runtime_config import RuntimeConfig
+
 __all__ = ["ConfigError", "ServerSection", "ModelSection", "EngineSection", "SchedulerSection",
            "LimitsSection", "TenantConfig", "ServerConfig", "load_config", "parse_config"]
 
@@ -77,8 +79,10 @@ class ServerSection:
         if not 0 < self.memory_pool_idle_s <= 86_400:
             raise ValueError(f"server.memory_pool_idle_s must be in (0, 86400], "
                              f"got {self.memory_pool_idle_s}")
-        if not isinstance(self.spare_builtins, int) or not 0 <= self.spare_builtins <= 64:
-            raise ValueError(f"server.spare_builtins must be an int in 0..64, "
+        max_spares = RuntimeConfig.max_spare_instances    # the runtime's bound on them
+        if not isinstance(self.spare_builtins, int) \
+                or not 0 <= self.spare_builtins <= max_spares:
+            raise ValueError(f"server.spare_builtins must be an int in 0..{max_spares}, "
                              f"got {self.spare_builtins!r}")
         if self.start_slots is not None and not 0 <= self.start_slots <= 4096:
             raise ValueError(f"server.start_slots must be in 0..4096, got {self.start_slots}")

@@ -171,11 +171,14 @@ def test_no_spare_is_made_once_a_launch_has_come() -> None:
 
     from host.sandbox.spare_instances import SpareInstances
     made, idle = [], [True]
+
+    def run_after_a_launch(target, name) -> None:
+        idle[0] = False                                     # a launch came within the delay
+        target()
+
     spares = SpareInstances(lambda program, limits, handover: made.append(program),
-                            max_spares=4, run=lambda target, name: target(),
-                            is_idle=lambda: idle[0])
+                            max_spares=4, run=run_after_a_launch, is_idle=lambda: idle[0])
     spares.keep(SimpleNamespace(hash="p"), 2, InstanceLimits())
-    idle[0] = False                                         # a launch came
     spares.fill()
     assert spares.wait_filled(1)
     assert made == [] and spares.num_ready == 0
