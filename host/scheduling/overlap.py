@@ -51,9 +51,9 @@ _log = logging.getLogger("host.scheduling.scheduler")
 # empties, so that the batch's objects are freed there and not on the engine thread. to_count:
 # the batch (of the short path) is still to count in the statistics.
 Resolution = list[tuple[list[Item], list, bool]]
-# The passes prepared ahead: (the index each follows in the running batch, their items, their
-# requests).
-Ahead = tuple[list[int], list[Item], tuple]
+# The passes prepared ahead: (the index each follows in the running batch, None when each
+# follows the pass at its own index (every pass has one); their items; their requests).
+Ahead = tuple[list[int] | None, list[Item], tuple]
 
 _request_of = attrgetter("request")
 
@@ -115,22 +115,30 @@ class OverlapRunner:
         """The short path: while `_may_chain`, each batch is the passes prepared ahead during
         the one before, run as they are while the helper resolves that one and prepares the
         next; a batch is counted in the statistics when it is resolved. Returns as `_run_one`."""
-        engine = self._scheduler.engine
-        while True:
-            helper.start(self._between, unresolved, ahead)
+        s, between, cancelled = self._scheduler, self._between, self._cancelled_owners
+        forward, helper_result = s.engine.forward, self._helper_result
+        while True:               # each line here delays the next batch: kept to the least
+            helper.start(between, unresolved, ahead)
             del unresolved
             try:
-                outcomes = check_results(engine.forward(ForwardBatch(requests, fed_from)),
-                                         len(ahead))
+                outcomes = forward(ForwardBatch(requests, fed_from))
+                if len(outcomes) != len(ahead):
+                    check_results(outcomes, len(ahead))         # raises
+                failed = False
             except Exception as error:                 # noqa: BLE001 -- outcomes
-                outcomes = forward_after_error(engine, ahead, fed_from, error)
+                outcomes, failed = forward_after_error(s.engine, ahead, fed_from, error), True
             finally:
-                next_ahead = self._helper_result(helper)
+                next_ahead = helper_result(helper)
             unresolved = [(ahead, outcomes, True)]
-            ahead, fed_from, requests = self._fed(next_ahead, outcomes)
+            if failed:                                 # some outcomes may be exceptions
+                ahead, fed_from, requests = self._fed(next_ahead, outcomes)
+            else:
+                sources, ahead, requests = next_ahead
+                fed_from = (tuple(outcomes) if sources is None
+                            else tuple(map(outcomes.__getitem__, sources)))
             del outcomes, next_ahead
-            if not ahead or not self._may_chain():
-                return ahead, fed_from, requests, unresolved
+            if not ahead or s._num_pending or s._expected or s._closed or cancelled:
+                return ahead, fed_from, requests, unresolved     # as `_may_chain`
 
     def _take(self, ahead: list[Item], fed_from: tuple
               ) -> tuple[list[Item], list[Item], tuple | None] | None:
@@ -202,7 +210,7 @@ class OverlapRunner:
         """The passes prepared ahead that run next, the results feeding them (from the batch
         that ran: `outcomes`) and their requests; those whose predecessor failed are ended."""
         sources, items, requests = ahead
-        fed = tuple(map(outcomes.__getitem__, sources))
+        fed = tuple(outcomes) if sources is None else tuple(map(outcomes.__getitem__, sources))
         if all(map(isinstance, fed, repeat(ForwardResult))):
             return items, fed, requests
         kept = [index for index, source in enumerate(fed) if isinstance(source, ForwardResult)]
@@ -242,7 +250,8 @@ class OverlapRunner:
             for item in items:
                 item.order = next(s._orders)
                 s._fair.charge(item.owner, item.num_tokens)
-        return sources, items, tuple(map(_request_of, items))
+        identity = len(sources) == len(forward_items)        # each follows its own index
+        return (None if identity else sources), items, tuple(map(_request_of, items))
 
     @staticmethod
     def _prepare_one(source: Item) -> Item | None:

@@ -110,6 +110,26 @@ def test_each_batch_runs_the_passes_prepared_during_the_one_before_fed_their_tok
     assert scheduler.statistics().num_pending == 0
 
 
+def test_loops_of_different_lengths_each_get_the_tokens_of_their_own_passes() -> None:
+    """Once a loop ends the passes prepared ahead follow a subset of the running batch: each
+    still gets its input token from its own loop's pass."""
+    engine = RecordingEngine(batch_delay_s=0.002)
+    prompts, lengths = [[3], [8], [5]], [1, 3, 2]
+    scheduler = BatchScheduler(engine, OVERLAP)
+    loops = []
+    for index, (prompt, num_steps) in enumerate(zip(prompts, lengths)):
+        loop = ToyLoop(scheduler, f"owner{index}", index, prompt, num_steps)
+        loop.num_expected = num_steps
+        loops.append(loop)
+    with scheduler:
+        for loop in loops:
+            assert loop.finished.wait(10)
+    for loop, prompt, num_steps in zip(loops, prompts, lengths):
+        assert loop.outcomes == _expected(prompt, num_steps)
+    assert [len(batch.requests) for batch in engine.given] == [3, 2, 1]
+    assert [request.page_ids[0] for request in engine.given[1].requests] == [1, 2]
+
+
 def test_a_failed_batch_drops_the_passes_prepared_after_its_passes() -> None:
     engine = RecordingEngine()
     engine.fail_next_batches(1)
