@@ -9,8 +9,10 @@ them once, until its oldest pass has waited start_hold_ms in all (a stream of la
 it longer): on a CPU engine a batch run while instances start shares the cores with them, and
 prompts run together cost less than apart (8 instances launched at once: the first one's prefill,
 alone, took 82-87 ms beside the others' start-up instead of ~30, and the other seven's ran after
-it; 8 prompts in one pass 110 ms, in two 135-185 ms). A batch with any other pass (a running
-generation's step, one prepared ahead) is never held for starting instances. The expected owners
+it; 8 prompts in one pass 110 ms, in two 135-185 ms). Such a batch also waits, within that
+bound, until LAUNCH_BURST_GAP_S has passed since the last launch: the first of a burst may block
+before the next launch is known. A batch with any other pass (a running generation's step, one
+prepared ahead) is never held for starting instances. The expected owners
 (instances) are those that were blocked on one of the batch's passes when it resolved (the batch
 wakes them); one has blocked again when it waits on a pass that is not done yet
 (forward-future.get, queue.synchronize), or on a message (`owner_waiting`), and has ended when
@@ -34,6 +36,13 @@ from typing import Hashable
 from host.scheduling.items import Item, owner_of
 from host.scheduling.types import SubmissionFuture
 
+# With start_hold_ms: a batch of first passes waits until no launch has come for this long
+# (within the start hold). The first of a burst of launches 0.1-2 ms apart (launches with spares
+# on 2 cores) could otherwise queue its pass and block before the next launch was known, and
+# its prompt ran alone (a 1-prompt prefill ~60 ms, then the other seven's); a lone launch's
+# first pass comes 2.5 ms or more after it, so it is not held.
+LAUNCH_BURST_GAP_S = 0.002
+
 __all__ = ["FiringRules"]
 
 _future_of = attrgetter("future")
@@ -50,6 +59,7 @@ class FiringRules:
             with self._lock:
                 self._starting.add(owner_id)
                 self._unrun.add(owner_id)
+                self._last_start = time.monotonic()
 
     def owner_waiting(self, owner_id: Hashable) -> None:
         """`owner_id` is about to block (on a pass, a synchronize, a receive) or has ended: the
@@ -73,7 +83,7 @@ class FiringRules:
                     self._hold_for_starting_if_first()
                 if (self._running or self._closed or self._expected or not self._num_pending
                         or self.policy.kind != "adaptive" or not self.policy.run_on_waiter
-                        or self._overlap is not None):
+                        or self._overlap is not None or self._launch_burst_wait_s() > 0):
                     if not self._expected or self._engine_idle:
                         self._cond.notify()           # it fires, or times the hold
                     return
@@ -102,6 +112,10 @@ class FiringRules:
             if self.policy.kind == "adaptive":
                 if self._starting and self._hold_for_starting_if_first():
                     continue
+                burst_wait_s = self._launch_burst_wait_s()
+                if burst_wait_s > 0:
+                    self._cond.wait(burst_wait_s)
+                    continue
                 return True
             wait_s = self._k_or_t_wait_s()
             if wait_s <= 0:
@@ -114,11 +128,9 @@ class FiringRules:
         an owner's first (nothing of a running generation waits), hold the batch about to fire
         for the owners starting, each once, until the oldest pending pass has waited
         start_hold_ms in all (True): launches that keep coming never hold a pass longer."""
-        unrun = self._unrun
-        if any(owner_of(key) not in unrun for key in self._queues):
+        if not self._only_first_passes():
             return False
-        oldest = min(queue[0].enqueued_at for queue in self._queues.values())
-        until = oldest + self._start_hold_s                  # a pass waits that long in all
+        until = self._start_hold_end()                       # a pass waits that long in all
         starting, self._starting = self._starting, set()    # each owner is waited for once
         if until <= time.monotonic():
             return False
@@ -126,6 +138,29 @@ class FiringRules:
         self._hold_until = max(self._hold_until, until)    # never cuts a hold after a batch short
         self._counts.num_holds += 1
         return True
+
+    def _launch_burst_wait_s(self) -> float:
+        """Under the lock, with passes pending: how long a batch of first passes waits for the
+        next launch of a burst (0: none). While launches come less than LAUNCH_BURST_GAP_S
+        apart, the first instance's pass can be queued (and its owner blocked) before the next
+        launch is known; the batch waits until that gap has passed since the last launch, and
+        never past the start hold's end."""
+        if self._start_hold_s <= 0:
+            return 0.0
+        now = time.monotonic()
+        quiet_at = self._last_start + LAUNCH_BURST_GAP_S
+        if quiet_at <= now or not self._only_first_passes():
+            return 0.0
+        return min(quiet_at, self._start_hold_end()) - now
+
+    def _only_first_passes(self) -> bool:
+        """Under the lock: every pending pass is a launched owner's first."""
+        unrun = self._unrun
+        return bool(self._queues) and all(owner_of(key) in unrun for key in self._queues)
+
+    def _start_hold_end(self) -> float:
+        """Under the lock, passes pending: when the oldest has waited start_hold_ms."""
+        return min(queue[0].enqueued_at for queue in self._queues.values()) + self._start_hold_s
 
     def _wait_hold(self) -> None:
         """Under the lock: wait while the hold after the last batch lasts (or until closed)."""

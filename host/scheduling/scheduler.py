@@ -72,6 +72,7 @@ class BatchScheduler(FiringRules):
         self._start_hold_s = (policy.start_hold_ms or 0) / 1000   # None (unresolved): none
         self._starting: set[Hashable] = set()   # adaptive: owners launched, not blocked yet
         self._unrun: set[Hashable] = set()      # ... launched, none of their passes taken yet
+        self._last_start = float("-inf")        # ... monotonic time of the last launch
         self._running = False                   # a batch is running (engine or waiting thread)
         self._engine_idle = False               # the engine thread waits with no timer
         self._fair = FairShares(max_lag_tokens=policy.max_batch_tokens)

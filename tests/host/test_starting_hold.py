@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from host.scheduling import firing
 from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy
 from tests.host.fake_engine import FakeEngine
 from tests.host.test_scheduler import pass_on
@@ -108,6 +109,34 @@ def test_a_running_generations_pass_is_not_held_for_starting_instances():
         scheduler.owner_starting("silent")
         assert seconds_to_result(scheduler, "running") < 0.5     # held to the bound: 1 s
         assert scheduler.statistics().num_hold_timeouts == 0
+
+
+def test_a_burst_of_launches_runs_its_first_passes_together(monkeypatch):
+    """The first instance of a burst can queue its pass and block before the next launch is
+    known: the batch waits until no launch has come for LAUNCH_BURST_GAP_S (widened here so that
+    a slow machine still launches "b" inside it)."""
+    monkeypatch.setattr(firing, "LAUNCH_BURST_GAP_S", 0.5)
+    engine = FakeEngine(num_pages=8, page_size=4)
+    with BatchScheduler(engine, LONG_HOLD) as scheduler:
+        scheduler.owner_starting("a")
+        first = scheduler.submit_forward(("a", 0), "normal", pass_on(0, [1], 1))
+        scheduler.owner_waiting("a")                   # blocked before "b" was launched
+        time.sleep(0.1)                                # without the wait "a" runs alone here
+        scheduler.owner_starting("b")
+        second = scheduler.submit_forward(("b", 0), "normal", pass_on(1, [2], 1))
+        scheduler.owner_waiting("b")
+        first.result(timeout=30)
+        second.result(timeout=30)
+    assert [len(batch.requests) for batch in engine.batches] == [2]
+
+
+def test_the_wait_for_a_burst_ends_at_the_start_hold_bound(monkeypatch):
+    monkeypatch.setattr(firing, "LAUNCH_BURST_GAP_S", 30.0)
+    engine = FakeEngine(num_pages=8, page_size=4)
+    with BatchScheduler(engine, SchedulerPolicy(start_hold_ms=200, max_hold_ms=0)) as scheduler:
+        scheduler.owner_starting("a")
+        held_s = seconds_to_result(scheduler, "a")
+    assert 0.15 <= held_s < 2.0
 
 
 def test_start_hold_ms_is_validated():
