@@ -4,10 +4,12 @@ runs; a program whose instantiation calls the host gets none; close drops them a
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from host import InstanceLimits, RuntimeConfig
+from host.sandbox.spare_instances import SpareInstances
 from tests.host.components import _run, _wasm_tools
 from tests.host.components import components, make_runtime, program_cache_dir  # noqa: F401
 from tests.host.fake_engine import FakeEngine
@@ -167,9 +169,6 @@ def test_max_spare_instances_is_checked(value) -> None:
 def test_no_spare_is_made_once_a_launch_has_come() -> None:
     """The pool alone (no Wasm): `fill` while idle, but a launch comes within the fill delay:
     nothing is made, and nothing is left counted as being made."""
-    from types import SimpleNamespace
-
-    from host.sandbox.spare_instances import SpareInstances
     made, idle = [], [True]
 
     def run_after_a_launch(target, name) -> None:
