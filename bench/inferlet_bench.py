@@ -23,14 +23,17 @@ host between passes) less the engine loop's, as a fraction of the engine loop's 
 forwards' own drift between runs (+-10% here) cancels out of it. It is split into before the
 first forward (instance starts), between forwards (the host's work per step) and after the
 last (instance ends). `--json` prints one object:
-wasm_vs_engine_8 / _64 (the greedy ratios), wasm_outside_forwards_8 / _64 and its three parts'
-medians (wasm_outside_starts_W: before the first forward, _steps_W: between, _ends_W: after the
-last), and runs only the greedy rows.
+wasm_vs_engine_8 / _64 (the greedy ratios), wasm_vs_engine_W_ci95 (a bootstrap 95% interval
+of that median: [low, high]), wasm_forwards_vs_engine_W (the median pair's ratio of the time
+inside the forwards alone: the machine's drift, plus any slowing of the forwards by the host),
+wasm_outside_forwards_8 / _64 and its three parts' medians (wasm_outside_starts_W: before the
+first forward, _steps_W: between, _ends_W: after the last), and runs only the greedy rows.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -94,6 +97,19 @@ def timed_run(run, clock: ForwardClock) -> tuple[float, tuple[float, float, floa
     return wall, (before, wall - (clock.seconds - forward_s) - before - after, after)
 
 
+def median_ci(values: list[float], level: float = 0.95, num_resamples: int = 2000
+              ) -> tuple[float, float]:
+    """A percentile-bootstrap interval for the median of `values` (resampled with replacement,
+    a fixed seed: the same values give the same interval). With 15 pairs whose ratios spread
+    by +-10% (this VM's drift between two runs), it is about +-4% wide: a median above 1.03
+    whose interval reaches well below it does not show a host slower than the goal."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values)))
+                     for _ in range(num_resamples))
+    tail = (1 - level) / 2
+    return medians[int(tail * num_resamples)], medians[int((1 - tail) * num_resamples) - 1]
+
+
 def wall_seconds(run) -> float:
     """The wall time of one call of `run`."""
     start = time.perf_counter()
@@ -128,9 +144,9 @@ def prompts_of(width: int) -> list[str]:
 
 
 def paired_times(engine_run, wasm_run, repeats: int, clock: ForwardClock, settle=lambda: None
-                 ) -> tuple[float, float, list[float], list[float], list[float]]:
+                 ) -> tuple[float, float, list[float], list[float], list[float], list[float]]:
     """(engine s, wasm s, each pair's wasm / engine, each pair's outside share, the medians of
-    that share's three parts): medians of the times over `repeats` pairs, the two runs of a
+    that share's three parts, each pair's wasm / engine time inside the forwards): medians of the times over `repeats` pairs, the two runs of a
     pair back to back and their order alternated, so that both sides of each ratio see the
     same phase of the machine (its speed drifts by 20-30% over tens of seconds here: timing all
     engine runs, then all wasm runs, moved the 64-instance ratio between 0.8 and 1.2). A pair's
@@ -154,8 +170,10 @@ def paired_times(engine_run, wasm_run, repeats: int, clock: ForwardClock, settle
                    zip(parts["wasm"], parts["engine"], engine_times)]
     outside_shares = [sum(shares) for shares in part_shares]
     part_medians = [statistics.median(column) for column in zip(*part_shares)]
+    forward_ratios = [(w - sum(w_split)) / (e - sum(e_split)) for w, e, w_split, e_split
+                      in zip(wasm_times, engine_times, parts["wasm"], parts["engine"])]
     return (statistics.median(engine_times), statistics.median(wasm_times), pair_ratios,
-            outside_shares, part_medians)
+            outside_shares, part_medians, forward_ratios)
 
 
 def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int, clock: ForwardClock,
@@ -188,22 +206,28 @@ def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int, clock:
         runtime.wait_spares(60)
         run_all(runtime, program, arg_lists)           # untimed: the width's first run
         engine_run()
-        engine_s, wasm_s, pair_ratios, outside_shares, parts = paired_times(
+        engine_s, wasm_s, pair_ratios, outside_shares, parts, forward_ratios = paired_times(
             engine_run, wasm_run, repeats, clock, lambda: runtime.wait_spares(60))
         ratio, outside = statistics.median(pair_ratios), statistics.median(outside_shares)
+        ci_low, ci_high = median_ci(pair_ratios)
+        forwards = statistics.median(forward_ratios)
         mean_batch = wasm_counts["requests"] / max(1, wasm_counts["batches"])
         results = run_all(runtime, program, arg_lists)
         same = [json.loads(r)["token_ids"] for r in results] == engine_run()
         total = width * num_tokens
         if width in (8, 64):
             figures[f"wasm_vs_engine_{width}"] = round(ratio, 4)
+            figures[f"wasm_vs_engine_{width}_ci95"] = [round(ci_low, 4), round(ci_high, 4)]
+            figures[f"wasm_forwards_vs_engine_{width}"] = round(forwards, 4)
             figures[f"wasm_outside_forwards_{width}"] = round(outside, 4)
             for name, part in zip(("starts", "steps", "ends"), parts):
                 figures[f"wasm_outside_{name}_{width}"] = round(part, 4)
         print(f"greedy x{width:<3} engine {engine_s:7.3f} s ({total / engine_s:7.1f} tok/s)   "
-              f"wasm {wasm_s:7.3f} s ({total / wasm_s:7.1f} tok/s)   ratio {ratio:5.3f} (pairs "
+              f"wasm {wasm_s:7.3f} s ({total / wasm_s:7.1f} tok/s)   ratio {ratio:5.3f} (95% CI "
+              f"{ci_low:.3f}-{ci_high:.3f}; pairs "
               f"{', '.join(f'{r:.3f}' for r in pair_ratios)})   outside the forwards "
               f"{outside:+.3f} (pairs {', '.join(f'{r:+.3f}' for r in outside_shares)}; "
+              f"the forwards' own ratio {forwards:.3f}; "
               f"before the first {parts[0]:+.3f}, between {parts[1]:+.3f}, after the last "
               f"{parts[2]:+.3f})   "
               f"same tokens: {same}   wasm mean batch {mean_batch:.2f}", file=out)
