@@ -1,6 +1,7 @@
 """Inferlets through Wasm vs the engine's own loop, on the real model.
 
-    python bench/inferlet_bench.py [--tokens 64] [--repeats 3] [--dtype auto] [--json]
+    python bench/inferlet_bench.py [--tokens 64] [--repeats 3] [--widths 1 8 64] [--dtype auto]
+                                   [--json]
 
 Rows (medians of --repeats runs, wall time; the greedy rows' engine and wasm runs in alternated
 pairs, their ratio the median of the pairs', after one untimed run of each side at that width:
@@ -177,17 +178,17 @@ def paired_times(engine_run, wasm_run, repeats: int, clock: ForwardClock, settle
 
 
 def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int, clock: ForwardClock,
-                 out=sys.stdout, step_by_step: bool = False, spares: int | None = None
-                 ) -> dict[str, float]:
+                 out=sys.stdout, step_by_step: bool = False, spares: int | None = None,
+                 widths: tuple[int, ...] = WIDTHS) -> dict[str, float]:
     """Greedy completion through Wasm vs the engine's batched loop; {wasm_vs_engine_W: the
     median of paired runs' ratios, wasm_outside_forwards_W: the median outside share,
-    wasm_outside_{starts,steps,ends}_W: its parts' medians} for the widths 8 and 64. The
-    inferlets decode on host loops (the SDK's default), or `step_by_step`. The runtime keeps
+    wasm_outside_{starts,steps,ends}_W: its parts' medians, the interval and the forwards'
+    ratio} for the widths 8 and 64 of `widths` (the rows run). The inferlets decode on host loops (the SDK's default), or `step_by_step`. The runtime keeps
     `spares` instances of the program instantiated ahead (None: as many as the width), made
     between the runs (`Runtime.wait_spares` before each timed run, engine or Wasm)."""
     encode = engine.tokenizer.encode
     figures = {}
-    for width in WIDTHS:
+    for width in widths:
         prompts = prompts_of(width)
         arg_lists = [completion_args(p, num_tokens, step_by_step) for p in prompts]
         wasm_counts = {"requests": 0, "batches": 0}
@@ -274,6 +275,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--widths", type=int, nargs="+", default=list(WIDTHS),
+                        choices=WIDTHS, help="the greedy rows to run (e.g. --widths 8: that "
+                        "row alone, its pairs cheap enough to repeat 60 times)")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     parser.add_argument("--json", action="store_true",
                         help="greedy rows only; print {wasm_vs_engine_8 / _64, "
@@ -348,7 +352,8 @@ def main() -> None:
         run_all(runtime, completion, [completion_args("warm up", 4)])   # first-call costs
         engine.generate_greedy(engine.tokenizer.encode("warm up"), 4)
         figures = bench_greedy(runtime, engine, completion, opts.tokens, opts.repeats,
-                               ForwardClock(engine), out, opts.step_by_step, opts.spares)
+                               ForwardClock(engine), out, opts.step_by_step, opts.spares,
+                               tuple(opts.widths))
         runtime.keep_spares(completion, 0)          # the rows below: every start as it comes
         if opts.json:
             print(json.dumps(figures))
