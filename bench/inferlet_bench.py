@@ -147,15 +147,16 @@ def prompts_of(width: int) -> list[str]:
 def paired_times(engine_run, wasm_run, repeats: int, clock: ForwardClock, settle=lambda: None
                  ) -> tuple[float, float, list[float], list[float], list[float], list[float]]:
     """(engine s, wasm s, each pair's wasm / engine, each pair's outside share, the medians of
-    that share's three parts, each pair's wasm / engine time inside the forwards): medians of the times over `repeats` pairs, the two runs of a
-    pair back to back and their order alternated, so that both sides of each ratio see the
-    same phase of the machine (its speed drifts by 20-30% over tens of seconds here: timing all
-    engine runs, then all wasm runs, moved the 64-instance ratio between 0.8 and 1.2). A pair's
-    outside share is (wasm's time outside the forwards - the engine loop's) / the engine
-    loop's wall: what the host and the guests add, free of the forwards' own drift (it misses
-    forwards made slower by host work beside them, which the ratio counts). Its parts: before
-    the first forward (instance starts), between forwards, after the last (instance ends).
-    `settle()` is called before every timed run, either side (the runtime's spares made)."""
+    that share's three parts, each pair's wasm / engine time inside the forwards): medians of
+    the times over `repeats` pairs, the two runs of a pair back to back and their order
+    alternated, so that both sides of each ratio see the same phase of the machine (its speed
+    drifts by 20-30% over tens of seconds here: timing all engine runs, then all wasm runs,
+    moved the 64-instance ratio between 0.8 and 1.2). A pair's outside share is (wasm's time
+    outside the forwards - the engine loop's) / the engine loop's wall: what the host and the
+    guests add, free of the forwards' own drift (it misses forwards made slower by host work
+    beside them, which the ratio counts). Its parts: before the first forward (instance starts),
+    between forwards, after the last (instance ends). `settle()` is called before every timed
+    run, either side (the runtime's spares made)."""
     engine_times, wasm_times = [], []
     parts: dict[str, list[tuple[float, float, float]]] = {"engine": [], "wasm": []}
     pair = [(engine_run, engine_times, "engine"), (wasm_run, wasm_times, "wasm")]
@@ -183,9 +184,10 @@ def bench_greedy(runtime, engine, program, num_tokens: int, repeats: int, clock:
     """Greedy completion through Wasm vs the engine's batched loop; {wasm_vs_engine_W: the
     median of paired runs' ratios, wasm_outside_forwards_W: the median outside share,
     wasm_outside_{starts,steps,ends}_W: its parts' medians, the interval and the forwards'
-    ratio} for the widths 8 and 64 of `widths` (the rows run). The inferlets decode on host loops (the SDK's default), or `step_by_step`. The runtime keeps
-    `spares` instances of the program instantiated ahead (None: as many as the width), made
-    between the runs (`Runtime.wait_spares` before each timed run, engine or Wasm)."""
+    ratio} for the widths 8 and 64 of `widths` (the rows run). The inferlets decode on host
+    loops (the SDK's default), or `step_by_step`. The runtime keeps `spares` instances of the
+    program instantiated ahead (None: as many as the width), made between the runs
+    (`Runtime.wait_spares` before each timed run, engine or Wasm)."""
     encode = engine.tokenizer.encode
     figures = {}
     for width in widths:
