@@ -29,8 +29,8 @@ class SchedulerPolicy:
     engine runs (host/scheduling/overlap.py; batches then always run on the engine thread).
     None: the Runtime's choice for its engine (on for a GPU, off on a CPU: runtime.py).
     start_hold_ms: adaptive: a batch of instances' first passes waits for the
-    other instances launched and not blocked yet, and until no launch has come for
-    LAUNCH_BURST_GAP_S (2 ms), until its oldest pass has waited this long
+    other instances launched and not blocked yet, and for a pause of LAUNCH_BURST_GAP_S (2 ms)
+    in the launches, but only until its oldest pass has waited this long
     (host/scheduling/firing.py; 0: never). None: the Runtime's choice for its engine (500 on a
     CPU, where instances starting and a batch share the cores; 0 on a GPU).
     chain_steps: without overlap, a batch of host decode loops' passes runs up to this many
