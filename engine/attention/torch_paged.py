@@ -172,7 +172,7 @@ class TorchPagedAttention:
             return
         if not self._torch_planned:
             self._plan_torch()
-        slot_view = kv_layer.view(-1, self.num_kv_heads, self.head_dim)
+        slot_view = kv_layer.view(-1, self.num_kv_heads, self.head_dim)   # a view: writes land
         if k.dtype != kv_layer.dtype:
             k, v = k.to(kv_layer.dtype), v.to(kv_layer.dtype)
         slot_view.index_copy_(0, self._append_rows, k)
@@ -216,10 +216,12 @@ class TorchPagedAttention:
         k, v = self._as_query_dtype(q, *self._gather(slot_view, group.kv_rows))
         # k, v: [B, max_kv, Hkv, D]
         bs = k.shape[0]
-        qg = q.view(bs, self.num_kv_heads, self.group_size, self.head_dim)  # [B, Hkv, G, D]
+        qg = q.reshape(bs, self.num_kv_heads, self.group_size, self.head_dim)  # [B, Hkv, G, D]
         attn = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2),
                                               attn_mask=group.mask)      # [B, Hkv, G, D]
-        return attn.view(bs, self.num_qo_heads, self.head_dim)
+        # reshape, not view: CUDA's SDPA kernels return [B, G, Hkv, D] memory seen as
+        # [B, Hkv, G, D] (strided), whose Hkv and G cannot be merged without a copy
+        return attn.reshape(bs, self.num_qo_heads, self.head_dim)
 
     def decode_plan(self, num_rows: int) -> quant_kernels.DecodeAttention | None:
         """The planned batch's indices checked for the C decode kernels, when it is a plain
@@ -246,7 +248,8 @@ class TorchPagedAttention:
         qp = qp.permute(0, 2, 3, 1, 4).reshape(bs, hkv, g * max_q, d)     # [Bs, Hkv, G*max_q, D]
         attn = F.scaled_dot_product_attention(qp, k.transpose(1, 2), v.transpose(1, 2),
                                               attn_mask=group.mask)      # [Bs, Hkv, G*max_q, D]
-        attn = attn.view(bs, hkv, g, max_q, d).permute(0, 3, 1, 2, 4)    # [Bs, max_q, Hkv, G, D]
+        # attn may be strided (CUDA's kernels); reshape splits it without a copy when it can
+        attn = attn.reshape(bs, hkv, g, max_q, d).permute(0, 3, 1, 2, 4)  # [Bs, max_q, Hkv, G, D]
         attn = attn.reshape(bs * max_q, hkv * g, d)
         if max_q == 1:
             out[group.query_rows.flatten()] = attn
