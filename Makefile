@@ -11,7 +11,7 @@ setup: $(STAMP)
 # `pip install -e` also compiles engine/quant/_kernels (C, optional: a failed compile only warns).
 
 # torch==2.13.0 first: it is the local CPU build; any other pin pulls GBs of CUDA wheels.
-$(STAMP): pyproject.toml Makefile setup.py $(wildcard engine/quant/*.c engine/quant/*.h host/sandbox/*.c host/sandbox/*.h)
+$(STAMP): pyproject.toml Makefile setup.py $(wildcard engine/quant/*.c engine/quant/*.h host/sandbox/wasm/*.c host/sandbox/wasm/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'

@@ -1,5 +1,5 @@
 """Build the optional C extensions: `engine.quant._kernels` (GGUF-block matmuls, see engine/quant/)
-and `host.sandbox._wit_values` (host-call values converted in C, see host/sandbox/wit_codec.py).
+and `host.sandbox.wasm._wit_values` (host-call values converted in C, see host/sandbox/wasm/wit_codec.py).
 
 Everything else is declared in pyproject.toml. The extensions need only a C compiler and the
 Python headers (no torch headers, so pip's isolated build never pulls a torch). If one cannot be
@@ -41,7 +41,7 @@ class OptionalBuildExt(build_ext):
     def _skip(name: str, error: Exception) -> None:
         print(f"WARNING: {name} was not built ({type(error).__name__}: {error}); the engine "
               "uses its slower torch path on the CPU without engine.quant._kernels, the host "
-              "wasmtime-py's Python converters without host.sandbox._wit_values", file=sys.stderr)
+              "wasmtime-py's Python converters without host.sandbox.wasm._wit_values", file=sys.stderr)
 
 
 def extensions() -> list[Extension]:
@@ -53,10 +53,10 @@ def extensions() -> list[Extension]:
                                "engine/quant/decoder.h", "engine/quant/fast_exp.h"],
                       extra_compile_args=["-O3", "-std=c11", "-pthread"],
                       extra_link_args=["-pthread"]),
-            Extension("host.sandbox._wit_values",
-                      sources=["host/sandbox/wit_values.c", "host/sandbox/wit_lift.c",
-                               "host/sandbox/wit_lower.c"],
-                      depends=["host/sandbox/wit_values.h"], extra_compile_args=["-O2", "-std=c11"])]
+            Extension("host.sandbox.wasm._wit_values",
+                      sources=["host/sandbox/wasm/wit_values.c", "host/sandbox/wasm/wit_lift.c",
+                               "host/sandbox/wasm/wit_lower.c"],
+                      depends=["host/sandbox/wasm/wit_values.h"], extra_compile_args=["-O2", "-std=c11"])]
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -317,7 +317,7 @@ def main() -> int:
     plan = [] if opts.techniques_only else \
         grid_plan(GRIDS["quick" if opts.quick else opts.grid], opts.workflows, opts.cells)
     machine_line(opts)
-    from host.sandbox.build import build_cached
+    from host.sandbox.programs.build import build_cached
     with InProcessServer(num_pages=opts.num_pages, max_instances=opts.max_instances) as server:
         from host.client import SyncClient
         with SyncClient(server.url, server.token) as client:

@@ -126,7 +126,7 @@ def print_row(row: dict) -> None:
 def run_techniques(server, measure_tokens) -> list[dict]:
     """One row per technique: {technique, inferlet: {computed, wall_s}, api: {...}, wall_ratio,
     quality (None where no measure applies)}."""
-    from host.sandbox.build import build_cached
+    from host.sandbox.programs.build import build_cached
     from host.client import SyncClient
     print(f"\n{'technique':<22} {'computed':>9} {'api':>9} {'wall s':>7} {'api':>7} {'ratio':>6} "
           "quality", flush=True)

@@ -51,7 +51,7 @@ sys.path.insert(0, str(REPO_DIR))
 import torch  # noqa: E402
 
 from host import Runtime, RuntimeConfig  # noqa: E402
-from host.sandbox.build import build_cached  # noqa: E402
+from host.sandbox.programs.build import build_cached  # noqa: E402
 from host.scheduling.scheduler import SchedulerPolicy  # noqa: E402
 from tests.host.components import ComponentBuilder  # noqa: E402
 from host_parts import BenchEngine, HostCallTimer, lined_up, run_to_end  # noqa: E402

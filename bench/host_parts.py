@@ -11,7 +11,7 @@ from wasmtime import _ffi as ffi
 
 from engine.batch import ForwardBatch, ForwardResult
 from host import Runtime
-from host.sandbox import fast_calls
+from host.sandbox.wasm import fast_calls
 from tests.host.fake_engine import FakeEngine
 
 

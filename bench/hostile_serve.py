@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO_DIR))
 
 from bench.hostile_attacks import ATTACKS, WAT_GUESTS  # noqa: E402
 from host.client import connect  # noqa: E402
-from host.sandbox.build import build_cached  # noqa: E402
+from host.sandbox.programs.build import build_cached  # noqa: E402
 
 TOKENS = {"attacker": "tok-attacker", "victim": "tok-victim"}
 VICTIM_TOKENS = 32

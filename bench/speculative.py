@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from engine.engine import load_default_engine  # noqa: E402
-from host.sandbox.build import build_cached  # noqa: E402
+from host.sandbox.programs.build import build_cached  # noqa: E402
 from host.runtime_config import RuntimeConfig  # noqa: E402
 from host.runtime import Runtime  # noqa: E402
 

@@ -1,7 +1,7 @@
 """pie's host: runs inferlets (WebAssembly components) in sandboxed instances and batches their
 forward passes onto one engine. Importing `host` installs the wasmtime-py thread-safety fixes
-(host/sandbox/wasmtime_fix.py) before any component runs."""
-from host.sandbox import wasmtime_fix as _wasmtime_fix
+(host/sandbox/wasm/wasmtime_fix.py) before any component runs."""
+from host.sandbox.wasm import wasmtime_fix as _wasmtime_fix
 
 _wasmtime_fix.apply()
 

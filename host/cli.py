@@ -69,7 +69,8 @@ def _add_run_parser(subparsers) -> None:
 def _add_server_parsers(subparsers) -> None:
     """`serve` and `submit`, when the server package is installed and importable."""
     try:
-        from host.server.commands import add_serve_parser, add_submit_parser
+        from host.client.submit import add_submit_parser
+        from host.server.commands import add_serve_parser
     except ImportError:
         return
     add_serve_parser(subparsers)
@@ -87,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_build(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
-    from host.sandbox.build import BuildError, build
+    from host.sandbox.programs.build import BuildError, build
     output = namespace.output or namespace.app.with_suffix(".wasm")
     try:
         with _status(f"building {namespace.app} (componentize-py)"):
@@ -133,7 +134,7 @@ def _program_path(program: Path, cache_dir: Path) -> Path | None:
         return None
     if program.suffix != ".py":
         return program
-    from host.sandbox.build import BuildError, build_cached
+    from host.sandbox.programs.build import BuildError, build_cached
     try:
         with _status(f"building {program} (first run of this source; cached afterwards)"):
             path, _ = build_cached(program, Path(cache_dir) / "builds")

@@ -34,7 +34,7 @@ from host.sandbox.linear_memory import LinearMemories
 from host.sandbox.programs import Program, ProgramCache, ProgramStats, make_engine
 from host.sandbox.spare_instances import SpareHandover, SpareInstances
 from host.sandbox.start_gate import start_gate_for
-from host.sandbox.tables import InstanceTables
+from host.bindings.tables import InstanceTables
 from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy, SchedulerStats
 
 __all__ = ["Runtime", "RuntimeStats", "InstanceInfo", "InstanceEvent", "InstanceOutcome"]
@@ -273,7 +273,7 @@ class Runtime:
     def _finish(self, instance: Instance, outcome: InstanceOutcome, emit: EventCallback) -> None:
         """Called once on the instance's thread after its Store is gone."""
         reason = f"instance {instance.instance_id} ended ({outcome.status})"
-        instance.tables.decode_loops.stop_all()      # no loop submits after the cancel below
+        instance.tables.stop_loops()                  # no loop submits after the cancel below
         self.scheduler.cancel_owner(instance.instance_id)
         self.hub.close(instance.instance_id, reason)
         instance.tables.clear()

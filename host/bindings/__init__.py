@@ -19,8 +19,8 @@ from wasmtime import Engine, WasmtimeError
 from wasmtime.component import Linker, ResourceType
 
 from host.bindings import forward, kv, messaging, queue, runtime, tokenize
-from host.sandbox import gil_calls
-from host.sandbox.fast_calls import add_host_function
+from host.sandbox.wasm import gil_calls
+from host.sandbox.wasm.fast_calls import add_host_function
 from host.errors import TrapError
 
 __all__ = ["build_linker", "provided_items", "INTERFACE_MODULES"]

@@ -6,12 +6,14 @@ surface, so what a WIT call can reach is listed here and nowhere else.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from host.messages.hub import InstanceChannel
 from host.runtime_config import InstanceLimits
 from host.sandbox.instance import HostServices
-from host.sandbox.tables import InstanceTables
+
+if TYPE_CHECKING:
+    from host.bindings.tables import InstanceTables
 
 __all__ = ["BindingContext"]
 
@@ -24,7 +26,7 @@ class BindingContext(Protocol):
     args: tuple[str, ...]
     limits: InstanceLimits
     services: HostServices          # the runtime's shared parts: scheduler, hub, engine, model info
-    tables: InstanceTables          # queues, forward-futures, pages of this instance
+    tables: "InstanceTables"          # queues, forward-futures, pages of this instance
     channel: InstanceChannel        # its client and topic messages
     trap_cause: str | None          # the first host-side cause recorded for a trap
     last_host_exit: float           # time.monotonic() of the last host call's return (idle clock)

@@ -7,6 +7,7 @@ through `Instance.wait_future`, which terminate wakes.
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import Future
 from typing import Any
 
 from wasmtime.component import Record
@@ -16,10 +17,55 @@ from host.bindings import decoding, generations
 from host.bindings.context import BindingContext
 from host.bindings.samplers import lower_distribution, lower_sampled, sampler_spec
 from host.errors import TrapError
-from host.sandbox.tables import ForwardFutureEntry
-from host.sandbox.wit_codec import HostResource
+from host.sandbox.wasm.wit_codec import HostResource
 
-__all__ = ["INTERFACE", "FUNCTIONS", "METHODS", "RESOURCES", "FORWARD_FUTURE_TYPE", "MAX_DRAFTS"]
+__all__ = ["INTERFACE", "FUNCTIONS", "METHODS", "RESOURCES", "FORWARD_FUTURE_TYPE", "MAX_DRAFTS",
+           "FutureTable", "ForwardFutureEntry", "MAX_LIVE_FUTURES"]
+
+MAX_LIVE_FUTURES = 65536   # per instance
+
+
+class ForwardFutureEntry:
+    """A forward-future resource the guest holds: the scheduler future and its lowered result."""
+
+    __slots__ = ("future", "result")
+
+    def __init__(self, future: Future) -> None:
+        self.future = future
+        self.result: Any = None
+
+
+class FutureTable:
+    """Forward-future resource reps (never reused, from 1) -> entries. Wasmtime runs no destructor
+    for handles a guest never dropped, so the instance keeps its own table and clears it at its end."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, ForwardFutureEntry] = {}
+        self._next_rep = 1
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, call: str, future: Future) -> int:
+        if len(self._entries) >= MAX_LIVE_FUTURES:
+            raise TrapError(f"{call}: {MAX_LIVE_FUTURES} forward-futures alive; drop some first")
+        rep = self._next_rep
+        self._next_rep += 1
+        self._entries[rep] = ForwardFutureEntry(future)
+        return rep
+
+    def get(self, call: str, rep: int) -> ForwardFutureEntry:
+        entry = self._entries.get(rep)
+        if entry is None:
+            raise TrapError(f"{call}: unknown forward-future {rep}")
+        return entry
+
+    def drop(self, rep: int) -> None:
+        self._entries.pop(rep, None)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
 
 INTERFACE = "pie:inferlet/forward@0.1.0"
 FORWARD_FUTURE_TYPE = 1

@@ -2,16 +2,52 @@
 for penalties, a grammar matcher) that samplers attach to by id. The engine's sampler advances a
 generation with each token an attached output returns, in the same pass.
 
-The table is `InstanceTables.generations` (host/sandbox/tables.py): it ends with the instance.
+The table is `InstanceTables.generations` (host/bindings/tables.py): it ends with the instance.
 """
 from __future__ import annotations
+
+import threading
 
 from wasmtime.component import Record, Variant
 
 from engine.constrain import GenerationState, GrammarError, GrammarSpec
 from host.bindings.context import BindingContext
+from host.errors import TrapError
 
-__all__ = ["FUNCTIONS"]
+__all__ = ["FUNCTIONS", "GenerationTable", "MAX_GENERATIONS"]
+
+MAX_GENERATIONS = 4096     # per instance, at once
+
+
+class GenerationTable:
+    """Generation id -> GenerationState of one instance. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._states: dict[int, GenerationState] = {}
+        self._next_id = 1
+
+    def add(self, call: str, state: GenerationState) -> int:
+        with self._lock:
+            if len(self._states) >= MAX_GENERATIONS:
+                raise TrapError(f"{call}: {MAX_GENERATIONS} generations alive; destroy some first")
+            generation_id = self._next_id
+            self._next_id += 1
+            self._states[generation_id] = state
+            return generation_id
+
+    def get(self, call: str, generation_id: int) -> GenerationState:
+        with self._lock:
+            state = self._states.get(generation_id)
+        if state is None:
+            raise TrapError(f"{call}: unknown generation {generation_id}")
+        return state
+
+    def remove(self, call: str, generation_id: int) -> None:
+        with self._lock:
+            if self._states.pop(generation_id, None) is None:
+                raise TrapError(f"{call}: unknown generation {generation_id}")
+
 
 _GRAMMAR_KINDS = {"json-schema": "json_schema", "regex": "regex", "lark": "lark"}
 

@@ -4,7 +4,42 @@ from __future__ import annotations
 from host.bindings.context import BindingContext
 from host.errors import TrapError
 
-__all__ = ["INTERFACE", "FUNCTIONS", "METHODS", "RESOURCES"]
+__all__ = ["INTERFACE", "FUNCTIONS", "METHODS", "RESOURCES", "QueueTable", "MAX_QUEUES"]
+
+MAX_QUEUES = 4096          # per instance, at once
+
+
+class QueueTable:
+    """Local queue ids (never reused) -> priority."""
+
+    def __init__(self) -> None:
+        self._priorities: dict[int, str] = {}
+        self._next_id = 0
+
+    def __len__(self) -> int:
+        return len(self._priorities)
+
+    def create(self, priority: str) -> int:
+        if len(self._priorities) >= MAX_QUEUES:
+            raise TrapError(f"queue.create: {MAX_QUEUES} queues already open")
+        queue_id = self._next_id
+        self._next_id += 1
+        self._priorities[queue_id] = priority
+        return queue_id
+
+    def priority(self, call: str, queue_id: int) -> str:
+        """The priority of a queue; traps on an unknown id."""
+        priority = self._priorities.get(queue_id)
+        if priority is None:
+            raise TrapError(f"{call}: unknown queue id {queue_id}")
+        return priority
+
+    def remove(self, queue_id: int) -> None:
+        del self._priorities[queue_id]
+
+    def clear(self) -> None:
+        self._priorities.clear()
+
 
 INTERFACE = "pie:inferlet/queue@0.1.0"
 

@@ -12,7 +12,27 @@ from engine.batch import Distribution, SamplerSpec, TokenLogprobs, Verified, sam
 from host.bindings.context import BindingContext
 from host.errors import TrapError
 
-__all__ = ["sampler_spec", "lower_distribution", "lower_sampled"]
+__all__ = ["sampler_spec", "lower_distribution", "lower_sampled", "SamplerCache",
+           "MAX_CACHED_SAMPLERS"]
+
+MAX_CACHED_SAMPLERS = 64   # per instance: checked sampler records kept (emptied when full)
+
+
+class SamplerCache:
+    """The fields of a sampler record already checked -> its SamplerSpec. Bounded: emptied when
+    it holds MAX_CACHED_SAMPLERS (a guest cycling through many samplers only re-checks them)."""
+
+    def __init__(self) -> None:
+        self._specs: dict[tuple, Any] = {}
+
+    def get(self, fields: tuple) -> Any:
+        return self._specs.get(fields)
+
+    def put(self, fields: tuple, spec: Any) -> None:
+        if len(self._specs) >= MAX_CACHED_SAMPLERS:
+            self._specs.clear()
+        self._specs[fields] = spec
+
 
 
 def sampler_spec(ctx: BindingContext, call: str, index: int, sampler: Record,

@@ -57,6 +57,10 @@ class InstancePages:
         return self.ledger.page_quota
 
     @property
+    def page_size(self) -> int:
+        return self.ledger.page_size
+
+    @property
     def num_pages_held(self) -> int:
         return self.ledger.num_pages_held
 

@@ -134,7 +134,7 @@ class Instance:
         self._wake()
         self.services.guests.wake()                  # a computing guest traps at the next ticks
         self.channel.close(f"instance {self.instance_id} terminated: {reason}")
-        self.tables.decode_loops.stop_all()          # no loop submits after the cancel below
+        self.tables.stop_loops()                      # no loop submits after the cancel below
         self.services.scheduler.cancel_owner(self.instance_id)
         self._arm_abandon(_ABANDON_AFTER_S)
         return True

@@ -12,7 +12,7 @@ instance's outcome can name the limit whatever the guest reports.
 
 Memories created outside an instance thread are not charged. Data segments are copied into each
 memory (`memory_init_cow` off: copy-on-write images need Wasmtime's own mmap memories); where the
-program's one memory has a `MemoryImage` (host/sandbox/memory_image.py: its active segments were
+program's one memory has a `MemoryImage` (host/sandbox/programs/memory_image.py: its active segments were
 emptied when it was loaded), the creator copies that image in as it creates the memory. Each
 reservation starts on a 2 MiB boundary and is advised for transparent huge pages, so that copy
 faults its pages in 2 MiB at a time where the kernel allows it (THP "madvise" or "always"):
@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from wasmtime import Config, WasmtimeError
 from wasmtime import _bindings
 
-from host.sandbox.memory_image import MemoryImage
+from host.sandbox.programs.memory_image import MemoryImage
 from host.sandbox.memory_pool import MemoryPool
 
 __all__ = ["LinearMemories", "MemoryOwner"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from wasmtime import Engine
 from wasmtime.component import Linker
@@ -15,13 +15,25 @@ from host.runtime_config import InstanceLimits
 from host.sandbox.events import InstanceOutcome
 from host.sandbox.guest_activity import GuestActivity
 from host.sandbox.instance_threads import InstanceThreads
-from host.sandbox.tables import InstanceTables
 from host.scheduling.scheduler import BatchScheduler
 
 if TYPE_CHECKING:
+    from host.kv import InstancePages
     from host.sandbox.instance import Instance
 
-__all__ = ["HostServices", "Launch", "ModelInfo"]
+__all__ = ["HostServices", "InstanceTables", "Launch", "ModelInfo"]
+
+
+class InstanceTables(Protocol):
+    """What the sandbox needs of an instance's tables (host/bindings/tables.py holds them)."""
+
+    pages: InstancePages             # its KV pages (the runtime reads what it holds)
+
+    def stop_loops(self) -> None:
+        """Submit no further pass of the instance's host decode loops."""
+
+    def clear(self) -> None:
+        """At the instance's end: every table emptied, every page reference back."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The built-in OpenAI inferlet: built with `pie build` at the server's first start, then cached.
 
 The component is cached under `<data_dir>/builtin/` keyed by the hash of its source, the SDK and the
-WIT (host.sandbox.build.build_cached), so a later start (or a changed SDK) builds only when needed; the
+WIT (host.sandbox.programs.build.build_cached), so a later start (or a changed SDK) builds only when needed; the
 runtime then compiles it (with its own on-disk cache of compiled artifacts). Once loaded, it runs
 once on a two-token chat (`warm_up_builtin`) before the server listens, so that the first client
 does not pay what a first run costs (measured on 2 vCPUs: a fresh server's first request spent 34
@@ -43,7 +43,7 @@ def builtin_source() -> Path:
 
 def build_builtin(data_dir: Path) -> bytes:
     """The built-in component's bytes (built now unless cached in data_dir/builtin)."""
-    from host.sandbox.build import build_cached
+    from host.sandbox.programs.build import build_cached
     path, _ = build_cached(builtin_source(), Path(data_dir) / "builtin")
     return path.read_bytes()
 

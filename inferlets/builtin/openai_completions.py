@@ -1,7 +1,7 @@
 """The built-in inferlet behind the server's OpenAI-compatible API (/v1/completions, /v1/chat/...).
 
 The server launches one instance per HTTP request with one argument: the request as JSON, already
-validated and normalised by host/server/openai_schema.py:
+validated and normalised by host/server/openai/schema.py:
 
     {"mode": "chat" | "completion", "messages": [{"role", "content", "tool_calls"?,
      "tool_call_id"?}] | "prompts": [str], "echo": bool, "max_tokens", "temperature", "top_p",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from engine.batch import ForwardBatch, ForwardResult
 from host import Runtime, RuntimeConfig
-from host.sandbox.build import build_cached
+from host.sandbox.programs.build import build_cached
 from host.scheduling.scheduler import SchedulerPolicy
 from tests.host.fake_engine import FakeEngine
 

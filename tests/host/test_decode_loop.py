@@ -18,10 +18,11 @@ import pytest
 from wasmtime.component import Record
 
 from host.bindings import decoding
+from host.scheduling.decode_loop import MAX_UNREAD_OUTPUTS
 from host.bindings.samplers import sampler_spec
 from host.errors import TrapError
 from host.kv import ExportRegistry, InstancePages, PageAllocator
-from host.sandbox.tables import InstanceTables
+from host.bindings.tables import InstanceTables
 from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy
 from tests.host.fake_engine import FakeEngine, fake_next_token
 
@@ -264,11 +265,11 @@ def test_a_loop_waits_for_its_reader_past_max_unread_outputs(setups) -> None:
     setup.start()
     rep = setup.submit(150)
     deadline = time.monotonic() + 5
-    while (setup.engine.statistics().num_requests < decoding.MAX_UNREAD_OUTPUTS
+    while (setup.engine.statistics().num_requests < MAX_UNREAD_OUTPUTS
            and time.monotonic() < deadline):
         time.sleep(0.01)
     time.sleep(0.1)                                  # it would run on, were it not held
-    assert setup.engine.statistics().num_requests == decoding.MAX_UNREAD_OUTPUTS
+    assert setup.engine.statistics().num_requests == MAX_UNREAD_OUTPUTS
     assert setup.read_all(rep) == _expected(setup.prompt, 150)
 
 

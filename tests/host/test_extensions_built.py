@@ -12,13 +12,13 @@ import sysconfig
 
 import pytest
 
-from host.sandbox.wit_codec import load_codec
+from host.sandbox.wasm.wit_codec import load_codec
 
 COMPILER = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0])
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C compiler: the fallbacks run")
 
 
-@pytest.mark.parametrize("module", ["engine.quant._kernels", "host.sandbox._wit_values"])
+@pytest.mark.parametrize("module", ["engine.quant._kernels", "host.sandbox.wasm._wit_values"])
 def test_the_extension_was_built(module: str) -> None:
     assert importlib.util.find_spec(module) is not None, f"{module} was not built by make setup"
 

@@ -1,4 +1,4 @@
-"""host/sandbox/fast_calls.py: cached converters are the program's own, and frozen types convert
+"""host/sandbox/wasm/fast_calls.py: cached converters are the program's own, and frozen types convert
 like wasmtime-py's."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from wasmtime import _ffi as ffi
 from wasmtime.component import Record, Variant
 from wasmtime.component._types import F32, U8, U32, U64, EnumType, String
 
-from host.sandbox.fast_calls import (_FrozenList, _FrozenOption, _FrozenRecord, _FrozenResult,
+from host.sandbox.wasm.fast_calls import (_FrozenList, _FrozenOption, _FrozenRecord, _FrozenResult,
                                       _FrozenVariant)
 from tests.host.components import (_run, _wasm_tools, components,  # noqa: F401
                                    make_runtime, program_cache_dir)
@@ -136,7 +136,7 @@ def test_frozen_types_refuse_what_wasmtime_py_refuses():
 def test_value_helpers_keep_the_gil_and_calls_into_wasm_release_it(make_runtime):  # noqa: F811
     from wasmtime import _bindings
 
-    from host.sandbox.gil_calls import GIL_KEEPING_FUNCTIONS, keeps_gil
+    from host.sandbox.wasm.gil_calls import GIL_KEEPING_FUNCTIONS, keeps_gil
 
     make_runtime(FakeEngine())          # building the linker installs it
     assert all(keeps_gil(getattr(_bindings, f"_{name}")) for name in GIL_KEEPING_FUNCTIONS)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from wasmtime import Instance, Module, Store
 
-from host.sandbox.compile_worker import make_engine
+from host.sandbox.programs.compile_worker import make_engine
 from host.sandbox.linear_memory import LinearMemories
 
 HUGE_PAGE = 2 << 20

@@ -1,4 +1,4 @@
-"""The memory image taken out of a component's data segments (host/sandbox/memory_image.py):
+"""The memory image taken out of a component's data segments (host/sandbox/programs/memory_image.py):
 which components are split and which are left alone, that a split component still compiles, and
 that the host's memory creator copies the image into a new and into a reused memory."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ import wasmtime
 from wasmtime import Store
 from wasmtime.component import Component, Linker
 
-from host.sandbox.compile_worker import make_engine
+from host.sandbox.programs.compile_worker import make_engine
 from host.sandbox.linear_memory import LinearMemories
-from host.sandbox.memory_image import MemoryImage, _u32_bytes, split_memory_image
+from host.sandbox.programs.memory_image import MemoryImage, _u32_bytes, split_memory_image
 
 WASM_PAGE = 64 << 10
 TWO_SEGMENTS = '(module (memory 1) (data (i32.const 16) "hello") (data (i32.const 18) "XY"))'

@@ -13,7 +13,7 @@ import pytest
 from wasmtime import Instance, Module, Store, Trap, WasmtimeError
 
 from host.runtime_config import RuntimeConfig
-from host.sandbox.compile_worker import make_engine
+from host.sandbox.programs.compile_worker import make_engine
 from host.sandbox.linear_memory import LinearMemories
 from host.sandbox.memory_pool import MemoryPool
 from tests.host.components import make_runtime, program_cache_dir  # noqa: F401

@@ -8,7 +8,7 @@ from wasmtime.component import Record
 
 from host.bindings import samplers
 from host.errors import TrapError
-from host.sandbox.tables import MAX_CACHED_SAMPLERS, SamplerCache
+from host.bindings.samplers import MAX_CACHED_SAMPLERS, SamplerCache
 
 
 def _sampler(kind: str = "sample", temperature: float = 0.7, top_k: int = 0, seed=None) -> Record:

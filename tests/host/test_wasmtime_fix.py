@@ -1,4 +1,4 @@
-"""The wasmtime-py 50.0.1 thread-safety race: it shows errors without host/sandbox/wasmtime_fix.py and
+"""The wasmtime-py 50.0.1 thread-safety race: it shows errors without host/sandbox/wasm/wasmtime_fix.py and
 none with it. Each run is a subprocess (the unfixed one must never import `host`)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from wasmtime.component import _enter, _linker, _types
 
-from host.sandbox import wasmtime_fix
+from host.sandbox.wasm import wasmtime_fix
 from tests.host.components import components  # noqa: F401
 
 RACE_SCRIPT = Path(__file__).resolve().parent / "wasmtime_race.py"
@@ -50,8 +50,8 @@ def test_race_passes_with_the_fix(race_component):
 def test_fix_is_applied_once_at_import_of_host():
     assert wasmtime_fix.is_applied()
     assert _linker.catch_exceptions is _enter.catch_exceptions
-    assert _enter.maybe_raise_last_exn.__module__ == "host.sandbox.wasmtime_fix"
-    assert _types.VariantLikeType._lower.__module__ == "host.sandbox.wasmtime_fix"
+    assert _enter.maybe_raise_last_exn.__module__ == "host.sandbox.wasm.wasmtime_fix"
+    assert _types.VariantLikeType._lower.__module__ == "host.sandbox.wasm.wasmtime_fix"
     before = (_enter.catch_exceptions, _types.VariantLikeType._lower)
     wasmtime_fix.apply()   # idempotent
     assert (_enter.catch_exceptions, _types.VariantLikeType._lower) == before

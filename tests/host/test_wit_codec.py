@@ -1,4 +1,4 @@
-"""The C converter of host-call values (host/sandbox/wit_values.c) against wasmtime-py's own.
+"""The C converter of host-call values (host/sandbox/wasm/wit_values.c) against wasmtime-py's own.
 
 Values are built in libwasmtime's C representation by wasmtime-py's converters (through the
 host's frozen types) and lifted by the C codec, and lowered by the C codec and lifted back by
@@ -12,15 +12,15 @@ import pytest
 from wasmtime import _ffi as ffi
 from wasmtime.component._types import F32, S64, U32, U64, Record, String, Variant
 
-from host.sandbox.fast_calls import _FrozenList, _FrozenOption, _FrozenRecord, _FrozenResult, \
+from host.sandbox.wasm.fast_calls import _FrozenList, _FrozenOption, _FrozenRecord, _FrozenResult, \
     _FrozenVariant
-from host.sandbox import fast_calls
-from host.sandbox.wit_codec import HostResource, descriptor, layout_matches, load_codec
+from host.sandbox.wasm import fast_calls
+from host.sandbox.wasm.wit_codec import HostResource, descriptor, layout_matches, load_codec
 from tests.host.components import components, make_runtime, program_cache_dir  # noqa: F401
 from tests.host.fake_engine import FakeEngine
 
 CODEC = load_codec()
-pytestmark = pytest.mark.skipif(CODEC is None, reason="host.sandbox._wit_values is not built")
+pytestmark = pytest.mark.skipif(CODEC is None, reason="host.sandbox.wasm._wit_values is not built")
 
 
 def _record(**fields) -> Record:

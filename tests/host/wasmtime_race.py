@@ -17,7 +17,7 @@ import threading
 def main() -> None:
     path, mode, num_threads, num_calls = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     if mode == "fixed":
-        from host.sandbox import wasmtime_fix
+        from host.sandbox.wasm import wasmtime_fix
         wasmtime_fix.apply()
     from wasmtime import Engine, Store
     from wasmtime.component import Component, Linker

@@ -53,7 +53,7 @@ def runtime(engine):
 @pytest.fixture(scope="session")
 def component_path():
     """name -> path of the built component (an example, or a test app under apps/)."""
-    from host.sandbox.build import build_cached
+    from host.sandbox.programs.build import build_cached
     built: dict[str, Path] = {}
     lock = threading.Lock()
 

@@ -1,6 +1,6 @@
 """A Python inferlet on the host's counted memories, as `pie run` and `pie serve` run it: its
 heap image is taken out of its data segments when it is loaded and copied in by the memory
-creator (host/sandbox/memory_image.py), into a fresh memory and into pooled ones, with the same
+creator (host/sandbox/programs/memory_image.py), into a fresh memory and into pooled ones, with the same
 results as on Wasmtime's own copy-on-write memories."""
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from host.sandbox.build import componentize_py, sdk_path, wit_path
+from host.sandbox.programs.build import componentize_py, sdk_path, wit_path
 
 
 @pytest.fixture(scope="module")

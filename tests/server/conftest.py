@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from host.sandbox.build import build_cached
+from host.sandbox.programs.build import build_cached
 from host.server.builtin import builtin_source
 from host.server.server_config import parse_config
 from tests.host.fake_engine import FakeEngine

@@ -8,7 +8,8 @@ import httpx
 
 from host.client import SyncClient
 from host.server import commands
-from host.server.commands import add_serve_parser, add_submit_parser
+from host.client.submit import add_submit_parser
+from host.server.commands import add_serve_parser
 from tests.server.conftest import TOKENS, wait_until_idle
 
 

@@ -1,9 +1,9 @@
-"""The up-front context check of OpenAI requests (host/server/openai_context.py): every prompt and
+"""The up-front context check of OpenAI requests (host/server/openai/context.py): every prompt and
 every choice of a request counted against one instance's page reservation, in the pages the
 built-in inferlet holds at once."""
 from __future__ import annotations
 
-from host.server.openai_context import ContextLimits, context_problem, request_pages
+from host.server.openai.context import ContextLimits, context_problem, request_pages
 
 LIMITS = ContextLimits(max_sequence_tokens=4096, max_pages=256, page_size=16)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from host.server.openai_schema import ApiLimits, RequestError, parse_request
+from host.server.openai.schema import ApiLimits, RequestError, parse_request
 
 LIMITS = ApiLimits(frozenset({"SmolLM2-135M-Instruct", "Smollm2 135M"}), "SmolLM2-135M-Instruct",
                    4096, 49152)

@@ -15,7 +15,7 @@ import time
 import openai
 import pytest
 
-from host.sandbox.build import build_cached
+from host.sandbox.programs.build import build_cached
 from host.server.builtin import builtin_source, warm_up_builtin, warm_up_prefixes
 from host.server.server_config import parse_config
 from host.server.tenants import Tenant

@@ -1,7 +1,7 @@
 """The WIT imports, in one place.
 
 componentize-py generates the `wit_world` bindings package at build time from `wit/inferlet.wit`
-(see host/sandbox/build.py). Everything the SDK needs is imported here at module load: componentize-py
+(see host/sandbox/programs/build.py). Everything the SDK needs is imported here at module load: componentize-py
 bundles only the modules imported while the app module loads.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ a host function is called with comes from the importing component, so a guest th
 name with another signature gets converters built from its own signature, never another
 program's. A call on a thread without an instance converts without caching.
 
-With the C extension built (host/sandbox/wit_codec.py), the values themselves are converted in C
+With the C extension built (host/sandbox/wasm/wit_codec.py), the values themselves are converted in C
 from descriptors kept beside those types; wasmtime-py's converters remain for the types it does
 not take (flags, list<u8>, resources inside other values) and for every value when it is not
 built. Either way a resource argument reaches the binding as its host rep (an int, looked up in
@@ -33,8 +33,8 @@ from wasmtime.component._types import (F32, F64, S8, S16, S32, S64, U8, U16, U32
                                        ListType, OptionType, Record, RecordType, ResultType,
                                        ValType, VariantType)
 
-from host.sandbox.wasmtime_fix import case_classes, lower_variant
-from host.sandbox.wit_codec import HostResource, descriptor, is_resource, load_codec
+from host.sandbox.wasm.wasmtime_fix import case_classes, lower_variant
+from host.sandbox.wasm.wit_codec import HostResource, descriptor, is_resource, load_codec
 
 __all__ = ["add_host_function", "freeze_type", "host_call", "Signature"]
 
@@ -115,7 +115,7 @@ class _FrozenRecord(RecordType):
 
 class _FrozenCases:
     """The variant-like part: cases, taggedness and each case's Python classes, computed once.
-    `_lower` is host/sandbox/wasmtime_fix.py's `lower_variant` over those fields instead of querying the
+    `_lower` is host/sandbox/wasm/wasmtime_fix.py's `lower_variant` over those fields instead of querying the
     types."""
 
     def _freeze_cases(self, cases: list[tuple[str, ValType | None]]) -> None:

@@ -4,7 +4,7 @@
 inferlets/builtin/openai_completions.py), or raises `RequestError` naming the field (`param`)
 and the HTTP status (400; 404 for an unknown model). The ranges are OpenAI's. Fields not listed
 here (user, ...) are accepted and ignored, as OpenAI clients send many. Tools and message
-histories are checked in host/server/openai_tools.py.
+histories are checked in host/server/openai/tools.py.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from host.server.openai_errors import RequestError
-from host.server.openai_tools import parse_messages, parse_tools
+from host.server.openai.errors import RequestError
+from host.server.openai.tools import parse_messages, parse_tools
 
 __all__ = ["RequestError", "ApiLimits", "parse_request", "MAX_N", "MAX_STOP", "MAX_PROMPTS"]
 

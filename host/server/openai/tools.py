@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any
 
-from host.server.openai_errors import RequestError
+from host.server.openai.errors import RequestError
 
 __all__ = ["parse_messages", "parse_tools", "MAX_TOOLS"]
 

@@ -21,9 +21,9 @@ from starlette.routing import Route
 
 from host.server.builtin import (BUILTIN_NAME, load_builtin, warm_up_builtin,
                                  warm_up_prefixes)
-from host.server.openai_context import ContextLimits, context_problem, prompt_lengths
-from host.server.openai_format import completion_response, stream_chunk
-from host.server.openai_schema import ApiLimits, RequestError, parse_request
+from host.server.openai.context import ContextLimits, context_problem, prompt_lengths
+from host.server.openai.format import completion_response, stream_chunk
+from host.server.openai.schema import ApiLimits, RequestError, parse_request
 from host.server.protocol import loads_bounded
 from host.server.service import InstanceHandle, PieService, ServiceError
 from host.server.sinks import EventSink

@@ -8,7 +8,7 @@ compiles only when both miss. Concurrent loads of the same bytes compile once. F
 counted memories (`copy_on_write` False) the heap image in the data segments of the component's
 one memory is taken out before compiling (`split_memory_image`, ~13 ms for 18 MB, at each load
 that misses the memo): the Program holds it, the memory creator copies it in
-(host/sandbox/memory_image.py says why).
+(host/sandbox/programs/memory_image.py says why).
 
 Before compiling, the component's top-level import and export names are read from its binary
 (`component_names.py`, ~1 ms for 18 MB): an import the host does not provide or a missing `run`
@@ -30,10 +30,10 @@ from typing import Mapping
 from wasmtime import Engine, WasmtimeError
 from wasmtime.component import Component, ComponentInstanceType, FuncType, ResultType, String
 
-from host.sandbox.compile_worker import (CompileRefused, compile_bounded, engine_config_key,
+from host.sandbox.programs.compile_worker import (CompileRefused, compile_bounded, engine_config_key,
                                          make_engine)
-from host.sandbox.component_names import ComponentFormatError, read_names
-from host.sandbox.memory_image import MemoryImage, split_memory_image
+from host.sandbox.programs.component_names import ComponentFormatError, read_names
+from host.sandbox.programs.memory_image import MemoryImage, split_memory_image
 
 __all__ = ["Program", "ProgramError", "ProgramStats", "ProgramCache", "make_engine",
            "WASI_PACKAGES"]

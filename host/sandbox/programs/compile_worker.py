@@ -30,7 +30,7 @@ def engine_config_key(copy_on_write: bool) -> str:
     """What of the engine config a compiled artifact depends on (part of its cache key; the
     copy-on-write config keeps the key it had before the choice existed). Without copy-on-write
     the host's memories take the memory image out of the component before it is compiled
-    (host/sandbox/memory_image.py), so its artifacts are of other bytes: `memory_image=1`."""
+    (host/sandbox/programs/memory_image.py), so its artifacts are of other bytes: `memory_image=1`."""
     return ("epoch_interruption=1" if copy_on_write
             else "epoch_interruption=1,memory_init_cow=0,memory_image=1")
 

@@ -119,7 +119,7 @@ def is_applied() -> bool:
 
 def apply() -> None:
     """Install both fixes (idempotent). Raises RuntimeError on another wasmtime-py version."""
-    require_pinned_version("host/sandbox/wasmtime_fix.py")
+    require_pinned_version("host/sandbox/wasm/wasmtime_fix.py")
     with _APPLY_LOCK:
         if _ORIGINALS:
             return

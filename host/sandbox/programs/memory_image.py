@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from host.sandbox.component_names import (PREAMBLE_LEN, ByteReader, ComponentFormatError,
+from host.sandbox.programs.component_names import (PREAMBLE_LEN, ByteReader, ComponentFormatError,
                                           read_extern_name, sections, skip_extern_desc)
 
 __all__ = ["MemoryImage", "split_memory_image"]

@@ -23,7 +23,7 @@ import threading
 
 from wasmtime import _bindings, _ffi
 
-from host.sandbox.wasmtime_fix import require_pinned_version
+from host.sandbox.wasm.wasmtime_fix import require_pinned_version
 
 __all__ = ["keep_gil_in_value_helpers", "GIL_KEEPING_FUNCTIONS"]
 
@@ -45,7 +45,7 @@ _LOCK = threading.Lock()
 
 def keep_gil_in_value_helpers() -> None:
     """Install (once per process). Raises RuntimeError on another wasmtime-py version."""
-    require_pinned_version("host/sandbox/gil_calls.py")
+    require_pinned_version("host/sandbox/wasm/gil_calls.py")
     with _LOCK:
         if is_installed():
             return

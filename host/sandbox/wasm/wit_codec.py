@@ -26,7 +26,7 @@ from wasmtime.component._types import (F32, F64, S8, S16, S32, S64, U8, U16, U32
                                        Record, RecordType, ResultType, String, TupleType, ValType,
                                        Variant, VariantType)
 
-from host.sandbox.wasmtime_fix import case_classes
+from host.sandbox.wasm.wasmtime_fix import case_classes
 
 __all__ = ["WitCodec", "HostResource", "descriptor", "load_codec", "is_resource"]
 
@@ -119,12 +119,12 @@ def layout_matches(layout: dict[str, int]) -> bool:
 def load_codec() -> WitCodec | None:
     """The C codec, or None (logged once by the caller's first use) when it cannot be used."""
     try:
-        from host.sandbox import _wit_values  # type: ignore[attr-defined]
+        from host.sandbox.wasm import _wit_values  # type: ignore[attr-defined]
     except ImportError:
-        _log.info("host.sandbox._wit_values is not built: host calls convert in Python")
+        _log.info("host.sandbox.wasm._wit_values is not built: host calls convert in Python")
         return None
     if not layout_matches(_wit_values.layout()):
-        _log.warning("host.sandbox._wit_values: struct layout differs from wasmtime-py's; "
+        _log.warning("host.sandbox.wasm._wit_values: struct layout differs from wasmtime-py's; "
                      "host calls convert in Python")
         return None
     return WitCodec(_wit_values)

@@ -193,7 +193,7 @@ static int lower_variant(const api_t *api, void *context, PyObject *value, PyObj
     return 0;
 }
 
-/* An owned host resource from a (rep, type id) tuple (host/sandbox/wit_codec.py HostResource). */
+/* An owned host resource from a (rep, type id) tuple (host/sandbox/wasm/wit_codec.py HostResource). */
 static int lower_resource(const api_t *api, void *context, PyObject *value, val *out) {
     if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 2) {
         PyErr_SetString(PyExc_TypeError, "expected a HostResource (rep, type id)");

@@ -1,9 +1,9 @@
-/* host.sandbox._wit_values: component-model values <-> Python objects in one C call.
+/* host.sandbox.wasm._wit_values: component-model values <-> Python objects in one C call.
  *
  * A host call's arguments arrive as an array of wasmtime_component_val_t (the C API of
  * libwasmtime, loaded by wasmtime-py); its result goes back as one. wasmtime-py converts them
  * with a few ctypes objects and FFI calls per value; here the same conversions run in C, driven
- * by a descriptor built once per function type (host/sandbox/wit_codec.py):
+ * by a descriptor built once per function type (host/sandbox/wasm/wit_codec.py):
  *
  *   (kind,)                                  bool, integers, floats, char, string, enum
  *   (LIST, element) / (TUPLE, (elements..))  Python list / tuple
@@ -172,7 +172,7 @@ static int module_clear(PyObject *module) {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "_wit_values",
-    "Component-model values <-> Python objects in C (see host/sandbox/wit_codec.py).",
+    "Component-model values <-> Python objects in C (see host/sandbox/wasm/wit_codec.py).",
     sizeof(module_state), methods, NULL, module_traverse, module_clear, NULL};
 
 PyMODINIT_FUNC PyInit__wit_values(void) {

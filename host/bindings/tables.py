@@ -1,0 +1,49 @@
+"""The per-instance tables: everything a guest names by a local id, owned by its Instance.
+
+- queues:  local queue id -> priority (`queue.py`)
+- futures: forward-future resource rep -> the scheduler future and its lowered result (`forward.py`)
+- pages:   local page / sequence ids -> physical pages (host.kv.InstancePages)
+- generations: generation ids -> host-kept sampling state (`generations.py`)
+- decode_loops: decode-stream resource rep -> a host-run decode loop (`decoding.py`)
+- samplers: sampler records already checked -> their engine SamplerSpec (`samplers.py`)
+
+Only the instance's own thread touches `queues` and `futures` (its host calls run there); the
+runtime clears them with `clear()` once the instance has ended. `pages` is thread-safe by itself.
+Every table is bounded: going past a bound traps the instance, naming the call and the bound.
+"""
+from __future__ import annotations
+
+from host.bindings.decoding import DecodeLoopTable
+from host.bindings.forward import FutureTable
+from host.bindings.generations import GenerationTable
+from host.bindings.queue import QueueTable
+from host.bindings.samplers import SamplerCache
+from host.kv import InstancePages
+
+__all__ = ["InstanceTables"]
+
+
+class InstanceTables:
+    """The tables of one instance: one per WIT interface that names things by a local id, each
+    kept beside its binding. Built by the runtime; the sandbox holds it as `InstanceTables`
+    (host/sandbox/services.py)."""
+
+    def __init__(self, pages: InstancePages) -> None:
+        self.queues = QueueTable()
+        self.futures = FutureTable()
+        self.pages = pages
+        self.generations = GenerationTable()
+        self.decode_loops = DecodeLoopTable()
+        self.samplers = SamplerCache()
+
+    def stop_loops(self) -> None:
+        """Stop every decode loop, now and any added later (the instance is ending)."""
+        self.decode_loops.stop_all()
+
+    def clear(self) -> None:
+        """At the instance's end: decode loops stopped, every page reference back, queues and
+        futures forgotten."""
+        self.decode_loops.clear()
+        self.pages.release_all()
+        self.futures.clear()
+        self.queues.clear()
