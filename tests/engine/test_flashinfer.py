@@ -1,122 +1,113 @@
-"""FlashInfer (CUDA) against the torch backend on the same mixed batches.
+"""FlashInfer (CUDA) against the torch backend and against float32 runs of the same batches.
 
 Marked `cuda` and skipped only when CUDA is absent: on a CUDA machine without flashinfer these
 tests fail with the error naming the `cuda` extra, they are not skipped.
 
 - kernel level: FlashInferAttention on the GPU (bfloat16) vs TorchPagedAttention on host float32
-  copies of the same pool and queries, batch by batch: prefill + decode + custom masks + shared
-  pages, then a pure decode batch (the decode wrapper);
-- model level: the real default model on CUDA in bfloat16, flashinfer vs torch attention, the same
-  three batches on two engines: logits close, greedy tokens equal wherever the reference's top-1
-  beats its top-2 by more than the tolerance (a near tie may flip in bfloat16; that is not a bug);
+  copies of the same pool and queries, batch by batch (a prefill and a masked prefill; a decode, a
+  shared-page fork, a masked decode and a prefill; a pure decode batch, on the decode wrapper),
+  for the default model's head shape (9 query heads, 3 KV heads, head_dim 64) and GQA group 4
+  with head_dim 128;
+- model level, for the default model (the random-weight twin on the GPU kit) and a tiny random
+  model of the second shape: the same batches on FlashInfer bf16, torch bf16 and torch float32
+  (the float32 path on CUDA); FlashInfer's error against float32 within 2x torch-bf16's own, row
+  by row, and greedy tokens equal to float32's wherever its margin is decisive
+  (tests/engine/float32_comparison.py: a fixed tolerance between the two bf16 paths measured the
+  weights, not the kernels);
+- float32 with the flashinfer backend is refused with a clear error (its kernels are 16-bit);
 - sampling: FlashInfer's fused top-k/top-p through CudaSampler keeps to the allowed tokens.
 """
 from __future__ import annotations
+
+import gc
 
 import pytest
 import torch
 
 from engine.attention import TorchPagedAttention
-from engine.batch import ForwardBatch, ForwardRequest, SamplerSpec
+from engine.batch import SamplerSpec
+from engine.engine import Engine
+from engine.engine_config import EngineConfig
 from engine.page_table import build_page_table
+from tests.engine.conftest import tiny_hf_model, tiny_weights
+from tests.engine.float32_comparison import (GQA4_HEAD128, NUM_PAGES, PAGE_SIZE,
+                                             check_against_float32, mixed_batches,
+                                             print_summaries, run_batches)
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-PAGE_SIZE, NUM_PAGES, HQ, HKV, D = 16, 32, 9, 3, 64     # SmolLM2-135M's head shape
+HEAD_SHAPES = {"9q-3kv-d64": (9, 3, 64), "8q-2kv-d128": (8, 2, 128)}    # (Hq, Hkv, D)
+MODELS = ("default", "gqa4-d128")
+PATHS = (("flashinfer", "bfloat16"), ("torch", "bfloat16"), ("torch", "float32"))
 
 
-def _request(q_len, page_ids, last_page_len, first_token=100, mask=None):
-    kv_len = (len(page_ids) - 1) * PAGE_SIZE + last_page_len
-    return ForwardRequest(token_ids=tuple(range(first_token, first_token + q_len)),
-                          positions=tuple(range(kv_len - q_len, kv_len)),
-                          page_ids=tuple(page_ids), last_page_len=last_page_len,
-                          output_indices=(q_len - 1,), samplers=(SamplerSpec(),), mask=mask)
-
-
-def _rows(kv_len, keep_every):
-    """A run-length mask row over kv_len that skips every `keep_every`-th slot except the last."""
-    flags = [(s % keep_every != 1) or s == kv_len - 1 for s in range(kv_len)]
-    runs, current, count = [], True, 0
-    for flag in flags:
-        if flag == current:
-            count += 1
-        else:
-            runs.append(count)
-            current, count = flag, 1
-    runs.append(count)
-    return tuple(runs)
-
-
-# A: 40-token prefill. C: 20-token prefill with a mask. Then A decodes; B forks A's first two full
-# pages (shared, never written) and adds 3 tokens in its own page; C decodes with a mask; D
-# prefills 17 tokens. Then all four decode together.
-BATCHES = [
-    [_request(40, (0, 1, 2), 8, 200),
-     _request(20, (10, 11), 4, 300, mask=tuple(_rows(20, 3) for _ in range(20)))],
-    [_request(1, (0, 1, 2), 9, 400),
-     _request(3, (0, 1, 5), 3, 500),
-     _request(1, (10, 11), 5, 600, mask=(_rows(21, 4),)),
-     _request(17, (20, 21), 1, 700)],
-    [_request(1, (0, 1, 2), 10, 800), _request(1, (0, 1, 5), 4, 900),
-     _request(1, (10, 11), 6, 1000), _request(1, (20, 21), 2, 1100)],
-]
-
-
-def test_kernels_match_the_torch_backend():
+@pytest.mark.parametrize("heads", list(HEAD_SHAPES.values()), ids=list(HEAD_SHAPES))
+def test_kernels_match_the_torch_backend(heads):
     from engine.attention.flashinfer import FlashInferAttention, is_pure_decode
 
+    num_qo_heads, num_kv_heads, head_dim = heads
     gen = torch.Generator().manual_seed(0)
-    pool = torch.randn(NUM_PAGES, 2, PAGE_SIZE, HKV, D, generator=gen).bfloat16()
+    pool = torch.randn(NUM_PAGES, 2, PAGE_SIZE, num_kv_heads, head_dim, generator=gen).bfloat16()
     gpu_pool, ref_pool = pool.cuda(), pool.float()
-    flash = FlashInferAttention(num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D,
-                                page_size=PAGE_SIZE, device="cuda")
-    ref = TorchPagedAttention(HQ, HKV, D, PAGE_SIZE)
-    for requests in BATCHES:
-        table = build_page_table(ForwardBatch(tuple(requests)), PAGE_SIZE)
-        q, k, v = (torch.randn(table.num_tokens, h, D, generator=gen).bfloat16()
-                   for h in (HQ, HKV, HKV))
+    flash = FlashInferAttention(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                                head_dim=head_dim, page_size=PAGE_SIZE, device="cuda")
+    ref = TorchPagedAttention(num_qo_heads, num_kv_heads, head_dim, PAGE_SIZE)
+    for batch in mixed_batches(vocab_size=2048).values():
+        table = build_page_table(batch, PAGE_SIZE)
+        q, k, v = (torch.randn(table.num_tokens, h, head_dim, generator=gen).bfloat16()
+                   for h in (num_qo_heads, num_kv_heads, num_kv_heads))
         flash.plan(table)
         ref.plan(table)
         flash.append_kv(gpu_pool, k.cuda(), v.cuda())
         ref.append_kv(ref_pool, k.float(), v.float())
-        out = flash.run(q.cuda(), gpu_pool).float().cpu()               # [N, HQ, D]
+        out = flash.run(q.cuda(), gpu_pool).float().cpu()               # [N, Hq, D]
         torch.testing.assert_close(gpu_pool.float().cpu(), ref_pool)   # same slots, shared intact
         torch.testing.assert_close(out, ref.run(q.float(), ref_pool), atol=2e-2, rtol=2e-2)
     assert is_pure_decode(table)          # the last batch ran on the decode wrapper
 
 
-@pytest.fixture(scope="module")
-def engines():
-    from engine import load_default_engine
-
-    def load(backend):
-        return load_default_engine(device="cuda", dtype="bfloat16", attention_backend=backend,
-                                   num_pages=64, progress=False, seed=0)
-
-    return load("flashinfer"), load("torch")
-
-
-def _logits(engine, requests):
-    table = build_page_table(ForwardBatch(tuple(requests)), engine.page_size)
-    engine.attention.plan(table)
-    return engine.model.forward(table, engine.kv_cache, engine.attention).float().cpu()
+def _engine(model: str, backend: str, dtype: str) -> Engine:
+    """The default model (the GGUF the environment has) or the tiny GQA-4 / head_dim-128 model,
+    on CUDA with this attention backend and dtype."""
+    fields = dict(device="cuda", attention_backend=backend, dtype=dtype, page_size=PAGE_SIZE,
+                  num_pages=NUM_PAGES)
+    if model == "default":
+        from engine import load_default_engine
+        return load_default_engine(progress=False, seed=0, **fields)
+    weights = tiny_weights(tiny_hf_model(GQA4_HEAD128))
+    return Engine(GQA4_HEAD128, weights, None, EngineConfig(**fields), seed=0)
 
 
-def test_model_logits_and_greedy_tokens_match(engines):
-    flash_engine, torch_engine = engines
-    assert flash_engine.attention.name == "flashinfer" and torch_engine.attention.name == "torch"
-    tolerance = 0.35                      # logits are O(10); bfloat16 over 30 layers
-    num_compared = num_rows = 0
-    for requests in BATCHES:
-        flash_logits, ref_logits = _logits(flash_engine, requests), _logits(torch_engine, requests)
-        torch.testing.assert_close(flash_logits, ref_logits, atol=tolerance, rtol=0.02)
-        top2 = ref_logits.topk(2, dim=-1).values
-        decisive = (top2[:, 0] - top2[:, 1]) > 2 * tolerance
-        assert torch.equal(flash_logits.argmax(-1)[decisive], ref_logits.argmax(-1)[decisive])
-        num_compared += int(decisive.sum())
-        num_rows += len(decisive)
-    assert num_compared >= num_rows // 2, f"only {num_compared}/{num_rows} rows were decisive"
+@pytest.fixture(scope="module", params=MODELS)
+def logits_by_path(request):
+    """{(backend, dtype): {batch name: float32 logits [R, vocab] on the CPU}} for one model; each
+    engine runs the batches from a fresh pool and is freed before the next is built."""
+    results = {}
+    for backend, dtype in PATHS:
+        engine = _engine(request.param, backend, dtype)
+        assert engine.attention.name == backend and engine.dtype == getattr(torch, dtype)
+        results[backend, dtype] = run_batches(engine.logits,
+                                              mixed_batches(engine.model_config.vocab_size))
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+    return request.param, results
+
+
+def test_model_logits_and_greedy_tokens_match_float32(logits_by_path):
+    model, results = logits_by_path
+    comparisons = check_against_float32(results["flashinfer", "bfloat16"],
+                                        results["torch", "bfloat16"],
+                                        results["torch", "float32"])
+    print_summaries(f"{model}: flashinfer-bf16 vs torch-bf16, against torch-float32", comparisons)
+
+
+def test_float32_is_refused_by_the_flashinfer_backend():
+    engine = _engine("gqa4-d128", "flashinfer", "float32")
+    batch = next(iter(mixed_batches(engine.model_config.vocab_size).values()))
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        engine.logits(batch)
 
 
 def test_fused_sampling_keeps_to_top_k():
