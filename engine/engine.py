@@ -16,12 +16,14 @@ import torch
 from engine.attention import make_attention_backend
 from engine.batch import ForwardBatch, ForwardResult, TokenCopy, Verified
 from engine.chunking import split_batch
+from engine.cuda_graphs import DecodeGraphs, takes_graph_path
 from engine.engine_config import EngineConfig, ModelConfig
 from engine.constrain import GrammarCompiler
-from engine.device import choose_device
+from engine.device import choose_device, import_flashinfer
 from engine.dtype_choice import DtypeChoice, choose_dtype, cpu_has_native_bf16
 from engine.reference_loop import generate_greedy_batch, prompt_logits
 from engine.kv_cache import KVCache, num_pages_for
+from engine.model.flashinfer_kernels import FlashInferKernels
 from engine.model.llama import LlamaModel
 from engine.model.memory import release_freed_memory
 from engine.quant import kernels as quant_kernels
@@ -72,21 +74,57 @@ class Engine:
         self.max_pass_tokens = config.max_pass_tokens or (
             CPU_MAX_PASS_TOKENS if self.device.type == "cpu" else None)
         self.num_pages = num_pages_for(model_config, config, self.dtype_choice.kv_cache_dtype)
+        on_flashinfer = choice.attention_backend == "flashinfer"
+        graphs = on_flashinfer and config.cuda_graphs
+        # FlashInfer's fused layer kernels come with its attention (CUDA); the CPU keeps torch's
+        kernels = (FlashInferKernels(import_flashinfer(), model_config, self.device)
+                   if on_flashinfer else None)
         self.model = LlamaModel(model_config, weights, self.dtype, self.device, int4_decode,
-                                planner)
+                                planner, kernels)
         self.kv_cache = KVCache(model_config, self.num_pages, self.page_size,
-                                self.dtype_choice.kv_cache_dtype, self.device)
+                                self.dtype_choice.kv_cache_dtype, self.device,
+                                scratch_pages=1 if graphs else 0)
         self.attention = make_attention_backend(
             choice.attention_backend, num_qo_heads=model_config.num_heads,
             num_kv_heads=model_config.num_kv_heads, head_dim=model_config.head_dim,
             page_size=self.page_size, device=self.device,
             c_decode=self.model.planner is not None)
+        self.decode_graphs = self._capture_decode_graphs() if graphs else None
         self.sampler = Sampler(seed)
         self.grammar = GrammarCompiler(tokenizer, model_config.vocab_size) if tokenizer else None
         self._stats = EngineStats()
         release_freed_memory()
         self.kernel_summary = kernel_summary(self.dtype_choice, self.model)
         _log.info("engine: %s", self.kernel_summary)
+        _log.info("engine: %s", self.decode_paths)
+
+    def _capture_decode_graphs(self) -> DecodeGraphs:
+        """The decode graph runner over this engine's model, pool and backend, captured."""
+        sizes = self.config.cuda_graph_batch_sizes
+        model, kv_cache = self.model, self.kv_cache
+        graphs = DecodeGraphs(
+            lambda ids, positions, attention, out: model.decode_greedy(ids, positions, kv_cache,
+                                                                      attention, out),
+            self.attention.graph_decode, kv_cache, sizes,
+            capacity=self.num_pages + sizes[-1], q_dtype=self.dtype, device=self.device)
+        self.graph_capture = graphs.capture()
+        return graphs
+
+    @property
+    def decode_paths(self) -> str:
+        """One line: which passes run how (logged once at load)."""
+        glue = ("FlashInfer fused add+RMSNorm, RoPE and SiLU-and-mul, bfloat16 residual"
+                if self.model.kernels is not None else "torch layer glue")
+        if self.decode_graphs is None:
+            why = ("off (EngineConfig.cuda_graphs)" if self.model.kernels is not None
+                   else "flashinfer attention only")
+            return f"every pass eager ({glue}); decode graphs {why}"
+        capture = self.graph_capture
+        kind = ("CUDA graphs" if capture.captured else "the graph path run eagerly (no CUDA)")
+        return (f"pure greedy decode batches of up to {self.decode_graphs.max_rows} rows replay "
+                f"{kind} padded to {'/'.join(map(str, capture.batch_sizes))} rows "
+                f"({capture.memory_bytes / 2**20:.0f} MiB); prefill, mixed, masked, larger and "
+                f"non-greedy batches run eagerly ({glue})")
 
     # ---- EngineLike ----------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch) -> list[ForwardResult]:
@@ -96,6 +134,10 @@ class Engine:
         writes nothing and the engine serves the next batch normally.
         """
         batch = batch.with_fed_tokens()
+        graph_results = self._graph_decode(batch)
+        if graph_results is not None:
+            self._count(batch, len(graph_results))
+            return graph_results
         if not batch.requests:
             validate_batch(batch, page_size=self.page_size, num_pages=self.num_pages,
                            vocab_size=self.model_config.vocab_size,
@@ -134,6 +176,18 @@ class Engine:
         if batch.num_tokens >= LARGE_BATCH_TOKENS:
             release_freed_memory()      # a prefill's activations: hand them back, RSS stays low
         return logits
+
+    def _graph_decode(self, batch: ForwardBatch) -> list[ForwardResult] | None:
+        """A pure greedy decode batch through the decode graphs (engine.cuda_graphs); None, having
+        done nothing, for any other batch or when there are no graphs."""
+        graphs = self.decode_graphs
+        if graphs is None or not takes_graph_path(batch, graphs.max_rows):
+            return None
+        validate_batch(batch, page_size=self.page_size, num_pages=self.num_pages,
+                       vocab_size=self.model_config.vocab_size,
+                       max_position=self.model_config.max_position)
+        tokens = graphs.run(build_page_table(batch, self.page_size))
+        return None if tokens is None else [ForwardResult((token,)) for token in tokens]
 
     def _run_pass(self, batch: ForwardBatch) -> torch.Tensor:
         """One forward pass of a validated batch -> logits [num_outputs, vocab]."""

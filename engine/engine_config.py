@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 DTYPES = ("auto", "float32", "bfloat16", "quantized")
 KV_DTYPES = ("auto", "float32", "float16")
+# padded batch sizes whose pure decode steps are captured as CUDA graphs (engine.cuda_graphs)
+CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class EngineConfig:
     kv_dtype: str = "auto"           # auto | float32 | float16 (CPU): the KV pages' dtype
     device: str = "auto"             # cpu | cuda | auto (cuda when available)
     attention_backend: str = "auto"  # auto | torch | flashinfer
+    cuda_graphs: bool = True         # replay pure decode steps from CUDA graphs (flashinfer only)
+    cuda_graph_batch_sizes: tuple[int, ...] = CUDA_GRAPH_BATCH_SIZES   # strictly increasing
 
     def __post_init__(self) -> None:
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):
@@ -73,3 +77,9 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "flashinfer"):
             raise ValueError(f"attention_backend must be auto, torch or flashinfer, "
                              f"got {self.attention_backend!r}")
+        sizes = tuple(self.cuda_graph_batch_sizes)
+        if (not sizes or any(type(b) is not int or b <= 0 for b in sizes)
+                or list(sizes) != sorted(set(sizes))):
+            raise ValueError(f"cuda_graph_batch_sizes must be positive ints, strictly increasing, "
+                             f"got {self.cuda_graph_batch_sizes!r}")
+        object.__setattr__(self, "cuda_graph_batch_sizes", sizes)   # a list given: kept a tuple

@@ -53,20 +53,28 @@ class KVCache:
     """The page pool tensors. Knows nothing about which request owns a page."""
 
     def __init__(self, model: ModelConfig, num_pages: int, page_size: int,
-                 dtype: torch.dtype, device: str | torch.device = "cpu") -> None:
+                 dtype: torch.dtype, device: str | torch.device = "cpu",
+                 scratch_pages: int = 0) -> None:
+        """`num_pages` pages the host addresses (ids 0..num_pages-1), then `scratch_pages` more
+        that only the engine writes (engine.cuda_graphs: the padded rows of a replayed decode
+        step write their K/V there); copies and batches never name a scratch page."""
+        if scratch_pages < 0:
+            raise ValueError(f"scratch_pages must be >= 0, got {scratch_pages}")
         self.num_layers = model.num_layers
         self.num_pages = num_pages
+        self.scratch_pages = scratch_pages
         self.page_size = page_size
         self.num_kv_heads = model.num_kv_heads
         self.head_dim = model.head_dim
         self.dtype = dtype
         # [num_layers, num_pages, 2, page_size, num_kv_heads, head_dim]
-        self.pool = torch.empty(model.num_layers, num_pages, 2, page_size, model.num_kv_heads,
+        self.pool = torch.empty(model.num_layers, num_pages + scratch_pages, 2, page_size,
+                                model.num_kv_heads,
                                 model.head_dim, dtype=dtype, device=device)
         self.layers = list(self.pool.unbind(0))       # per-layer views, made once
 
     def layer(self, layer_idx: int) -> torch.Tensor:
-        """[num_pages, 2, page_size, num_kv_heads, head_dim] view of one layer."""
+        """[num_pages + scratch_pages, 2, page_size, num_kv_heads, head_dim] view of one layer."""
         return self.layers[layer_idx]
 
     def check_copies(self, copies: Sequence[TokenCopy]) -> None:

@@ -35,7 +35,7 @@ from engine.page_table import PageTable
 
 flashinfer = import_flashinfer()
 
-__all__ = ["FlashInferAttention", "WORKSPACE_BYTES", "is_pure_decode"]
+__all__ = ["FlashInferAttention", "GraphDecodeAttention", "WORKSPACE_BYTES", "is_pure_decode"]
 
 WORKSPACE_BYTES = 128 * 2**20                 # FlashInfer's recommended float workspace
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -170,7 +170,85 @@ class FlashInferAttention:
         """No fused C decoder on CUDA: the model runs its layers one by one."""
         return None
 
+    def graph_decode(self, batch_size: int, page_indices: torch.Tensor,
+                     append_positions: torch.Tensor,
+                     batch_indices: torch.Tensor) -> GraphDecodeAttention:
+        """Decode attention of exactly `batch_size` rows over fixed buffers, for a CUDA graph
+        (engine.cuda_graphs); it shares this backend's workspace (one pass runs at a time)."""
+        return GraphDecodeAttention(
+            self._workspace, batch_size, page_indices, append_positions, batch_indices,
+            num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim, page_size=self.page_size)
+
     def _require_batch(self) -> _BatchMetadata:
         if self._batch is None:
             raise RuntimeError("FlashInferAttention.plan(table) must be called before the layers run")
         return self._batch
+
+
+class GraphDecodeAttention:
+    """Pure decode attention of a fixed number of rows whose kernels read only fixed buffers, so
+    that a CUDA graph captured once replays it for any such batch.
+
+    FlashInfer's decode wrapper in its CUDA-graph mode (`use_cuda_graph=True`): its indptr
+    [B+1], page-index [capacity] and last-page-length [B] buffers are allocated here once, and
+    `plan` (outside the graph, before each replay) copies a batch's values into them and
+    rewrites the wrapper's own plan buffers. New K/V go in with `flashinfer.page.
+    append_paged_kv_cache` (K and V of every row in one kernel) at `append_positions` [B] int32,
+    each row's slot in its sequence (kv_len - 1), read from the same buffers.
+
+    page_indices: the caller's fixed [capacity] int32 device buffer, shared by every batch size
+    (a wrapper keeps its own copy); append_positions, batch_indices: fixed [B] int32 views.
+    """
+
+    name = "flashinfer-graph"
+
+    def __init__(self, workspace: torch.Tensor, batch_size: int, page_indices: torch.Tensor,
+                 append_positions: torch.Tensor, batch_indices: torch.Tensor, *,
+                 num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int) -> None:
+        if append_positions.shape != (batch_size,) or batch_indices.shape != (batch_size,):
+            raise ValueError(f"append_positions and batch_indices must be [{batch_size}], got "
+                             f"{tuple(append_positions.shape)} and {tuple(batch_indices.shape)}")
+        device = workspace.device
+        self.batch_size = batch_size
+        self.heads = (num_qo_heads, num_kv_heads, head_dim, page_size)
+        self._append_positions = append_positions
+        self._batch_indices = batch_indices
+        self._indptr = torch.zeros(batch_size + 1, dtype=torch.int32, device=device)
+        self._indices = torch.zeros_like(page_indices)
+        self._last_page_len = torch.ones(batch_size, dtype=torch.int32, device=device)
+        self._wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, KV_LAYOUT, use_cuda_graph=True,
+            use_tensor_cores=num_qo_heads // num_kv_heads not in CUDA_CORE_DECODE_GROUP_SIZES,
+            paged_kv_indptr_buffer=self._indptr, paged_kv_indices_buffer=self._indices,
+            paged_kv_last_page_len_buffer=self._last_page_len)
+
+    @property
+    def capacity(self) -> int:
+        """Most page indices one batch may have."""
+        return int(self._indices.shape[0])
+
+    def plan(self, kv_indptr: torch.Tensor, kv_page_indices: torch.Tensor,
+             kv_last_page_len: torch.Tensor, q_dtype: torch.dtype, kv_dtype: torch.dtype) -> None:
+        """Take one batch of exactly batch_size rows (never inside a graph).
+
+        kv_indptr [B+1] and kv_last_page_len [B] int32 on the host (pinned on CUDA: FlashInfer's
+        scheduler reads them there), kv_page_indices [nnz] int32 on the device."""
+        for what, dtype in (("query", q_dtype), ("KV cache", kv_dtype)):
+            if dtype not in SUPPORTED_DTYPES:
+                raise ValueError(f"flashinfer attention needs float16 or bfloat16, the {what} is "
+                                 f"{dtype}; run the engine with --dtype bfloat16 on CUDA")
+        self._wrapper.plan(kv_indptr, kv_page_indices, kv_last_page_len, *self.heads,
+                           pos_encoding_mode="NONE", q_data_type=q_dtype, kv_data_type=kv_dtype)
+
+    def append_kv(self, kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write each row's K/V [B, num_kv_heads, head_dim] at its tail slot (one kernel).
+
+        kv_layer: [num_pages, 2, page_size, num_kv_heads, head_dim]  (NHD)"""
+        flashinfer.page.append_paged_kv_cache(
+            k, v, self._batch_indices, self._append_positions, kv_layer, self._indices,
+            self._indptr, self._last_page_len, KV_LAYOUT)
+
+    def run(self, q: torch.Tensor, kv_layer: torch.Tensor) -> torch.Tensor:
+        """q [B, num_qo_heads, head_dim] -> attention output [B, num_qo_heads, head_dim]."""
+        return self._wrapper.run(q.contiguous(), kv_layer)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from engine.engine_config import ModelConfig
 from engine.kv_cache import KVCache
+from engine.model.flashinfer_kernels import FlashInferKernels
 from engine.model.linear import PartsLinear, make_linear
 from engine.quant import QuantizedTensor
 from engine.quant import kernels as quant_kernels
@@ -147,7 +148,8 @@ class LlamaModel:
 
     def __init__(self, config: ModelConfig, weights: dict[str, Weight],
                  dtype: torch.dtype, device: str | torch.device = "cpu",
-                 allow_int4: bool = True, planner: BatchPlanner | None = None) -> None:
+                 allow_int4: bool = True, planner: BatchPlanner | None = None,
+                 kernels: FlashInferKernels | None = None) -> None:
         device = torch.device(device)
         self.config = config
         self.dtype = dtype
@@ -186,6 +188,11 @@ class LlamaModel:
                       for layer in self.layers]
         self.final_add_norm = _add_norm(self.final_norm, config.rms_norm_eps, on_c)
         self.fused_decoder = _fused_decoder(config, self.layers) if self.planner else None
+        # FlashInfer's fused kernels (CUDA): residual and norm weights in the model dtype
+        self.kernels = kernels
+        self.kernel_norms = None if kernels is None else [
+            (layer.input_norm.to(dtype), layer.post_norm.to(dtype)) for layer in self.layers]
+        self.kernel_final_norm = None if kernels is None else self.final_norm.to(dtype)
 
     def forward(self, table: PageTable, kv_cache: KVCache, attention) -> torch.Tensor:
         """Run the batch, write its K/V into the pool, return float32 logits [num_outputs, vocab].
@@ -200,19 +207,47 @@ class LlamaModel:
 
     @torch.inference_mode()
     def _forward(self, table: PageTable, kv_cache: KVCache, attention) -> torch.Tensor:
-        config = self.config
-        n, d = table.num_tokens, config.head_dim
-        num_qk_heads = config.num_heads + config.num_kv_heads
         device = self.rope_cos.device              # the table is on the CPU; no-op there
         positions = table.positions.to(device)
+        x = self._embed(table.input_ids.to(device))                       # [N, hidden]
+        if self.kernels is not None:
+            x, delta = self._kernel_layers(x, positions, kv_cache, attention)
+            return self._logits(x, table, delta)
+        if self._run_fused(x, table, kv_cache, attention, positions):
+            return self._logits(x, table, None)
+        x, delta = self._torch_layers(x, positions, kv_cache, attention)
+        return self._logits(x, table, delta)
+
+    @torch.inference_mode()
+    def decode_greedy(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
+                      attention, out: torch.Tensor) -> None:
+        """One new token per row: out [R] int64 = argmax of the float32 logits of each row.
+
+        input_ids, positions [R] on the model's device; `attention` planned for these R rows.
+        Reads nothing on the host and allocates only intermediates, so it can be captured in a
+        CUDA graph over fixed buffers (engine.cuda_graphs)."""
+        x = self._embed(input_ids)                                        # [R, hidden]
+        if self.kernels is not None:
+            x, delta = self._kernel_layers(x, positions, kv_cache, attention)
+            h = self.kernels.add_norm(x, delta, self.kernel_final_norm)
+        else:
+            x, delta = self._torch_layers(x, positions, kv_cache, attention)
+            h = self.final_add_norm(x, delta)
+        logits = self.lm_head(h.to(self.dtype)).float()                  # [R, vocab]
+        torch.argmax(logits, dim=-1, out=out)
+
+    def _torch_layers(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
+                      attention) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every layer in torch ops over the float32 residual x [N, hidden] -> (x, the last
+        sublayer's output still to be added)."""
+        config = self.config
+        n, d = x.shape[0], config.head_dim
+        num_qk_heads = config.num_heads + config.num_kv_heads
         cos = self.rope_cos[positions].unsqueeze(1)                       # [N, 1, D]
         signed_sin = self.rope_signed_sin[positions].unsqueeze(1)
         dtype = self.dtype
         # the residual stream stays float32 (cheaper norms in bf16 mode, closer to exact);
         # matmul inputs are cast to the weights' dtype (a no-op in float32 mode)
-        x = self._embed(table.input_ids.to(device))                       # [N, hidden] float32
-        if self._run_fused(x, table, kv_cache, attention, positions):
-            return self._logits(x, table, None)
         delta = None           # the last sublayer's output, added to x by the next norm
         for i, (layer, (input_norm, post_norm)) in enumerate(zip(self.layers, self.norms)):
             h = input_norm(x, delta).to(dtype)                            # x += delta
@@ -228,15 +263,39 @@ class LlamaModel:
             h = post_norm(x, delta).to(dtype)
             gate, up = layer.gate_up_proj(h).chunk(2, dim=-1) # [N, intermediate] each
             delta = layer.down_proj(F.silu(gate) * up)
-        return self._logits(x, table, delta)
+        return x, delta
+
+    def _kernel_layers(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
+                       attention) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer with FlashInfer's fused kernels (engine.model.flashinfer_kernels) over
+        the residual x [N, hidden] in the model dtype -> (x, the last sublayer's output)."""
+        config, kernels = self.config, self.kernels
+        n, d = x.shape[0], config.head_dim
+        q_end, k_end = self.q_dim, self.q_dim + self.kv_dim
+        delta = None
+        for i, (layer, (input_norm, post_norm)) in enumerate(zip(self.layers, self.kernel_norms)):
+            h = kernels.add_norm(x, delta, input_norm)                    # x += delta
+            qkv = layer.qkv_proj(h)                                       # [N, (Hq + 2 Hkv) * D]
+            q, k, v = qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:]
+            kernels.rope_(positions, q, k)                                # in place, in qkv
+            kv_layer = kv_cache.layer(i)
+            attention.append_kv(kv_layer, k.view(n, config.num_kv_heads, d),
+                                v.view(n, config.num_kv_heads, d))
+            attn = attention.run(q.view(n, config.num_heads, d), kv_layer)   # [N, Hq, D]
+            delta = layer.o_proj(attn.reshape(n, self.q_dim))             # [N, hidden]
+            h = kernels.add_norm(x, delta, post_norm)
+            delta = layer.down_proj(kernels.silu_and_mul(layer.gate_up_proj(h)))
+        return x, delta
 
     def _logits(self, x: torch.Tensor, table: PageTable, delta: torch.Tensor | None) -> torch.Tensor:
         """float32 logits [num_outputs, vocab] of the output rows of x (+ delta) [N, hidden]."""
-        if table.outputs_are_all_rows:                   # a decode step: every row, in order
-            x = self.final_add_norm(x, delta)
-        else:
+        if not table.outputs_are_all_rows:
             rows = table.output_rows.to(x.device)
-            x = self.final_add_norm(x[rows], None if delta is None else delta[rows].contiguous())
+            x, delta = x[rows], None if delta is None else delta[rows].contiguous()
+        if self.kernels is not None:
+            x = self.kernels.add_norm(x, delta, self.kernel_final_norm)
+        else:
+            x = self.final_add_norm(x, delta)
         return self.lm_head(x.to(self.dtype)).float()            # [num_outputs, vocab]
 
     def _run_fused(self, x: torch.Tensor, table: PageTable, kv_cache: KVCache, attention,
@@ -255,7 +314,10 @@ class LlamaModel:
         return True
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids [N] -> float32 [N, hidden] (blocks: only the N rows are dequantized)."""
+        """input_ids [N] -> [N, hidden]: float32 (blocks: only the N rows are dequantized), or
+        the model dtype on the fused-kernel path."""
         if isinstance(self.embed, QuantizedTensor):
             return quant_kernels.dequantize_rows(self.embed, input_ids)
+        if self.kernels is not None:                     # the fused path's residual dtype
+            return F.embedding(input_ids, self.embed)
         return F.embedding(input_ids, self.embed).float()

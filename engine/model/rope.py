@@ -7,7 +7,7 @@ import torch
 
 from engine.engine_config import ModelConfig
 
-__all__ = ["inverse_frequencies", "rope_tables", "apply_rope"]
+__all__ = ["inverse_frequencies", "rope_tables", "cos_sin_cache", "apply_rope"]
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -54,6 +54,16 @@ def rope_tables(config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor, 
     signed_sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)       # [max_position, head_dim]
     cos = torch.cat((freqs, freqs), dim=-1).cos()
     return cos.to(dtype), signed_sin.to(dtype)
+
+
+def cos_sin_cache(config: ModelConfig) -> torch.Tensor:
+    """float32 [max_position, head_dim]: cos of the head_dim / 2 frequencies, then their sin.
+
+    The table FlashInfer's `apply_rope_with_cos_sin_cache_inplace` reads (vLLM's layout); with
+    is_neox=True it rotates the two head halves, the same rotation as `apply_rope`."""
+    positions = torch.arange(config.max_position, dtype=torch.int64).float()
+    freqs = torch.outer(positions, inverse_frequencies(config))       # [max_position, head_dim/2]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
