@@ -195,7 +195,7 @@ class ForwardBatch:
     fed_from: None, or one entry per request: None (the request's own token_ids), or the
     ForwardResult of a pass of the previous batch whose first output's token replaces the
     request's single input token (the host prepared the pass while that one ran: overlapped
-    decode loops, host/scheduling/overlap.py). Engines call `with_fed_tokens` before anything
+    decode loops, host/scheduling/lookahead.py). Engines call `with_fed_tokens` before anything
     else reads the tokens.
     """
 

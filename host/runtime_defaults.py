@@ -15,7 +15,7 @@ def overlap_by_default(engine: EngineLike) -> bool:
     """SchedulerPolicy.overlap when left None: on for an engine on a GPU (its forward leaves the
     CPU to the host), off for one on the CPU (the host's work takes the engine's cores: on a
     2-vCPU EPYC its decode forwards ran 2-5% slower beside it, about what it saved between
-    them; docs/performance.md)."""
+    them; docs/performance/2026-11-26-wasm-path-time-overlap-decided.md)."""
     return getattr(getattr(engine, "device", None), "type", None) == "cuda"
 
 

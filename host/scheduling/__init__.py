@@ -1,9 +1,16 @@
 """The scheduling room: turning every instance's submitted passes into engine batches.
 
-- work.py       PreparedForward / PreparedCopy: checked work on physical pages (made by host.kv)
-- types.py      SchedulerPolicy (config), SchedulerStats, SubmissionFuture
-- scheduler.py  BatchScheduler: per-queue FIFO order, priorities, the batch policy, one engine
-                thread; fails only the request the engine names (engine.errors.RequestError)
+- scheduler.py    BatchScheduler: the queues, one step (take, run, resolve), the engine thread
+- policy.py       when a batch fires and what it holds: pure functions, and the fair shares
+- lookahead.py    passes prepared ahead of the engine: depth 1 (overlap) or N (chained steps)
+- decode_loop.py  DecodeLoop: a host-run decode loop (`forward.submit-decode`)
+- items.py        Item: one queued submission (or a chunk of one) while it waits
+- engine_calls.py the engine call of a batch (one bad request fails alone) and ending an item
+- types.py        SchedulerPolicy (config), SchedulerStats and its counters, SubmissionFuture
+- work.py         PreparedForward / PreparedCopy: checked work on physical pages (made by host.kv)
+- wakes.py        guest wakes deferred while a batch resolves
+- helper_thread.py the look-ahead's helper thread
 
-May import: engine (batch types, EngineLike, errors), host.errors. Never host.kv or the sandbox.
+May import: engine (batch types, EngineLike, errors, chunking), host.errors. Never host.kv, the
+sandbox or the bindings (they reach it through its public methods).
 """

@@ -1,5 +1,5 @@
 """`HelperThread`: one thread that runs one call at a time for another (the overlapped engine
-loop's helper, host/scheduling/overlap.py).
+loop's helper, host/scheduling/lookahead.py).
 
 Handing a call over is two lock releases (no Future, no queue, no Condition): on the engine
 thread's path between two batches every microsecond counts.

@@ -37,14 +37,14 @@ class Item:
         self.parent: Item | None = None       # a chunk: the item whose pass it runs part of
         self.output_slots: list[int] = []      # a chunked pass: where its outputs go ...
         self.outputs: list | None = None       # ... in the whole pass's outputs
-        # overlap (host/scheduling/overlap.py): prepares the pass after this one while it runs
+        # the look-ahead at depth 1 (lookahead.py): prepares the pass after this one while it runs
         self.prepare_next: Callable[[], object] | None = None
-        # chained steps (host/scheduling/chaining.py): the one-token pass after this one's
+        # ... at depth N: the one-token pass after this one's
         self.chain_step: Callable[[object], object] | None = None
 
     def following(self, request, on_done: Callable[[], None] | None,
                   on_outcome: Callable[[object], None]) -> "Item":
-        """The item of a one-token pass prepared ahead of this one on its queue (overlap.py):
+        """The item of a one-token pass prepared ahead of this one on its queue (lookahead.py):
         no future, no copies; its order is set when it is charged."""
         item = Item.__new__(Item)
         item.queue_key, item.owner, item.rank, item.order = (self.queue_key, self.owner,

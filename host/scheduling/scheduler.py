@@ -1,23 +1,24 @@
-"""BatchScheduler: the engine thread, and the rules that form batches.
+"""BatchScheduler: every instance's submitted passes, formed into engine batches, one at a time.
 
-What goes in a batch (host/scheduling/forming.py): each queue contributes at most its head pass.
-Queues are taken fairly (host/scheduling/fairness.py): the group (tenant) and then the owner
-(instance) served the fewest tokens first, and only among one owner's queues by priority (high,
-normal, low), oldest head first, until the batch holds max_batch_tokens (a pass larger than that
-still runs, alone, when it is the only owner's work). When more than one owner has work, no owner
-puts more than max_tokens_per_owner tokens into a batch: a longer pass runs in chunks across
-batches (engine/chunking.py; same results, its future resolves once the last chunk has
-run). Copies queued before a queue's head pass (kv.copy-tokens) and the copy-on-write copies of the
-chosen passes run on the engine thread, in that order, right before the batch's forward.
+One step: take the batch the policy fires (host/scheduling/policy.py: when, and what it holds),
+run it on the engine (copies first: queued kv.copy-tokens, then the passes' copy-on-write
+copies), resolve it (each item's on_done, then its future or its decode loop's callback; the
+guests' wakes deferred until the next batch has gone to the engine). Three threads take steps:
 
-When a batch fires and on which thread: host/scheduling/firing.py (the adaptive hold,
-run_on_waiter, k-or-t). With SchedulerPolicy.overlap the engine thread runs every batch and the
-next one's decode-loop passes are prepared while one runs (host/scheduling/overlap.py).
+- the engine thread, for every batch no blocked guest takes;
+- a guest's thread about to block on one of a batch's passes (adaptive, `run_on_waiter`), when
+  that batch may fire right then (no hand-off to the engine thread and back);
+- with a look-ahead (host/scheduling/lookahead.py), the engine thread alone: at depth 1
+  (`SchedulerPolicy.overlap`) the next batch's decode-loop passes are prepared while one runs;
+  at depth N (`chain_steps`) a batch of decode-loop passes runs several engine steps before it
+  is resolved.
 
-Submitting never blocks (eager calls never wait on a batch); it returns a SubmissionFuture (a
-concurrent.futures.Future), or, for a chained pass (a host decode loop's next step), nothing: its
-`on_outcome` is called instead. An engine exception fails the futures of that batch with the
-exception and the scheduler goes on; a RequestError fails the pass it names alone (engine_calls.py).
+Submitting never blocks; it returns a SubmissionFuture, or, for a chained pass (a host decode
+loop's next step), nothing: its `on_outcome` is called instead. An engine exception fails the
+futures of that batch and the scheduler goes on; a RequestError fails the pass it names alone
+(engine_calls.py). When more than one owner has work, no owner puts more than
+max_tokens_per_owner tokens into a batch: a longer pass runs in chunks across batches (same
+results; its future resolves once the last chunk has run).
 """
 from __future__ import annotations
 
@@ -33,15 +34,13 @@ from typing import Callable, Hashable, Sequence
 from engine.batch import ForwardResult, TokenCopy
 from engine.protocol import EngineLike
 from host.errors import Cancelled
-from host.scheduling.chaining import run_chain
-from host.scheduling.counts import BatchCounts
+from host.scheduling import policy as batch_policy
 from host.scheduling.engine_calls import resolve, run_forward
-from host.scheduling.fairness import FairShares
-from host.scheduling.firing import FiringRules
-from host.scheduling.forming import take_batch
-from host.scheduling.items import Item as _Item, owner_of as _owner, rank_of
-from host.scheduling.overlap import OverlapRunner
-from host.scheduling.types import PRIORITIES, SchedulerPolicy, SchedulerStats, SubmissionFuture
+from host.scheduling.items import Item, owner_of, rank_of
+from host.scheduling.lookahead import Lookahead
+from host.scheduling.policy import FairShares, FireView, take_batch
+from host.scheduling.types import (PRIORITIES, BatchCounts, SchedulerPolicy, SchedulerStats,
+                                   SubmissionFuture)
 from host.scheduling.wakes import DeferredWakes
 from host.scheduling.work import PreparedCopy, PreparedForward
 
@@ -50,23 +49,29 @@ __all__ = ["BatchScheduler", "SchedulerPolicy", "SchedulerStats", "SubmissionFut
 _log = logging.getLogger(__name__)
 _copies_of, _future_of = attrgetter("copies"), attrgetter("future")
 
+Batch = tuple[list[Item], list[Item]]      # (copy items, forward items), in run order
 
-class BatchScheduler(FiringRules):
-    """Owns the engine thread. queue_key = (instance_id, local queue id); the first element is
-    the owner that `cancel_owner` matches. Thread-safe."""
+
+class BatchScheduler:
+    """Owns the queues, the firing state and the engine thread. queue_key = (instance_id, local
+    queue id); the first element is the owner that `cancel_owner` matches. Thread-safe."""
 
     def __init__(self, engine: EngineLike, policy: SchedulerPolicy = SchedulerPolicy()) -> None:
         self.engine = engine
         self.policy = policy
-        self._lock = threading.RLock()     # entered directly: the Condition's enter is Python
-        self._cond = threading.Condition(self._lock)
-        self._queues: dict[Hashable, deque[_Item]] = {}
+        self.lock = threading.RLock()      # entered directly: the Condition's enter is Python
+        self._cond = threading.Condition(self.lock)
+        self._queues: dict[Hashable, deque[Item]] = {}
         self._last_futures: dict[Hashable, Future] = {}
         self._orders = itertools.count()
         self._num_pending = 0
         self._thread: threading.Thread | None = None
         self._closed = False
         self._counts = BatchCounts()
+        self._fair = FairShares(max_lag_tokens=policy.max_batch_tokens)
+        self._wakes = DeferredWakes()
+        self._chained: list[Item] = []          # submitted while a batch resolves, on its thread
+        # the firing state (policy.py reads it through a FireView)
         self._expected: set[Hashable] = set()   # adaptive: owners the next batch is held for
         self._hold_until = 0.0                  # monotonic end of that hold
         self._start_hold_s = (policy.start_hold_ms or 0) / 1000   # None (unresolved): none
@@ -75,23 +80,20 @@ class BatchScheduler(FiringRules):
         self._last_start = float("-inf")        # ... monotonic time of the last launch
         self._running = False                   # a batch is running (engine or waiting thread)
         self._engine_idle = False               # the engine thread waits with no timer
-        self._fair = FairShares(max_lag_tokens=policy.max_batch_tokens)
-        self._wakes = DeferredWakes()
-        self._chained: list[_Item] = []         # submitted while a batch resolves, on its thread
-        self._overlap = OverlapRunner(self) if policy.overlap else None
+        self._lookahead = Lookahead(self, policy)
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        with self._lock:
+        with self.lock:
             if self._thread is not None:
                 return
-            target = self._overlap.run if self._overlap is not None else self._run_loop
+            target = self._lookahead.run if self._lookahead.overlaps else self._run_loop
             self._thread = threading.Thread(target=target, name="pie-engine", daemon=True)
             self._thread.start()
 
     def close(self) -> None:
         """Stop the engine thread (after the batch it is running); pending futures get Cancelled."""
-        with self._lock:
+        with self.lock:
             self._closed = True
             while self._running:                  # the batch in flight ends first
                 self._cond.wait()
@@ -142,14 +144,14 @@ class BatchScheduler(FiringRules):
         called on the thread that resolves it. `synchronize` does not wait for it. False when
         closed: nothing queued, on_done called, on_outcome never. From a batch's resolution, on
         its thread, it is queued with the batch's other chained passes once it has resolved.
-        `prepare_next`: with overlap, prepares the pass after it while it runs (overlap.py).
-        `chain_step`: without overlap, the one-token pass after it, run in the same batch's chain
-        (chaining.py); on_outcome then gets a tuple of the results of every step it took."""
-        item = _Item(queue_key, rank_of(priority), 0, prepared.request, tuple(prepared.copies),
-                     prepared.on_done, None)
+        `prepare_next` / `chain_step`: the pass after it, for the look-ahead at depth 1 / N
+        (lookahead.py); with chain_step, on_outcome gets a tuple of the results of every step
+        it took."""
+        item = Item(queue_key, rank_of(priority), 0, prepared.request, tuple(prepared.copies),
+                    prepared.on_done, None)
         item.on_outcome, item.prepare_next, item.chain_step = on_outcome, prepare_next, chain_step
         if self._wakes.resolving_here():
-            with self._lock:                     # cancel_owner drops them from here too
+            with self.lock:                      # cancel_owner drops them from here too
                 self._chained.append(item)
             return True
         if self._enqueue([item]):
@@ -160,16 +162,16 @@ class BatchScheduler(FiringRules):
 
     def _submit(self, queue_key, priority, request, copies, on_done,
                 prepare_next=None) -> Future:
-        item = _Item(queue_key, rank_of(priority), 0, request, copies, on_done,
-                     self._wait_started)
+        item = Item(queue_key, rank_of(priority), 0, request, copies, on_done,
+                    self._wait_started)
         item.prepare_next = prepare_next
         if not self._enqueue([item]):
             self._finish([item], [Cancelled("scheduler closed: submission refused")])
         return item.future
 
-    def _enqueue(self, items: list[_Item]) -> bool:
+    def _enqueue(self, items: list[Item]) -> bool:
         """Queue `items` in order unless closed (False)."""
-        with self._lock:
+        with self.lock:
             if self._closed:
                 return False
             for item in items:
@@ -185,7 +187,7 @@ class BatchScheduler(FiringRules):
     def _enqueue_chained(self) -> None:
         """Queue the chained passes submitted while the last batch resolved (and not dropped
         by cancel_owner meanwhile)."""
-        with self._lock:
+        with self.lock:
             items, self._chained = self._chained, []
             queued = self._enqueue(items) if items else True
         if not queued:
@@ -194,17 +196,17 @@ class BatchScheduler(FiringRules):
     def synchronize_future(self, queue_key: Hashable) -> Future | None:
         """A future done (maybe with an error) once everything submitted on the queue so far has
         run; None when nothing is pending or running there."""
-        with self._lock:
+        with self.lock:
             future = self._last_futures.get(queue_key)
         return None if future is None or future.done() else future
 
     def cancel_owner(self, owner_id: str) -> int:
         """Drop the pending items of every queue whose key starts with `owner_id`; their futures
         get Cancelled. A batch already running is not interrupted. Returns the count dropped."""
-        with self._lock:
-            keys = [key for key in self._queues if _owner(key) == owner_id]
+        with self.lock:
+            keys = [key for key in self._queues if owner_of(key) == owner_id]
             items = [item for key in keys for item in self._queues.pop(key)]
-            for key in [key for key in self._last_futures if _owner(key) == owner_id]:
+            for key in [key for key in self._last_futures if owner_of(key) == owner_id]:
                 if any(item.future is self._last_futures[key] for item in items):
                     del self._last_futures[key]
             self._num_pending -= len(items)
@@ -213,8 +215,7 @@ class BatchScheduler(FiringRules):
             self._counts.num_cancelled += len(items)
             self._fair.forget(owner_id)
             self._unrun.discard(owner_id)
-            if self._overlap is not None:
-                self._overlap.cancel_owner(owner_id)
+            self._lookahead.cancel_owner(owner_id)
         self.owner_waiting(owner_id)                       # an ended owner is not waited for
         error = Cancelled(f"instance {owner_id} terminated: pending submission cancelled")
         self._finish(items, [error] * len(items))
@@ -228,31 +229,87 @@ class BatchScheduler(FiringRules):
 
     def set_owner_group(self, owner_id: Hashable, group: Hashable) -> None:
         """Share batches fairly between groups (tenants) first, then between their owners."""
-        with self._lock:
+        with self.lock:
             self._fair.set_group(owner_id, group)
 
     def statistics(self) -> SchedulerStats:
-        with self._lock:
+        with self.lock:
             return self._counts.stats(self._num_pending, len(self._queues))
 
-    # ---------------------------------------------------------- engine thread
-    def _run_loop(self) -> None:
-        while True:
-            with self._lock:
-                if not self._wait_for_batch():
-                    return
-                self._running = True
-                copy_items, forward_items = self._take_batch()
-            self._run_taken(copy_items, forward_items)
+    # ------------------------------------------------------- owners' comings and goings
+    def owner_starting(self, owner_id: Hashable) -> None:
+        """`owner_id` was launched: with `start_hold_ms`, a batch of first passes may wait for
+        it until it first blocks or ends (policy.py)."""
+        if self.policy.kind == "adaptive" and self._start_hold_s > 0:
+            with self.lock:
+                self._starting.add(owner_id)
+                self._unrun.add(owner_id)
+                self._last_start = time.monotonic()
 
-    def _run_taken(self, copy_items: list[_Item], forward_items: list[_Item]) -> None:
-        """Run a batch taken under the lock (`_running` set), on whichever thread took it."""
+    def owner_waiting(self, owner_id: Hashable) -> None:
+        """`owner_id` is about to block (on a pass, a synchronize, a receive) or has ended: the
+        hold after the last batch no longer waits for it."""
+        with self.lock:
+            self._starting.discard(owner_id)
+            if owner_id in self._expected:
+                self._expected.discard(owner_id)
+                if not self._expected:
+                    self._cond.notify()
+
+    def _wait_started(self, future: SubmissionFuture) -> None:
+        """`future`'s owner is about to block on it (SubmissionFuture.wait_started): take every
+        step the policy fires now on this thread, while `future` is pending and no batch runs
+        elsewhere (adaptive with run_on_waiter, no look-ahead at depth 1); else, as
+        `owner_waiting`, let the engine thread fire or time it."""
+        while not future.done():
+            with self.lock:
+                self._expected.discard(future.owner)
+                self._starting.discard(future.owner)
+                if not self._may_run_here():
+                    if not self._expected or self._engine_idle:
+                        self._cond.notify()           # it fires, or times the hold
+                    return
+                batch = self._take()
+            self.step(batch)
+
+    def _may_run_here(self) -> bool:
+        """Under the lock, on a guest's thread: whether the batch the policy fires now is this
+        thread's to run."""
+        if (self._running or self._closed or self._expected or not self._num_pending
+                or self.policy.kind != "adaptive" or not self.policy.run_on_waiter
+                or self._lookahead.overlaps):
+            return False
+        return self._fire_now(end_hold=False)
+
+    # ---------------------------------------------------------- the step
+    def _run_loop(self) -> None:
+        """The engine thread without a look-ahead at depth 1: step whenever the policy fires."""
+        while True:
+            with self.lock:
+                if not self.wait_for_batch():
+                    return
+                batch = self._take()
+            self.step(batch)
+
+    def _take(self, num_taken: int = 0) -> Batch:
+        """Under the lock, once the policy fires: mark a batch running and take it."""
+        self._running = True
+        return self.take_queued(num_taken)
+
+    def step(self, batch: Batch) -> None:
+        """Run a batch taken under the lock (marked running), then resolve it, on the calling
+        thread; at depth N the look-ahead first runs the decode loops' further steps."""
+        copy_items, forward_items = batch
         try:
-            self._run_batch(copy_items, forward_items)
+            self._wakes.run()                              # the last batch's, deferred
+            outcomes = self.run_engine(copy_items, forward_items)
+            if not copy_items and threading.current_thread() is self._thread:   # never a guest's
+                outcomes = self._lookahead.chain(forward_items, outcomes)
+            self.resolve(copy_items + forward_items, outcomes)
         except Exception:                                  # never let a runner die
             _log.exception("scheduler: unexpected error running a batch")
         finally:
-            with self._lock:
+            with self.lock:
                 self._running = False
                 if self._closed or (self._engine_idle and self._num_pending):
                     self._cond.notify_all()                # what is left is the engine's
@@ -260,9 +317,29 @@ class BatchScheduler(FiringRules):
             if not next_is_due:                            # else the next batch runs them
                 self._wakes.run()
 
-    def _take_batch(self, num_taken: int = 0) -> tuple[list[_Item], list[_Item]]:
-        """Under the lock: apply the rule (host/scheduling/forming.py), in the batch's tokens
-        left after `num_taken`. Returns (copy items, forward items) in run order."""
+    # ------------------------------------------- what the look-ahead uses (lookahead.py)
+    def wait_for_batch(self) -> bool:
+        """Under the lock: wait until the policy fires. False when closed."""
+        while not self._closed:
+            if self._fire_now(end_hold=True):
+                return True
+        return False
+
+    def wait_hold(self) -> None:
+        """Under the lock: wait while the hold after the last batch lasts (or until closed)."""
+        while self._expected and not self._closed:
+            wait_s = self._hold_until - time.monotonic()
+            if wait_s <= 0:
+                self._counts.num_hold_timeouts += 1
+                self._expected.clear()
+                return
+            self._cond.wait(wait_s)
+
+    def take_queued(self, num_taken: int = 0) -> Batch:
+        """Under the lock: the queued items of the next batch (policy.take_batch), in the
+        batch's tokens left after `num_taken` passes prepared ahead."""
+        if num_taken and (not self._num_pending or num_taken >= self.policy.max_batch_tokens):
+            return [], []
         copy_items, forward_items = take_batch(self._queues, self._fair, self.policy,
                                                self.engine.page_size,
                                                self.policy.max_batch_tokens - num_taken)
@@ -271,16 +348,17 @@ class BatchScheduler(FiringRules):
             self._unrun.difference_update(item.owner for item in forward_items)
         return copy_items, forward_items
 
-    def _run_batch(self, copy_items: list[_Item], forward_items: list[_Item]) -> None:
-        self._wakes.run()                                  # the last batch's, deferred
-        outcomes = self._run_engine(copy_items, forward_items)
-        if ((self.policy.chain_steps or 1) > 1 and not copy_items
-                and threading.current_thread() is self._thread):   # never on a guest's thread
-            outcomes = run_chain(self, forward_items, outcomes)
-        self._resolve(copy_items + forward_items, outcomes)
+    def set_running(self, running: bool) -> None:
+        """Under the lock: whether a batch (or passes prepared ahead) is running."""
+        self._running = running
 
-    def _run_engine(self, copy_items: list[_Item], forward_items: list[_Item],
-                    fed_from: tuple | None = None) -> list:
+    def stopped(self) -> None:
+        """Under the lock: the look-ahead's loop has ended (close() may go on)."""
+        self._running = False
+        self._cond.notify_all()
+
+    def run_engine(self, copy_items: list[Item], forward_items: list[Item],
+                   fed_from: tuple | None = None) -> list:
         """Run a batch's copies, then its passes (`fed_from`: as run_forward's), and record it:
         an outcome per item (a copy item's None; an exception for a failed one)."""
         items = copy_items + forward_items
@@ -296,10 +374,12 @@ class BatchScheduler(FiringRules):
             if copy_items:
                 outcomes = [None] * len(copy_items) + outcomes
         failed = any(map(isinstance, outcomes, itertools.repeat(BaseException)))
-        self._record(copy_items, forward_items, failed, time.monotonic() - started)
+        with self.lock:
+            self._hold_after(forward_items, time.monotonic() - started)
+            self._counts.record_batch(len(copy_items), len(forward_items), failed)
         return outcomes
 
-    def _resolve(self, items: list[_Item], outcomes: list) -> None:
+    def resolve(self, items: list[Item], outcomes: list) -> None:
         """End a batch's items (on this thread: the chained passes they submit are queued at
         the end, the wakes they ask for deferred)."""
         self._wakes.start_resolving()
@@ -310,23 +390,115 @@ class BatchScheduler(FiringRules):
             self._enqueue_chained()
         self._forget(items)
 
-    def _record(self, copy_items: list[_Item], forward_items: list[_Item], failed: bool,
-                engine_s: float) -> None:
-        with self._lock:
-            self._expect(forward_items, engine_s)
-            self._counts.record_batch(len(copy_items), len(forward_items), failed)
+    def run_wakes(self) -> None:
+        """Run the wakes deferred while the last batch resolved."""
+        self._wakes.run()
 
-    def _forget(self, items: list[_Item]) -> None:
+    def record_step(self, items: list[Item], failed: bool, charge: bool) -> None:
+        """Count a batch the look-ahead ran without `run_engine` (its items; whether a pass
+        failed); `charge`: charge its owners' fair shares a token each."""
+        with self.lock:
+            self._counts.record_batch(0, len(items), failed)
+            if charge:
+                for item in items:
+                    self._fair.charge(item.owner, 1)
+
+    def admit_ahead(self, items: list[Item]) -> None:
+        """Passes prepared ahead join the order and are charged to their owners' fair shares."""
+        with self.lock:
+            for item in items:
+                item.order = next(self._orders)
+                self._fair.charge(item.owner, item.num_tokens)
+
+    def without_queued(self, items: list[Item]) -> list[Item]:
+        """`items` whose queue has nothing queued (only there may a pass be prepared ahead:
+        the queue's order holds)."""
+        with self.lock:
+            return [item for item in items if item.queue_key not in self._queues]
+
+    def has_other_work(self) -> bool:
+        """Read without the lock (a racing submission waits one batch at most): anything
+        queued, a hold, or closing."""
+        return bool(self._num_pending or self._expected or self._closed)
+
+    def has_queued(self) -> bool:
+        """Read without the lock, as has_other_work: anything queued, or closing."""
+        return bool(self._num_pending or self._closed)
+
+    def holding(self) -> bool:
+        """Whether the next batch is held for owners blocked on the last (adaptive)."""
+        return bool(self._expected)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ------------------------------------------------------------ firing state
+    def _fire_now(self, end_hold: bool) -> bool:
+        """Under the lock: ask the policy, apply what it changes, and wait as it says (or, with
+        `end_hold` False, on a guest's thread, never wait: False). True when it fires now."""
+        while True:
+            fire = batch_policy.decide(self._view(), self.policy, self._start_hold_s)
+            if fire.now:
+                return True
+            if fire.forget_starting:
+                starting, self._starting = self._starting, set()
+                if fire.start_hold_until is not None:
+                    self._expected |= starting
+                    self._hold_until = max(self._hold_until, fire.start_hold_until)
+                    self._counts.num_holds += 1
+                continue
+            if not end_hold:
+                return False
+            if fire.end_hold:
+                self._counts.num_hold_timeouts += 1
+                self._expected.clear()
+                continue
+            if fire.wait_s is None:
+                self._engine_idle = True
+                self._cond.wait()
+                self._engine_idle = False
+            else:
+                self._cond.wait(fire.wait_s)
+            return False
+
+    def _view(self) -> FireView:
+        """Under the lock: what the policy reads now (the queues scanned only when needed)."""
+        now = time.monotonic()
+        only_first, oldest_at = False, now
+        if self._queues and batch_policy.needs_queue_scan(self.policy, self._start_hold_s,
+                                                          bool(self._starting),
+                                                          self._last_start, now):
+            unrun = self._unrun
+            only_first = all(owner_of(key) in unrun for key in self._queues)
+            oldest_at = min(queue[0].enqueued_at for queue in self._queues.values())
+        return FireView(now, self._running, self._num_pending, len(self._queues),
+                        bool(self._expected), self._hold_until, bool(self._starting),
+                        self._last_start, only_first, oldest_at)
+
+    def _hold_after(self, forward_items: list[Item], engine_s: float) -> None:
+        """Under the lock, right before the batch's futures resolve: hold the next batch for
+        the owners blocked on one of them."""
+        if self.policy.kind != "adaptive":
+            return
+        awaited = {future.owner for future in filter(None, map(_future_of, forward_items))
+                   if future.awaited}
+        self._expected, self._hold_until = batch_policy.hold_after(self.policy, awaited,
+                                                                   engine_s, time.monotonic())
+        self._counts.num_holds += bool(self._expected)
+
+    # ------------------------------------------------------------ ending items
+    def _forget(self, items: list[Item]) -> None:
         """Drop the synchronize entries that these (now resolved) items were the last of."""
         if not any(map(_future_of, items)):               # chained passes and chunks
             return
-        with self._lock:
+        with self.lock:
             for item in items:
                 if (item.future is not None
                         and self._last_futures.get(item.queue_key) is item.future):
                     del self._last_futures[item.queue_key]
 
-    def _finish(self, items: list[_Item], outcomes: list) -> None:
+    def _finish(self, items: list[Item], outcomes: list) -> None:
         """End each item: its on_done first (pages it pinned may be released), then its future
         (an exception outcome is set as the future's exception)."""
         for item, outcome in zip(items, outcomes):
@@ -337,14 +509,14 @@ class BatchScheduler(FiringRules):
                 outcome = item.merged(outcome)
             resolve(item, outcome)
 
-    def _finish_chunk(self, chunk: _Item, outcome: object) -> None:
+    def _finish_chunk(self, chunk: Item, outcome: object) -> None:
         """A chunk ran: keep its outputs for its pass; a failure fails the whole pass (the rest,
         at the head of its queue, is dropped)."""
         parent = chunk.parent
         if not isinstance(outcome, BaseException):
             parent.merged(outcome, chunk.output_slots)
             return
-        with self._lock:
+        with self.lock:
             queue = self._queues.get(parent.queue_key)
             if not queue or queue[0] is not parent:
                 return                                # cancelled meanwhile

@@ -1,17 +1,19 @@
-"""The scheduler's value types: its policy (when batches fire), its statistics, and the future a
-submission returns. See host/scheduling/scheduler.py for the rules."""
+"""The scheduler's value types: its policy (when batches fire), its statistics and the counters
+behind them, and the future a submission returns. See host/scheduling/scheduler.py for the rules."""
 from __future__ import annotations
 
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Hashable
 
-__all__ = ["SchedulerPolicy", "SchedulerStats", "SubmissionFuture", "PRIORITIES", "POLICY_KINDS",
-           "MAX_CHAIN_STEPS", "CPU_CHAIN_STEPS"]
+__all__ = ["SchedulerPolicy", "SchedulerStats", "BatchCounts", "SubmissionFuture", "PRIORITIES",
+           "POLICY_KINDS", "MAX_CHAIN_STEPS", "CPU_CHAIN_STEPS"]
 
 PRIORITIES = ("high", "normal", "low")     # batch order
 POLICY_KINDS = ("adaptive", "k-or-t")
 MAX_CHAIN_STEPS = 64
+NUM_RECENT = 64        # batch sizes kept for SchedulerStats.recent_batch_sizes
 CPU_CHAIN_STEPS = MAX_CHAIN_STEPS   # chain_steps unset, no overlap: a chain ends when other work
                                     # is queued, so a longer bound costs no one a wait
 
@@ -26,16 +28,16 @@ class SchedulerPolicy:
     chunks of at most that many, engine/chunking.py), so another owner's decode step
     waits at most one batch of max_batch_tokens, and no owner fills it alone.
     overlap: the host resolves a batch and prepares the next one's decode-loop passes while the
-    engine runs (host/scheduling/overlap.py; batches then always run on the engine thread).
+    engine runs (host/scheduling/lookahead.py; batches then always run on the engine thread).
     None: the Runtime's choice for its engine (on for a GPU, off on a CPU: runtime.py).
     start_hold_ms: adaptive: a batch of instances' first passes waits for the
     other instances launched and not blocked yet, and for a pause of LAUNCH_BURST_GAP_S (2 ms)
     in the launches, but only until its oldest pass has waited this long
-    (host/scheduling/firing.py; 0: never). None: the Runtime's choice for its engine (500 on a
+    (host/scheduling/policy.py; 0: never). None: the Runtime's choice for its engine (500 on a
     CPU, where instances starting and a batch share the cores; 0 on a GPU).
     chain_steps: without overlap, a batch of host decode loops' passes runs up to this many
     engine steps before the host resolves it, while nothing else is queued
-    (host/scheduling/chaining.py; 1: every step goes back to the host). None: the Runtime's
+    (host/scheduling/lookahead.py; 1: every step goes back to the host). None: the Runtime's
     choice for its engine (CPU_CHAIN_STEPS, 64, on a CPU; 1 with overlap, which has its own
     short path)."""
 
@@ -103,6 +105,38 @@ class SchedulerStats:
     recent_batch_sizes: tuple[int, ...]
     num_holds: int = 0
     num_hold_timeouts: int = 0
+
+
+class BatchCounts:
+    """Counters of batches, passes, copies, cancellations and holds. Not thread-safe: the
+    scheduler updates and reads them under its own lock."""
+
+    def __init__(self) -> None:
+        self.num_batches = self.num_failed_batches = self.num_forwards = 0
+        self.num_copy_items = self.num_cancelled = 0
+        self.num_holds = self.num_hold_timeouts = 0
+        self._histogram: dict[int, int] = {}          # passes in a batch -> batches
+        self._recent: deque[int] = deque(maxlen=NUM_RECENT)
+
+    def record_batch(self, num_copy_items: int, num_forwards: int, failed: bool) -> None:
+        """A batch ran (`num_forwards` 0: copies only, not counted as a batch)."""
+        self.num_copy_items += num_copy_items
+        if num_forwards:
+            self.num_batches += 1
+            self.num_failed_batches += failed
+            self.num_forwards += num_forwards
+            self._histogram[num_forwards] = self._histogram.get(num_forwards, 0) + 1
+            self._recent.append(num_forwards)
+
+    def stats(self, num_pending: int, num_queues: int) -> SchedulerStats:
+        return SchedulerStats(
+            num_batches=self.num_batches, num_failed_batches=self.num_failed_batches,
+            num_forwards=self.num_forwards, num_copy_items=self.num_copy_items,
+            num_cancelled=self.num_cancelled, num_pending=num_pending, num_queues=num_queues,
+            max_batch_size=max(self._histogram, default=0),
+            batch_size_histogram=tuple(sorted(self._histogram.items())),
+            recent_batch_sizes=tuple(self._recent), num_holds=self.num_holds,
+            num_hold_timeouts=self.num_hold_timeouts)
 
 
 class SubmissionFuture(Future):

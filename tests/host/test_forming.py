@@ -1,4 +1,4 @@
-"""host/scheduling/forming.py: when every head fits, the one-sort path takes exactly what the
+"""host/scheduling/policy.py: when every head fits, the one-sort path takes exactly what the
 heap path takes (the same items, the same charges); otherwise the heap's rule applies."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections import deque
 
 import pytest
 
-from host.scheduling import forming
-from host.scheduling.fairness import FairShares
+from host.scheduling import policy as batch_policy
+from host.scheduling.policy import FairShares
 from host.scheduling.items import Item, Taken
 from host.scheduling.types import SchedulerPolicy
 from tests.host.test_fairness import request
@@ -45,10 +45,10 @@ def _taken(queues, fair, policy, path):
     owners = {key[0] for key in queues}
     fair.settle(owners)
     if path == "sort":
-        copies, forwards = forming._take_every_head(queues, fair)
+        copies, forwards = batch_policy._take_every_head(queues, fair)
     else:
         taken = Taken(policy.max_batch_tokens, len(owners) > 1)
-        copies, forwards = forming._take_by_heap(queues, fair, policy, 16, taken)
+        copies, forwards = batch_policy._take_by_heap(queues, fair, policy, 16, taken)
     return ({id(item) for item in copies}, {id(item) for item in forwards},
             {key: [id(item) for item in queue] for key, queue in queues.items()},
             [fair.key(owner) for owner in sorted(owners)])
@@ -58,7 +58,7 @@ def _taken(queues, fair, policy, path):
 def test_the_sort_takes_what_the_heap_takes_whenever_every_head_fits(seed) -> None:
     policy = SchedulerPolicy(max_batch_tokens=400, max_tokens_per_owner=30)   # <= 12 x 3 x 9
     queues, fair = _state(seed, policy.max_batch_tokens)
-    assert forming._every_head_fits(queues, policy, len({key[0] for key in queues}) > 1,
+    assert batch_policy._every_head_fits(queues, policy, len({key[0] for key in queues}) > 1,
                                      policy.max_batch_tokens)
     twin_queues = {key: deque(queue) for key, queue in queues.items()}
     twin_fair = FairShares(policy.max_batch_tokens)
@@ -71,10 +71,10 @@ def test_a_batch_that_does_not_fit_goes_through_the_heap(monkeypatch) -> None:
     policy = SchedulerPolicy(max_batch_tokens=8)
     queues = {(f"i{k}", 0): deque([Item((f"i{k}", 0), 1, k, request(k, 3, (k,)), (), None,
                                         None)]) for k in range(4)}
-    assert not forming._every_head_fits(queues, policy, True, policy.max_batch_tokens)
+    assert not batch_policy._every_head_fits(queues, policy, True, policy.max_batch_tokens)
     called = []
-    original = forming._take_by_heap
-    monkeypatch.setattr(forming, "_take_by_heap", lambda *args: called.append(1) or
+    original = batch_policy._take_by_heap
+    monkeypatch.setattr(batch_policy, "_take_by_heap", lambda *args: called.append(1) or
                         original(*args))
-    copies, forwards = forming.take_batch(queues, FairShares(8), policy, 4)
+    copies, forwards = batch_policy.take_batch(queues, FairShares(8), policy, 4)
     assert called and [item.order for item in forwards] == [0, 1] and len(queues) == 2

@@ -1,4 +1,4 @@
-"""SchedulerPolicy.overlap (host/scheduling/overlap.py), over the fake engine with toy decode
+"""SchedulerPolicy.overlap (host/scheduling/lookahead.py), over the fake engine with toy decode
 loops: each pass offers `prepare_next`, the pass after it, whose token the engine is fed from the
 pass before. The loops' outputs equal the fake model's; passes prepared ahead whose predecessor
 failed or whose owner ended never run and end (on_done, then a Cancelled outcome)."""

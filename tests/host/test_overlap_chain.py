@@ -1,4 +1,4 @@
-"""The overlapped engine loop's short path (host/scheduling/overlap.py: `_chain`): once a batch
+"""The overlapped engine loop's short path (host/scheduling/lookahead.py: `_chain`): once a batch
 is only passes prepared ahead, the next goes to the engine without the scheduler's lock and is
 recorded when the helper resolves it. The toy decode loops of test_overlap.py, over a fake engine
 that fails a chosen batch."""

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from host.scheduling import firing
+from host.scheduling import policy as batch_policy
 from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy
 from tests.host.fake_engine import FakeEngine
 from tests.host.test_scheduler import pass_on
@@ -115,7 +115,7 @@ def test_a_burst_of_launches_runs_its_first_passes_together(monkeypatch):
     """The first instance of a burst can queue its pass and block before the next launch is
     known: the batch waits until no launch has come for LAUNCH_BURST_GAP_S (widened here so that
     a slow machine still launches "b" inside it)."""
-    monkeypatch.setattr(firing, "LAUNCH_BURST_GAP_S", 0.5)
+    monkeypatch.setattr(batch_policy, "LAUNCH_BURST_GAP_S", 0.5)
     engine = FakeEngine(num_pages=8, page_size=4)
     with BatchScheduler(engine, LONG_HOLD) as scheduler:
         scheduler.owner_starting("a")
@@ -131,7 +131,7 @@ def test_a_burst_of_launches_runs_its_first_passes_together(monkeypatch):
 
 
 def test_the_wait_for_a_burst_ends_at_the_start_hold_bound(monkeypatch):
-    monkeypatch.setattr(firing, "LAUNCH_BURST_GAP_S", 30.0)
+    monkeypatch.setattr(batch_policy, "LAUNCH_BURST_GAP_S", 30.0)
     engine = FakeEngine(num_pages=8, page_size=4)
     with BatchScheduler(engine, SchedulerPolicy(start_hold_ms=200, max_hold_ms=0)) as scheduler:
         scheduler.owner_starting("a")
