@@ -117,6 +117,13 @@ def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
     if engine is None:
         return EXIT_ERROR
     print(f"pie run: engine: {engine.kernel_summary}", file=sys.stderr)
+    from engine.warm_up import WarmUpError, needs_warm_up, warm_up
+    try:
+        if needs_warm_up(engine):
+            warm_up(engine, lambda line: print(f"pie run: {line}", file=sys.stderr, flush=True))
+    except WarmUpError as err:
+        print(f"pie run: {err}", file=sys.stderr)
+        return EXIT_ERROR
     from host.runtime import Runtime
     # one instance: naming its memory limit exactly is worth its slower start
     with Runtime(engine, RuntimeConfig(cache_dir=cache_dir, count_linear_memory=True,

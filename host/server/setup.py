@@ -34,13 +34,20 @@ class ServerContext:
     openai: Any = None           # host.server.openai.OpenAIFrontend, when enabled
 
 def load_engine_for(config: ServerConfig) -> Any:
-    """Load the configured model (the embedded default when model.path is "")."""
+    """Load the configured model (the embedded default when model.path is ""); on CUDA, warm its
+    kernels (engine.warm_up, a "pie.engine" log line per step) before the server listens."""
+    import logging
     from engine import load_default_engine, load_engine
+    from engine.warm_up import needs_warm_up, warm_up
 
     overrides = dataclasses.asdict(config.engine)     # EngineSection mirrors EngineConfig
     if config.model.path:
-        return load_engine(config.model.path, progress=False, **overrides)
-    return load_default_engine(progress=False, **overrides)
+        engine = load_engine(config.model.path, progress=False, **overrides)
+    else:
+        engine = load_default_engine(progress=False, **overrides)
+    if needs_warm_up(engine):
+        warm_up(engine, logging.getLogger("pie.engine").info)
+    return engine
 
 
 def build_runtime(config: ServerConfig, engine: Any) -> Any:

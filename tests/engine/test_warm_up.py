@@ -125,3 +125,30 @@ def test_pages_needed_covers_both_sequences_and_their_decode_token():
     assert pages_needed(16) == 2 + 1
     assert pages_needed(4) == 6 + 2
     assert pages_needed(1) == 21 + 6
+
+
+@pytest.mark.parametrize("on_cuda", [False, True])
+def test_pie_serve_warms_the_engine_it_loads_when_it_needs_it(monkeypatch, caplog, tmp_path,
+                                                              on_cuda):
+    """host.server.setup.load_engine_for (what `pie serve` runs before it listens) warms the
+    engine when needs_warm_up says so (forced here: there is no CUDA), logging each step on
+    "pie.engine"; on the CPU it does not."""
+    import logging
+
+    import engine.warm_up
+    from host.server.server_config import parse_config
+    from host.server.setup import load_engine_for
+
+    monkeypatch.setattr(engine.warm_up, "needs_warm_up", lambda _: on_cuda)
+    config = parse_config({"server": {"data_dir": str(tmp_path)},
+                           "engine": {"num_pages": 16, "page_size": 16, "device": "cpu"},
+                           "tenants": [{"name": "a", "token": "t"}]})
+    with caplog.at_level(logging.INFO, logger="pie.engine"):
+        served = load_engine_for(config)
+    lines = [r.getMessage() for r in caplog.records if "warm" in r.getMessage()]
+    assert served.num_pages == 16
+    if on_cuda:
+        assert [line.split(": ")[1].split(" (")[0] for line in lines[:-1]] == list(STEP_NAMES)
+        assert lines[-1].startswith("torch cpu kernels warm in ")
+    else:
+        assert lines == []
