@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from host.scheduling.scheduler import SchedulerPolicy
+    from host.scheduling.types import SchedulerPolicy
 
 __all__ = ["InstanceLimits", "MessageLimits", "RuntimeConfig", "default_cache_dir"]
 
@@ -110,7 +110,7 @@ class RuntimeConfig:
     """How the runtime is set up.
 
     cache_dir:     where compiled components are kept (keyed by sha256 + wasmtime + engine config).
-    scheduler:     the batching policy; None = host.scheduling.scheduler.SchedulerPolicy() (adaptive).
+    scheduler:     the batching policy; None = host.scheduling.types.SchedulerPolicy() (adaptive).
     limits:        the default InstanceLimits of a launch.
     messages:      the MessageLimits of the runtime's message hub.
     epoch_tick_ms: how often the epoch ticker advances the Wasmtime epoch while some guest may

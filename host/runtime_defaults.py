@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from engine.protocol import EngineLike
-from host.scheduling.scheduler import SchedulerPolicy
-from host.scheduling.types import CPU_CHAIN_STEPS
+from host.scheduling.types import CPU_CHAIN_STEPS, SchedulerPolicy
 
 __all__ = ["overlap_by_default", "start_hold_by_default", "resolved_policy"]
 
