@@ -150,8 +150,10 @@ class FlashInferAttention:
         k, v:     [num_tokens, num_kv_heads, head_dim]
         """
         batch = self._require_batch()
-        kv_layer[:, 0][batch.append_page_ids, batch.append_slots] = k.to(kv_layer.dtype)
-        kv_layer[:, 1][batch.append_page_ids, batch.append_slots] = v.to(kv_layer.dtype)
+        if k.dtype != kv_layer.dtype:              # (the model dtype is the cache's on CUDA)
+            k, v = k.to(kv_layer.dtype), v.to(kv_layer.dtype)
+        kv_layer[:, 0][batch.append_page_ids, batch.append_slots] = k
+        kv_layer[:, 1][batch.append_page_ids, batch.append_slots] = v
 
     def run(self, q: torch.Tensor, kv_layer: torch.Tensor) -> torch.Tensor:
         """Attention of the new tokens over their contexts (after append_kv).
