@@ -5,8 +5,9 @@ call the attention backend or the CUDA sampler makes into it is first bound to t
 signature (`inspect.signature(real).bind(*args, **kwargs)`): a wrong name, a missing argument or an
 extra positional raises TypeError there, as the real call would. The bound arguments, by the real
 parameter names with the real defaults applied, are recorded as a `Call`; then the call goes to the
-stand-in of tests/engine/test_device.py (wrappers) or tests/engine/test_sampling_cuda.py (sampler),
-and what the stand-in returns is returned. With compute=False (tensors on the meta device, where
+stand-in of tests/engine/test_device.py (prefill wrapper), tests/engine/flashinfer_stand_in.py
+(decode wrapper, eager or CUDA-graph mode, and the fused kernels `KERNELS`) or
+tests/engine/test_sampling_cuda.py (sampler), and what the stand-in returns is returned. With compute=False (tensors on the meta device, where
 nothing can be computed) the stand-ins are skipped and `run` returns an empty tensor shaped like `q`
 (the documented output: [qo_indptr[-1], num_qo_heads, head_dim] in q's dtype).
 
@@ -22,9 +23,12 @@ from typing import Any, Callable
 
 import torch
 
-from tests.engine.test_device import FakeDecode, FakePrefill
+from tests.engine.flashinfer_stand_in import StandInDecode, stand_in_flashinfer
+from tests.engine.test_device import FakePrefill
 from tests.engine.test_sampling_cuda import _FakeSampling
 
+KERNELS = ("norm.rmsnorm", "norm.fused_add_rmsnorm", "rope.apply_rope_with_cos_sin_cache_inplace",
+           "activation.silu_and_mul", "page.append_paged_kv_cache")
 PREFILL = "BatchPrefillWithPagedKVCacheWrapper"
 DECODE = "BatchDecodeWithPagedKVCacheWrapper"
 SAMPLING = "sampling.top_k_top_p_sampling_from_probs"
@@ -104,7 +108,7 @@ def recording_flashinfer(real: types.ModuleType, recorder: Recorder,
     module.BatchPrefillWithPagedKVCacheWrapper = _recording_wrapper(
         real.BatchPrefillWithPagedKVCacheWrapper, FakePrefill, recorder, compute)
     module.BatchDecodeWithPagedKVCacheWrapper = _recording_wrapper(
-        real.BatchDecodeWithPagedKVCacheWrapper, FakeDecode, recorder, compute)
+        real.BatchDecodeWithPagedKVCacheWrapper, StandInDecode, recorder, compute)
     stand_in = _FakeSampling()
 
     def top_k_top_p_sampling_from_probs(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -114,4 +118,31 @@ def recording_flashinfer(real: types.ModuleType, recorder: Recorder,
 
     module.sampling = types.SimpleNamespace(
         top_k_top_p_sampling_from_probs=top_k_top_p_sampling_from_probs)
+    kernels = stand_in_flashinfer()
+    for name in KERNELS:
+        submodule, function = name.split(".")
+        space = getattr(module, submodule, None) or types.SimpleNamespace()
+        setattr(module, submodule, space)
+        setattr(space, function, _recording_function(
+            name, getattr(getattr(real, submodule), function),
+            getattr(getattr(kernels, submodule), function), recorder, compute))
     return module
+
+
+def _recording_function(name: str, real: Callable, stand_in: Callable, recorder: Recorder,
+                        compute: bool) -> Callable:
+    """A module-level flashinfer function: bind to `real`, record, then run the stand-in (on the
+    meta device, where nothing computes: a fresh output shaped like the first argument, or
+    nothing for the in-place kernels)."""
+    def function(*args: Any, **kwargs: Any) -> Any:
+        arguments = recorder.bind(name, real, args, kwargs, method=False)
+        if compute:
+            return stand_in(*args, **kwargs)
+        if name == "activation.silu_and_mul":
+            first = arguments["input"]
+            return first.new_empty(*first.shape[:-1], first.shape[-1] // 2)
+        if name == "norm.rmsnorm":
+            return torch.empty_like(arguments["input"])
+        return None
+    function.__name__ = name.split(".")[-1]
+    return function

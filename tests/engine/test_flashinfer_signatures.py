@@ -168,3 +168,127 @@ def test_the_checked_version_is_the_installed_one():
     assert "q_data_type" in inspect.signature(decode._plan_impl).parameters
     prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper
     assert plan_target(prefill) is prefill.plan
+
+
+# ---- the fused layer kernels and the CUDA-graph decode (engine.cuda_graphs) --------------------
+GRAPH_SIZES = (1, 2, 4)
+
+
+def _graph_engine_calls(monkeypatch) -> tuple[Recorder, object]:
+    """The CUDA-path engine on the CPU over a recording flashinfer: a prefill of 3 prompts, then
+    3 decode steps (3 rows padded to 4, replayed from the graph path)."""
+    from engine.engine import Engine
+    from engine.engine_config import EngineConfig
+    from tests.engine.cuda_path import UNTIED, cuda_path_on_cpu, random_weights
+
+    recorder = Recorder()
+    with cuda_path_on_cpu(monkeypatch, recording_flashinfer(flashinfer, recorder)):
+        engine = Engine(UNTIED, random_weights(UNTIED), None,
+                        EngineConfig(page_size=4, num_pages=32, dtype="bfloat16",
+                                     cuda_graph_batch_sizes=GRAPH_SIZES), seed=0)
+        engine.generate_greedy_batch([[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]], 4)
+    return recorder, engine
+
+
+def _int32_on(t, device, length=None):
+    assert isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.dim() == 1
+    assert t.device == device and t.is_contiguous()
+    assert length is None or t.shape[0] == length
+
+
+def test_graph_decode_wrappers_bind_in_cuda_graph_mode(monkeypatch):
+    """One decode wrapper per size, built with use_cuda_graph=True over int32 device buffers of
+    [B+1] / [capacity] / [B]; each plan keeps the size, indptr and last-page lengths on the host,
+    page indices on the device; one plan and one run per layer per replayed step."""
+    recorder, engine = _graph_engine_calls(monkeypatch)
+    cpu = torch.device("cpu")
+    inits = [c for c in recorder.named(f"{DECODE}.__init__") if c.arguments["use_cuda_graph"]]
+    assert [len(c.arguments["paged_kv_last_page_len_buffer"]) for c in inits] == list(GRAPH_SIZES)
+    capacity = engine.num_pages + GRAPH_SIZES[-1]
+    for init in inits:
+        args, size = init.arguments, len(init.arguments["paged_kv_last_page_len_buffer"])
+        assert args["kv_layout"] == "NHD" and args["backend"] == "auto"
+        assert args["use_tensor_cores"] is False                     # GQA group 2: CUDA cores
+        _int32_on(args["paged_kv_indptr_buffer"], cpu, size + 1)
+        _int32_on(args["paged_kv_indices_buffer"], cpu, capacity)
+        _int32_on(args["paged_kv_last_page_len_buffer"], cpu, size)
+        assert args["float_workspace_buffer"].shape == (WORKSPACE_BYTES,)
+    graph_plans = recorder.named(f"{DECODE}.plan")
+    assert len(graph_plans) == 3                                     # 3 replayed steps
+    for plan in graph_plans:     # (the buffers are reused: only the last plan's values remain)
+        args = plan.arguments
+        _int32_on(args["indptr"], cpu, 5)                           # 3 rows padded to 4
+        _int32_on(args["last_page_len"], cpu, 4)
+        _int32_on(args["indices"], cpu)
+        assert args["pos_encoding_mode"] == "NONE" and args["q_len_per_req"] == 1
+        assert args["q_data_type"] == args["kv_data_type"] == torch.bfloat16
+    last = graph_plans[-1].arguments
+    assert len(last["indices"]) == int(last["indptr"][-1])
+    kv_lens = flashinfer.page.get_seq_lens(last["indptr"], last["last_page_len"], 4)
+    assert kv_lens.tolist() == [5 + 3, 2 + 3, 3 + 3, 1]             # the padding row: 1 slot
+    assert int(last["indices"][-1]) == engine.num_pages              # ... in the scratch page
+    assert len(recorder.named(f"{DECODE}.run")) == 3 * engine.model_config.num_layers
+
+
+def test_fused_kernel_calls_bind_and_meet_the_contract(monkeypatch):
+    """Every fused kernel the CUDA path calls binds to the real signature with the dtypes, shapes
+    and layouts its docstring and C++ checks require (flashinfer/data/csrc: norm.cu, rope.cu,
+    page.cu: last dim contiguous, index tensors int32 and contiguous, one device)."""
+    recorder, engine = _graph_engine_calls(monkeypatch)
+    config, cpu = engine.model_config, torch.device("cpu")
+    d, q_dim, kv_dim = config.head_dim, config.num_heads * config.head_dim, \
+        config.num_kv_heads * config.head_dim
+    layers = config.num_layers
+    # prefill + 3 steps: 2 fused norms per layer, the first layer's and the final norm plain
+    assert len(recorder.named("norm.fused_add_rmsnorm")) == 4 * (2 * layers - 1 + 1)
+    assert len(recorder.named("norm.rmsnorm")) == 4
+    for call in recorder.named("norm.fused_add_rmsnorm") + recorder.named("norm.rmsnorm"):
+        args = call.arguments
+        tensors = [args["input"], args["weight"]] + ([args["residual"]] if "residual" in args
+                                                      else [])
+        assert {t.dtype for t in tensors} == {torch.bfloat16} and args["eps"] == config.rms_norm_eps
+        assert all(t.is_contiguous() for t in tensors) and args["input"].dim() == 2
+        assert args["weight"].shape == (config.hidden_size,) and args["enable_pdl"] is None
+        if "residual" in args:
+            assert args["residual"].shape == args["input"].shape
+        else:
+            assert args["out"] is None
+    for call in recorder.named("rope.apply_rope_with_cos_sin_cache_inplace"):
+        args = call.arguments
+        n = args["positions"].shape[0]
+        assert args["positions"].dtype in (torch.int32, torch.int64)
+        assert args["positions"].is_contiguous() and args["positions"].dim() == 1
+        assert args["query"].shape == (n, q_dim) and args["key"].shape == (n, kv_dim)
+        assert args["query"].stride(-1) == 1 and args["key"].stride(-1) == 1
+        assert args["head_size"] == d and type(args["head_size"]) is int
+        cache = args["cos_sin_cache"]
+        assert cache.dtype == torch.float32 and cache.shape == (config.max_position, d)
+        assert cache.is_contiguous() and args["is_neox"] is True
+    for call in recorder.named("activation.silu_and_mul"):
+        args = call.arguments
+        assert args["input"].shape[-1] == 2 * config.intermediate_size
+        assert args["input"].stride(-1) == 1 and args["out"] is None
+    appends = recorder.named("page.append_paged_kv_cache")
+    assert len(appends) == 3 * layers                                # the replayed steps only
+    for call in appends:
+        args = call.arguments
+        rows = args["append_key"].shape[0]
+        assert args["append_key"].shape == args["append_value"].shape == (rows, config.num_kv_heads, d)
+        assert args["append_key"].stride(-1) == 1
+        _int32_on(args["batch_indices"], cpu, rows)
+        _int32_on(args["positions"], cpu, rows)
+        _int32_on(args["kv_last_page_len"], cpu, rows)
+        _int32_on(args["kv_indptr"], cpu, rows + 1)
+        _int32_on(args["kv_indices"], cpu)
+        cache = args["paged_kv_cache"]
+        assert cache.dim() == 5 and cache.shape[1] == 2 and cache.dtype == torch.bfloat16
+        assert cache.shape[0] == engine.num_pages + 1 and args["kv_layout"] == "NHD"
+
+
+def test_the_fused_kernels_exist_where_the_engine_calls_them():
+    """flashinfer.norm / rope / activation / page are attributes of the imported package."""
+    for name in ("norm.rmsnorm", "norm.fused_add_rmsnorm",
+                 "rope.apply_rope_with_cos_sin_cache_inplace", "activation.silu_and_mul",
+                 "page.append_paged_kv_cache"):
+        submodule, function = name.split(".")
+        assert callable(getattr(getattr(flashinfer, submodule), function)), name
