@@ -128,32 +128,30 @@ class RuntimeConfig:
     count_linear_memory: the host creates every linear memory and charges it to its instance
                    (host/sandbox/linear_memory.py): memory_mb is then the exact total of its
                    memories and an instance that hit it is told so whatever the guest reports.
-                   Costs copy-on-write images: a componentize-py instance's 12.6 MiB heap
-                   image is copied into its memory at each start (~1 ms; into fresh pages, on
-                   a 2-vCPU EPYC VM, up to 30 ms: see memory_pool_mb) and an idle one holds
-                   ~12 MB instead of ~5. False:
-                   Wasmtime's memories, memory_mb split evenly over max_memories, the limit
-                   named when the guest's own report shows it (MemoryError, an allocation
-                   failure).
+                   Costs copy-on-write images: a componentize-py instance's heap image is
+                   copied into its memory at each start (more so into fresh pages: see
+                   memory_pool_mb) and an idle instance holds all of it, not only the pages it
+                   wrote. False: Wasmtime's memories, memory_mb split evenly over
+                   max_memories, the limit named when the guest's own report shows it
+                   (MemoryError, an allocation failure).
     memory_pool_mb: with count_linear_memory, the ended instances' linear memories kept for
                    the next instances, at most this many MiB in all (each at most 64 MiB;
                    host/sandbox/memory_pool.py): a new instance then gets pages already
                    mapped, zeroed by the host, instead of fresh ones. 0 = off.
     memory_pool_idle_s: how long a pooled memory is kept unused before it is unmapped (0 <
-                   it <= 86,400). Fresh pages can cost far more than their zeroing: on a
-                   2-vCPU EPYC VM with a balloon driver 64 instances starting after the pool had
-                   been given back took 1.0 s (1.8 s of system time) against 0.19 s from the
-                   pool, so a pool that empties between bursts costs each burst that.
+                   it <= 86,400). Fresh pages can cost far more than their zeroing (on a VM
+                   with a balloon driver most of all), so a pool that empties between bursts
+                   costs each burst that.
     start_slots:   instances that start at once (from their Store to their guest's first host
                    wait; host/sandbox/start_gate.py); a start past them waits for one, or for a
                    start that has held its slot 50 ms. None = twice the cores this process may
-                   run on; 0 = no gate. On a 2-vCPU EPYC VM 4 took 64 instances launched
-                   together to their first forward 13-19% sooner than no gate (8 the same).
+                   run on; 0 = no gate. Instances launched together, many more than the
+                   cores, reach their first forward sooner through the gate.
     freeze_heap:   at the end of the Runtime's construction, collect garbage, then move every
                    Python object alive (the model's, the engine's, the runtime's) out of the
                    garbage collector's reach (gc.freeze, process-wide): a full collection then
-                   walks only what was made since (on a 2-vCPU EPYC VM ~35 ms instead of ~120,
-                   every few hundred instance starts, each a pause of every host thread). For a
+                   walks only what was made since, not the model's and engine's objects too
+                   (each full collection pauses every host thread). For a
                    process built around one Runtime (`pie serve`, `pie run`); objects alive then
                    that later become cyclic garbage are never collected.
     max_spare_instances: instances instantiated ahead of their launch (Runtime.keep_spares) the

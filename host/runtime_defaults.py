@@ -12,17 +12,17 @@ __all__ = ["overlap_by_default", "start_hold_by_default", "resolved_policy"]
 
 def overlap_by_default(engine: EngineLike) -> bool:
     """SchedulerPolicy.overlap when left None: on for an engine on a GPU (its forward leaves the
-    CPU to the host), off for one on the CPU (the host's work takes the engine's cores: on a
-    2-vCPU EPYC its decode forwards ran 2-5% slower beside it, about what it saved between
-    them; docs/performance/2026-11-26-wasm-path-time-overlap-decided.md)."""
+    CPU to the host), off for one on the CPU (the host's work takes the engine's cores: its
+    decode forwards run slower beside it by about what it saves between them;
+    docs/performance/2026-11-26-wasm-path-time-overlap-decided.md)."""
     return getattr(getattr(engine, "device", None), "type", None) == "cuda"
 
 
 def start_hold_by_default(engine: EngineLike) -> float:
     """SchedulerPolicy.start_hold_ms when left None: 500 ms for an engine on the CPU (a batch
-    run while instances start shares the cores with them, and prompts cost less together: on
-    a 2-vCPU EPYC, 64 instances launched at once took 0.2-0.3 s to reach their first pass, and
-    their prompts in one batch 1.6 s against 2.6 s in three), 0 on a GPU."""
+    run while instances start shares the cores with them, and prompts cost less together in
+    one batch than split over several; docs/performance/2026-11-26-instances-starting-together.md),
+    0 on a GPU."""
     return 0.0 if overlap_by_default(engine) else 500.0
 
 

@@ -1,7 +1,7 @@
 """Dequantize GGUF tensor data into float32 / bfloat16 torch tensors.
 
 The common llama.cpp types (F32, F16, BF16, Q4_0, Q4_1, Q8_0) are dequantized here with a few
-vectorized torch ops over all blocks at once (multi-threaded, about 4x faster than
+vectorized torch ops over all blocks at once (multi-threaded, faster than
 `gguf.quants.dequantize`, which the tests use as the oracle). The k-quants and Q5_x go through
 `gguf.quants.dequantize` (numpy, vectorized). Other types (IQ*, TQ*, MXFP4, integer tensors)
 are refused: the caller names the tensor and the type.
@@ -49,7 +49,8 @@ def dequantize(data: np.ndarray, qtype: Q, num_rows: int, dtype: torch.dtype) ->
 
 def _dequantize_in_chunks(raw: torch.Tensor, qtype: Q, dtype: torch.dtype) -> torch.Tensor:
     """Like _dequantize_blocks, then cast, a slab of rows at a time: the float32 temporary
-    stays small (~4 MB) instead of the size of the whole tensor (113 MB for an embedding).
+    stays small (_CHUNK_ELEMENTS float32) instead of the size of the whole tensor (an
+    embedding's is large).
 
     raw:     [num_rows, bytes_per_row] uint8
     returns: [num_rows, row_len] of `dtype`

@@ -188,9 +188,8 @@ def _unpermute_rows(rows: np.ndarray, num_heads: int) -> np.ndarray:
 
 @contextlib.contextmanager
 def _single_threaded() -> Iterator[None]:
-    """Run torch ops on one thread meanwhile. Dequantizing is ~1,500 small ops; with an
-    OpenMP team each is a barrier, and on a busy machine a barrier can wait a whole scheduler
-    slice: measured 0.2-0.5 s on one thread against 1.5-11 s on two under load."""
+    """Run torch ops on one thread meanwhile. Dequantizing is many small ops; with an OpenMP
+    team each is a barrier, and on a busy machine a barrier can wait a whole scheduler slice."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

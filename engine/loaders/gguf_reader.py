@@ -1,8 +1,8 @@
 """A fast reader of a GGUF file's metadata and tensor table, over a memory map.
 
-`gguf.GGUFReader` builds a numpy view per field part: on a 49k-token vocabulary that costs
-~2.3 s, more than our whole load budget. This reader parses the same layout (GGUF v2/v3,
-little-endian) with `struct` in ~0.1 s and leaves tensor data as zero-copy views of the map.
+`gguf.GGUFReader` builds a numpy view per field part, which on a large vocabulary costs more
+than a model's whole load should. This reader parses the same layout (GGUF v2/v3,
+little-endian) with `struct` and leaves tensor data as zero-copy views of the map.
 Any inconsistency (bad magic, a length running past the end of the file, a tensor whose data
 lies beyond the end) raises ModelLoadError naming the file.
 """

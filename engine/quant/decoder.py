@@ -1,7 +1,7 @@
 """Every decoder layer of a plain decode pass in one C call (engine/quant/decoder.c).
 
-A decode step of the default model runs 30 layers of ~15 small operations each; from Python each
-costs 5-20 us of dispatch, together about half of a 10 ms step. `FusedDecoder` hands the whole
+A decode step runs every layer's dozen or so small operations, and from Python each costs a
+dispatch that, over all of them, is a large share of the step. `FusedDecoder` hands the whole
 stack to C at once: RMSNorm, the Q/K/V, O, gate/up and down block matmuls, RoPE, paged attention
 (appending the new K/V) and SiLU, the same functions the per-layer path computes.
 

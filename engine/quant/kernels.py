@@ -79,7 +79,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 
 class PreparedRmsNorm:
     """add_rms_norm with one weight, checked once: the per-call cost is one C call (decode runs
-    61 norms per step on the default model)."""
+    two norms per layer and one at the end every step)."""
 
     def __init__(self, weight: torch.Tensor, eps: float) -> None:
         self._call = require().rms_norm
@@ -123,7 +123,8 @@ class DecodeAttention:
             raise ValueError("DecodeAttention: append_rows [B], kv_rows [B, max_kv] and "
                              "kv_lens [B] must agree on B")
         highest = self.num_rows - self.page_size        # a K row's V row must exist too
-        # checked in numpy: six reductions of tiny tensors, every decode pass (~5 us each in torch)
+        # checked in numpy: six reductions of tiny tensors, every decode pass (each a dispatch in
+        # torch)
         for name, rows in (("append_rows", self.append_rows), ("kv_rows", self.kv_rows)):
             values = rows.numpy()
             if values.size and (values.min() < 0 or values.max() >= highest):
@@ -193,7 +194,7 @@ def matmul(x: torch.Tensor, weight: QuantizedTensor, level: str | None = None,
 
 class PreparedMatmul:
     """matmul against one weight at the best level, its arguments checked once: the per-call
-    cost is one C call (decode runs ~120 of them per step)."""
+    cost is one C call (decode runs one per quantized weight every step)."""
 
     def __init__(self, weight: QuantizedTensor) -> None:
         module = require()
@@ -229,8 +230,8 @@ def dequantize(weight: QuantizedTensor, out: torch.Tensor | None = None,
 def dequantize_rows(weight: QuantizedTensor, row_ids: torch.Tensor) -> torch.Tensor:
     """The float32 values [n, K] of rows row_ids [n] (int64): an embedding lookup. Interleaved
     matrices dequantize each id's 8-row group and keep its row, LOOKUP_CHUNK_IDS ids at a time
-    (a long prompt's groups at once were 8x its embeddings: 19 MB of float32 for 1,024 ids).
-    The index work is numpy's (a decode step's lookup: ~8 tiny torch ops otherwise)."""
+    (a long prompt's groups all at once would be 8x the size of its embeddings). The index work
+    is numpy's (a decode step's lookup would be several tiny torch ops otherwise)."""
     if not weight.interleaved:
         return dequantize(weight.rows(row_ids))
     row_bytes = weight.blocks.shape[1]

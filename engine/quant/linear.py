@@ -47,9 +47,8 @@ class BatchPlanner:
         prefills): torch's own ops (norms, RoPE, attention, sampling, the GEMM of weights whose
         limit is lower: small at these sizes) run on one thread, and the kernels on torch's thread
         count. Two thread pools on the same cores otherwise fight: torch's OpenMP workers spin for
-        milliseconds after each op while the kernels' workers wait for a core (2-core AVX2
-        machine, busy: 115-156 ms per decode step instead of 12; idle, decode at 8 requests:
-        ~21 ms a step when sampling's argmax ran on two threads, ~17.5 ms on one). Restores
+        milliseconds after each op while the kernels' workers wait for a core, so a decode step
+        takes many times longer on a busy machine and longer even on an idle one. Restores
         torch's thread count on exit; re-entrant (an inner use keeps the outer one's count).
         Forward passes run one at a time, so no other torch work sees it."""
         num_threads = torch.get_num_threads()
@@ -118,8 +117,8 @@ def crossover_limit(time_pair: Callable[[int], tuple[float, float]]) -> int:
     `time_pair(M)`: one round's (block s, GEMM s). At each M a loss of the block kernel counts
     only if it holds for the best times over CALIBRATION_ROUNDS rounds: a round disturbed by
     another process (a core busy for a moment during load) must not cut the limit for the
-    process's life (a server measured 8 instead of 64 beside a package install, and ran
-    batches of 9-64 requests without the C decoder). 1 when the block kernel loses at once."""
+    process's life (a limit cut that way keeps larger batches off the C decoder). 1 when the
+    block kernel loses at once."""
     limit = 1
     for num_x_rows in CALIBRATION_LADDER:
         block_s = gemm_s = float("inf")
@@ -164,7 +163,7 @@ class QuantizedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] float32 -> [M, N] float32 (M may be 0: a pass with no output rows asks the
-        head for none, and dequantizing W for them cost ~10 ms at the default model's head)."""
+        head for none, and dequantizing W for them would cost as much as a whole matmul)."""
         if x.shape[0] == 0:
             return x.new_empty((0, self.weight.num_rows))
         if x.shape[0] <= self.block_rows_limit:

@@ -51,7 +51,7 @@ class InstanceOutcome:
 class EndedInstance:
     """What the runtime keeps of an ended instance: its outcome and (trimmed) log, answering
     the calls a client may still make (`wait`, `terminate`, `log_lines`) as the Instance did.
-    Not the Instance itself: its locks, tables and callbacks (~70 Python objects) would stay
+    Not the Instance itself: its locks, tables and callbacks (dozens of Python objects) would stay
     alive for every instance kept, and a full garbage collection walks all of them."""
 
     instance_id: str

@@ -2,21 +2,20 @@
 
 Wasmtime's epoch only matters to a guest that runs Wasm (its deadline callback traps a guest
 computing past `max_idle_s`, or a terminated one); a guest blocked in a host wait (a forward's
-result, a decode loop's outputs, a message) runs none. Every wake of the ticker costs CPU (on
-the 2-vCPU development VM ~70-90 us: ~40 us of it the kernel's, a C loop of sleeps measured
-that), and a runtime with nothing computing woke 100 times a second for nothing: 9.2 ms of CPU
-per second idle. So instances count themselves here: `enter` when their guest starts (waking the
-ticker, so a fresh guest's deadlines run from its first tick) and when a host wait ends, `leave`
-when a wait begins and when the guest has ended. An instance blocked in a WASI call stays
-counted (the ticker's idle check ends it there).
+result, a decode loop's outputs, a message) runs none. Every wake of the ticker costs CPU (much
+of it the kernel's), and a ticker that ran regardless would wake every epoch_tick_ms of an idle
+runtime for nothing. So instances count themselves here: `enter` when their guest starts
+(waking the ticker, so a fresh guest's deadlines run from its first tick) and when a host wait
+ends, `leave` when a wait begins and when the guest has ended. An instance blocked in a WASI
+call stays counted (the ticker's idle check ends it there).
 
 The ticker (host/runtime.py) ticks every epoch_tick_ms while any instance is counted; when none
 is, it waits until woken (a guest starts, `wake` by terminate or close) or IDLE_WAIT_S passes. A
-guest that resumes from a wait does not wake it: steps of a few microseconds between waits, the
-common case, would each cost a wake-up. So a guest that resumes and then computes without end is
-seen at the ticker's next look, at most IDLE_WAIT_S later: its idle trap still comes at
-max_idle_s past its last host call when that is longer than IDLE_WAIT_S (the default 10 s), up
-to IDLE_WAIT_S late when shorter.
+guest that resumes from a wait does not wake it: short steps between waits, the common case,
+would each cost a wake-up. So a guest that resumes and then computes without end is seen at the
+ticker's next look, at most IDLE_WAIT_S later: its idle trap still comes at max_idle_s past its
+last host call when that is longer than IDLE_WAIT_S (the default 10 s), up to IDLE_WAIT_S late
+when shorter.
 
 It also gates the starts (host/sandbox/start_gate.py): `start` waits for a slot of the gate, if
 the runtime has one, before counting the guest in; the slot goes back at the guest's first

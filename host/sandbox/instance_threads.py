@@ -3,12 +3,11 @@ the idle threads of instances that have ended when there is one.
 
 Starting a thread is slow exactly when instances launch together: `threading.Thread.start`
 returns only once the new thread has run, and with the cores busy with the instances launched
-just before, the OS runs a new thread after those (8 text_completion instances launched in a
-row on 2 cores: the 3rd-8th `start` took 2-20 ms each, the last instance began 25-40 ms after the
-first). A thread that waits on a lock is woken at once instead. So a thread whose instance has
-ended waits for the next instance (at most `max_idle` threads wait, each at most `idle_s`), and
-`num_spare` threads are started with the pool: a launch then hands its instance over with one
-lock release. A new thread is started only when none is idle.
+just before, the OS runs a new thread after those, and each `start` waits its turn. A thread
+that waits on a lock is woken at once instead. So a thread whose instance has ended waits for
+the next instance (at most `max_idle` threads wait, each at most `idle_s`), and `num_spare`
+threads are started with the pool: a launch then hands its instance over with one lock release.
+A new thread is started only when none is idle.
 """
 from __future__ import annotations
 

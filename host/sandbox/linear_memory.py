@@ -11,15 +11,15 @@ total (`InstanceLimits.memory_mb`, all its memories together) and records that i
 instance's outcome can name the limit whatever the guest reports.
 
 Memories created outside an instance thread are not charged. Data segments are copied into each
-memory (`memory_init_cow` off: copy-on-write images need Wasmtime's own mmap memories); where the
-program's one memory has a `MemoryImage` (host/sandbox/programs/memory_image.py: its active segments were
-emptied when it was loaded), the creator copies that image in as it creates the memory. Each
-reservation starts on a 2 MiB boundary and is advised for transparent huge pages, so that copy
-faults its pages in 2 MiB at a time where the kernel allows it (THP "madvise" or "always"):
-componentize-py's 12 MiB heap image took 10.4 ms to instantiate in 4 KiB faults, 2 ms so; where
-the kernel has no huge pages to give it falls back to 4 KiB pages, as before. A growth's last
-partial 2 MiB stays in small pages (only whole read-write 2 MiB ranges get a huge page), so a
-memory's resident size stays within its accessible size.
+memory (`memory_init_cow` off: copy-on-write images need Wasmtime's own mmap memories); where
+the program's one memory has a `MemoryImage` (host/sandbox/programs/memory_image.py: its active
+segments were emptied when it was loaded), the creator copies that image in as it creates the
+memory. Each reservation starts on a 2 MiB boundary and is advised for transparent huge pages,
+so that copy faults its pages in 2 MiB at a time where the kernel allows it (THP "madvise" or
+"always") rather than one fault per 4 KiB page; where the kernel has no huge pages to give it
+falls back to 4 KiB pages. A growth's last partial 2 MiB stays in small pages (only whole
+read-write 2 MiB ranges get a huge page), so a memory's resident size stays within its
+accessible size.
 
 An ended instance's memory goes to a `MemoryPool` (`pool_bytes`, 0 = none; unmapped after
 `pool_idle_s` unused) when it fits; a new memory of the same shape is then that one, every byte

@@ -1,12 +1,11 @@
 """Linear memories of ended instances kept for the next ones: reuse instead of fresh pages.
 
 A counted memory (`LinearMemories`) is a fresh anonymous mapping whose pages the kernel must
-find, zero and map as the guest's data segments are copied in: on a 2-vCPU EPYC VM that took
-4-5 ms of CPU for a componentize-py guest's 12.6 MiB image, and 25-30 ms in one start of
-three or four when the pages came back from the hypervisor (`clear_page_erms` under the copy,
-eight instances starting together). A memory kept here still has its pages: the next instance
-of the same shape gets it after the host has zeroed every byte it had made accessible
-(`LinearMemories` does that, outside any lock), so no byte of an ended instance reaches the next.
+find, zero and map as the guest's data segments are copied in, the more so when the pages must
+come back from the hypervisor first (a VM with a balloon driver). A memory kept here still has
+its pages: the next instance of the same shape gets it after the host has zeroed every byte it
+had made accessible (`LinearMemories` does that, outside any lock), so no byte of an ended
+instance reaches the next.
 
 Bounds: a memory is kept only when its accessible size is at most `max_memory_bytes` (zeroing a
 larger one costs more than fresh pages) and it fits `max_total_bytes` with the others; what is

@@ -1,19 +1,19 @@
 """Instances instantiated ahead of their launch: `SpareInstances`.
 
 Most of an instance's start is Wasmtime instantiating the component (for a componentize-py guest
-~2.5-3 ms of CPU: its 12.6 MiB heap image copied into a fresh memory, CPython's tables filled),
-none of which depends on who launches it or with which arguments. So for a program named with
-`keep` the runtime instantiates up to that many instances while it has nothing running (from 20
-ms after it went idle until a launch comes: on a CPU they would take the cores of the instances
-running), each on a thread of its own, and parks them right before their guest's `run`: a
-launch of that program with the same limits then takes one (`take`), gives it its id, tenant,
-arguments, tables and channel (`Instance.bind`), and lets it run. A launch with other limits,
-or when none is ready, starts an instance as before.
+its heap image copied into a fresh memory, CPython's tables filled), none of which depends on
+who launches it or with which arguments. So for a program named with `keep` the runtime
+instantiates up to that many instances while it has nothing running (from FILL_DELAY_S after it
+went idle until a launch comes: on a CPU they would take the cores of the instances running),
+each on a thread of its own, and parks them right before their guest's `run`: a launch of that
+program with the same limits then takes one (`take`), gives it its id, tenant, arguments,
+tables and channel (`Instance.bind`), and lets it run. A launch with other limits, or when none
+is ready, starts an instance of its own.
 
 A spare runs no guest code of its own before its launch: a host call during its instantiation (a
 core module's start function calling a pie import) traps it, it is dropped and the program gets
-no more spares (its launches start as before, where such a call is answered). Its Store and
-memory are the host's until the launch (not charged to any tenant); at most
+no more spares (its launches start instances of their own, where such a call is answered). Its
+Store and memory are the host's until the launch (not charged to any tenant); at most
 RuntimeConfig.max_spare_instances exist at once. Thread-safe.
 """
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """How many instances start at once: `StartGate`.
 
 An instance's start (its Store, Wasmtime's instantiation, its guest up to the first host wait) is
-a few milliseconds of CPU, mostly outside the GIL (Wasmtime, the guest's Wasm), with a dozen host
-calls that take it. Launched together, instances start on threads of their own, and with many
-more of them than cores they spend that CPU again in the kernel: 64 text_completion instances
-starting at once on a 2-vCPU EPYC VM made ~85 context switches and ~17 CPU migrations each
-(`perf stat`), against ~9 and none at 8, the futex waits and wakes of the GIL's hand-offs ~19% of
-their CPU. So a start waits here for one of `num_slots` slots and gives it back at its guest's
-first host wait (or its end): with 4 slots on that VM the 64 starts took 13-19% less time
-before the first forward (135 against 155 ms, and 136 against 168, medians of 8 alternated runs
-each, real model); 8 starts the same (17.4 against 18.0). Two slots left a core idle whenever
-one start waited for the GIL.
+a burst of CPU, mostly outside the GIL (Wasmtime, the guest's Wasm), with a dozen host calls
+that take it. Launched together, instances start on threads of their own, and with many more of
+them than cores they spend that CPU again in the kernel: context switches, CPU migrations and
+the futex waits and wakes of the GIL's hand-offs. So a start waits here for one of `num_slots`
+slots and gives it back at its guest's first host wait (or its end), and the starts queued
+behind reach their first forward sooner. Too few slots (as many as the cores) leave a core idle
+whenever one start waits for the GIL.
 
 A slot held longer than `max_hold_s` stops counting, so a start that computes long before its
 first wait (or never waits: a hostile guest spinning until its idle trap) delays the starts
@@ -26,7 +23,7 @@ import time
 
 __all__ = ["StartGate", "default_start_slots", "start_gate_for", "MAX_HOLD_S"]
 
-MAX_HOLD_S = 0.05     # a start this much longer than usual (~3-9 ms) no longer holds others up
+MAX_HOLD_S = 0.05     # a start this much longer than usual no longer holds others up
 
 
 def default_start_slots() -> int:

@@ -1,15 +1,14 @@
 """The built-in OpenAI inferlet: built with `pie build` at the server's first start, then cached.
 
-The component is cached under `<data_dir>/builtin/` keyed by the hash of its source, the SDK and the
-WIT (host.sandbox.programs.build.build_cached), so a later start (or a changed SDK) builds only when needed; the
-runtime then compiles it (with its own on-disk cache of compiled artifacts). Once loaded, it runs
-once on a two-token chat (`warm_up_builtin`) before the server listens, so that the first client
-does not pay what a first run costs (measured on 2 vCPUs: a fresh server's first request spent 34
-ms instantiating the built-in on fresh memory, 8 after the warm-up). Then, for every tenant that
-shares chat prefixes, it runs once more as that tenant (`warm_up_prefixes`), which leaves the
-tenant's default chat prefix (the system prompt the template adds) computed and exported: a
-tenant's first chat without a system prompt of its own imports it instead of computing it in a
-pass of its own (~40 ms on 2 vCPUs).
+The component is cached under `<data_dir>/builtin/` keyed by the hash of its source, the SDK and
+the WIT (host.sandbox.programs.build.build_cached), so a later start (or a changed SDK) builds
+only when needed; the runtime then compiles it (with its own on-disk cache of compiled
+artifacts). Once loaded, it runs once on a two-token chat (`warm_up_builtin`) before the server
+listens, so that the first client does not pay what a first run costs (instantiating the
+built-in on fresh memory). Then, for every tenant that shares chat prefixes, it runs once more
+as that tenant (`warm_up_prefixes`), which leaves the tenant's default chat prefix (the system
+prompt the template adds) computed and exported: a tenant's first chat without a system prompt
+of its own imports it instead of computing it in a pass of its own.
 """
 from __future__ import annotations
 

@@ -141,7 +141,7 @@ class SchedulerSection:
     max_tokens_per_owner: int = 512   # one instance's input tokens per batch while others wait
     overlap: bool | None = None       # overlapped batches; unset: on for a GPU engine, off on a CPU
     chain_steps: int | None = None    # engine steps a batch of host loops runs before the host
-                                      # resolves it; unset: 4 on a CPU, 1 with overlap
+                                      # resolves it; unset: 64 on a CPU, 1 with overlap
 
     def __post_init__(self) -> None:
         if self.policy not in ("adaptive", "k-or-t"):

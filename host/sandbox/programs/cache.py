@@ -1,18 +1,18 @@
 """Programs: validate uploaded component bytes, compile once, keep the compiled artifact on disk.
 
-A program is content-addressed by the sha256 of its bytes. Compiling an 18 MB componentize-py
-component takes seconds; loading the serialized artifact takes ~2 ms, so `ProgramCache.load`
-looks in memory, then on disk (`<cache_dir>/components/<sha256>-<config>.cwasm`, keyed also by the
-wasmtime version and the engine config, since an artifact only loads into a matching engine), and
+A program is content-addressed by the sha256 of its bytes. Compiling a componentize-py component
+is slow and loading its serialized artifact is quick, so `ProgramCache.load` looks in memory,
+then on disk (`<cache_dir>/components/<sha256>-<config>.cwasm`, keyed also by the wasmtime
+version and the engine config, since an artifact only loads into a matching engine), and
 compiles only when both miss. Concurrent loads of the same bytes compile once. For the host's
 counted memories (`copy_on_write` False) the heap image in the data segments of the component's
-one memory is taken out before compiling (`split_memory_image`, ~13 ms for 18 MB, at each load
-that misses the memo): the Program holds it, the memory creator copies it in
+one memory is taken out before compiling (`split_memory_image`, at each load that misses the
+memo): the Program holds it, the memory creator copies it in
 (host/sandbox/programs/memory_image.py says why).
 
 Before compiling, the component's top-level import and export names are read from its binary
-(`component_names.py`, ~1 ms for 18 MB): an import the host does not provide or a missing `run`
-is refused without compiling. Compilation runs in a child process bounded in time and memory
+(`component_names.py`): an import the host does not provide or a missing `run` is refused
+without compiling. Compilation runs in a child process bounded in time and memory
 (`compile_worker.py`). Every refusal is remembered by hash (the newest `_MAX_REFUSALS_KEPT`),
 so the same bytes are refused again at once.
 """

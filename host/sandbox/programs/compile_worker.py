@@ -1,7 +1,7 @@
 """Compile one component in a child process, bounded in time and memory.
 
 Compiling untrusted bytes is the one step of loading a program whose cost the uploader controls (a
-130 KiB component can take Cranelift many seconds and a GiB). `compile_bounded` runs this file as
+small component can take Cranelift a long time and much memory). `compile_bounded` runs this file as
 a script in a fresh Python (it imports only wasmtime, not the host): the child caps its address
 space (RLIMIT_AS), compiles with the same engine config as the runtime, and writes the serialized
 artifact to stdout; the parent kills it at the time limit and deserializes the artifact into its

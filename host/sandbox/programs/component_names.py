@@ -1,6 +1,6 @@
 """Read the names a component imports and exports from its binary, without compiling it.
 
-Compiling a component is the expensive step of loading a program (seconds, and a hostile one can
+Compiling a component is the expensive step of loading a program (slow, and a hostile one can
 take far longer); what it imports is written in plain sight in the component's top-level import
 section. `read_names` walks the top-level sections of the component binary format
 (https://github.com/WebAssembly/component-model, Binary.md), skipping every section but import

@@ -3,8 +3,8 @@
 wasmtime-py 50's `LinkerInstance.add_func` callback rebuilds the function's type on every call
 (`FuncType.params` / `.result`: a few FFI calls and Python objects per parameter), and its list,
 record, variant, option and result converters ask the C API again, for every value they convert,
-for their element / field / case types. Profiled on a decode step (forward.submit + get + drop),
-that reflection was most of the instance thread's time.
+for their element / field / case types. On a decode step (forward.submit + get + drop) that
+reflection would be most of the instance thread's time.
 
 `add_host_function` registers a function like `add_func` does, with a callback that converts with
 *frozen* copies of those types: the same wasmtime-py classes (so the same conversion code and

@@ -4,9 +4,8 @@ ctypes releases the GIL around each call into a CDLL (wasmtime-py loads libwasmt
 takes it back afterwards. A host call converts its arguments and result with a few dozen such
 calls (allocate or free a value, a list, a record, a string; map a resource handle). With one
 instance that costs little; with many instance threads each release lets another thread in, and
-taking the GIL back means waiting for that thread. Measured through the fake engine: 64 instances
-x 50 decode steps ran about 2x faster with these helpers keeping the GIL (0.63-0.71 s vs
-1.08-1.40 s, alternating runs); one instance alone: no measurable change.
+taking the GIL back means waiting for that thread, so with many instances keeping the GIL in
+these helpers removes most of that waiting; one instance alone gains nothing.
 
 `keep_gil_in_value_helpers()` rebinds the functions named below in `wasmtime._bindings` (the
 module globals its wrappers call) to the same symbols loaded through `ctypes.PyDLL`, with the same

@@ -2,7 +2,7 @@
 
 Every host call lifts its arguments from libwasmtime's `wasmtime_component_val_t` array and
 lowers its result into one. wasmtime-py does that in Python, a few ctypes objects and FFI calls
-per value: on a decode step (forward.submit + get) that was ~70 us of the host's ~175 us.
+per value, a large share of the host's time on a decode step (forward.submit + get).
 `_wit_values.c` does the same conversions in C, driven by a *descriptor* built here once per
 function type (see that file for the format). Types it does not take -- flags, list<u8> (lifted
 as bytes) and resources inside other values -- keep wasmtime-py's converter, per argument.

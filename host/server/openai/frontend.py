@@ -59,8 +59,8 @@ def api_limits(info: dict[str, Any]) -> ApiLimits:
 async def load_stream_backend() -> None:
     """Import AnyIO's backend for the running event loop (trio) now, before the server listens:
     Starlette's StreamingResponse asks AnyIO for a task group, and AnyIO imports its backend
-    module at that first use (67 ms of the first streamed answer's time to first token on 2
-    vCPUs; the warm-up run does not stream through HTTP)."""
+    module at that first use, which would otherwise delay the first streamed answer's first
+    token (the warm-up run does not stream through HTTP)."""
     await anyio.lowlevel.checkpoint()
 
 
