@@ -27,6 +27,9 @@ Rows (each with the baseline it is read against, measured in the same run):
     step by step instead of on host loops, the A/B of the loops). The engine's time per batch
     is the fake engine's forward (its sleep); it ignores its input tokens, so the tokens fed to
     overlapped passes cost it nothing;
+  - host_share_1ms_{1,8,64}: the same measure over an engine that sleeps 1.0 ms per batch (a
+    decode step replayed from a CUDA graph, docs/cuda.md), with overlap: TPOT / one batch's
+    engine time - 1, at 1, 8 and 64 Python guests (target <= 0.10 at 64);
   - idle_instance_mb: resident memory per instance blocked in receive() (Python guest), N of them.
 Runs that several instances make are lined up first: the engine holds its first batch until every
 instance has queued its first pass, so launch time is not counted as batching.
@@ -59,6 +62,7 @@ from host_parts import BenchEngine, HostCallTimer, lined_up, run_to_end  # noqa:
 GUEST_APP = REPO_DIR / "bench" / "guests" / "host_bench.py"
 GPU_STEP_S = 0.005           # batch_fill_256: a GPU-like engine step
 LLAMA1B_TPOT_S = 0.0168      # the Pie paper: vLLM, Llama-3-1B, time per output token
+GRAPH_STEP_S = 0.001         # a decode step replayed from a CUDA graph (docs/cuda.md's target)
 BARE_COUNT = 20000
 
 
@@ -237,6 +241,27 @@ def tpot_rows(py_wasm: bytes, config: RuntimeConfig, num_steps: int,
     return rows, figures
 
 
+def short_step_rows(py_wasm: bytes, config: RuntimeConfig, num_steps: int,
+                    mode: str = "decode") -> tuple[list, dict]:
+    """The tpot row's measure over a 1.0 ms engine (a graph-replayed step), with overlap: the
+    host's share per token, TPOT / one batch's engine time - 1, at 1, 8 and 64 Python guests."""
+    rows, figures = [], {}
+    for num_instances in (1, 8, 64):
+        engine = BenchEngine(GRAPH_STEP_S)
+        with Runtime(engine, with_overlap(config, True)) as runtime:
+            run = lined_up(runtime, engine, runtime.load_program(py_wasm),
+                           [mode, str(num_steps)], num_instances)
+        batch_s = run["engine_s"] / run["num_batches"]
+        share = run["inter_token_s"] / batch_s - 1
+        figures[f"host_share_1ms_{num_instances}"] = share
+        rows.append((f"1.0 ms engine, {num_instances} Python guests (overlap): TPOT",
+                     f"{run['inter_token_s'] * 1e3:.3f} ms",
+                     f"host adds {share:+.3f} (target <= 0.10 at 64; engine "
+                     f"{batch_s * 1e3:.3f} ms/batch, "
+                     f"{run['num_forwards'] / run['num_batches']:.1f} passes/batch)"))
+    return rows, figures
+
+
 def idle_rows(py_wasm: bytes, config: RuntimeConfig, num_instances: int) -> tuple[list, dict]:
     """Resident memory per Python instance blocked in receive()."""
     with Runtime(BenchEngine(), config) as runtime:
@@ -278,7 +303,7 @@ def main() -> None:
     parser.add_argument("--stepped", action="store_true",
                         help="tpot: Python guests step by step, not on host loops (A/B)")
     parser.add_argument("--only", default="",
-                        help="comma-separated sections: calls,step,launch,fill,tpot,idle")
+                        help="comma-separated sections: calls,step,launch,fill,tpot,step1ms,idle")
     options = parser.parse_args()
     quick = options.quick
     builder = ComponentBuilder()
@@ -296,6 +321,8 @@ def main() -> None:
             "fill": lambda: batch_fill_rows(py_wasm, wat, config, 20 if quick else 60),
             "tpot": lambda: tpot_rows(py_wasm, config, 10 if quick else 30,
                                       "decode-steps" if options.stepped else "decode"),
+            "step1ms": lambda: short_step_rows(py_wasm, config, 30 if quick else 100,
+                                               "decode-steps" if options.stepped else "decode"),
             "idle": lambda: idle_rows(py_wasm, config,
                                       options.idle_instances or (100 if quick else 1000))}
         for name in options.only.split(",") if options.only else sections:
