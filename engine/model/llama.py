@@ -5,8 +5,10 @@ Q/K/V are fused into one [ (Hq + 2 Hkv) * D, hidden ] matrix and gate/up into on
 [2 * intermediate, hidden] matrix, so a layer is 4 matmuls (each an engine.model.linear.Linear:
 oneDNN-packed bf16, plus an int4 copy for small batches when the weights are a Q4 GGUF's; or, in
 "quantized" mode, GGUF blocks multiplied in place by engine.quant's C kernels, float32 activations).
-The residual stream and the RMSNorms are float32 whatever the weight dtype. Logits are computed
-only at the output rows of the batch.
+The residual stream and the RMSNorms are float32 whatever the weight dtype, except with FlashInfer's
+fused kernels (`kernels`, the CUDA path: engine/model/flashinfer_kernels.py), where the residual is
+in the model dtype. Logits are computed only at the output rows of the batch; `decode_greedy` is
+the one-token-per-row step the CUDA graphs capture (engine/cuda_graphs.py).
 """
 from __future__ import annotations
 
