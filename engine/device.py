@@ -3,7 +3,8 @@
 Rules (the whole policy):
 - device "auto" -> "cuda" when `torch.cuda.is_available()`, else "cpu"; "cuda" without CUDA is a
   ValueError that says so (never a silent fall back to the CPU).
-- attention "auto" -> "flashinfer" when the device is CUDA and `flashinfer` imports, else "torch".
+- attention "auto" -> "flashinfer" when the device is CUDA, the dtype is not float32 and
+  `flashinfer` imports, else "torch".
   The torch backend runs on either device (the reference, and the fallback on CUDA).
 - attention "flashinfer" on the CPU is a ValueError; on CUDA without the package it is a
   `FlashInferUnavailable` (an ImportError) naming the extra to install.
@@ -140,8 +141,10 @@ def _warn_if_unchecked_flashinfer() -> None:
             f"version"), stacklevel=2)     # attributed to choose_device: one place, shown once
 
 
-def resolve_attention_backend(requested: str, device: torch.device) -> str:
-    """"auto" | "torch" | "flashinfer" on `device` -> "torch" or "flashinfer" (module rules)."""
+def resolve_attention_backend(requested: str, device: torch.device, dtype: str = "auto") -> str:
+    """"auto" | "torch" | "flashinfer" on `device` -> "torch" or "flashinfer" (module rules).
+    `dtype` (EngineConfig.dtype): "auto" never picks flashinfer for float32, which it cannot
+    run."""
     if requested == "torch":
         return "torch"
     if requested == "flashinfer":
@@ -151,7 +154,7 @@ def resolve_attention_backend(requested: str, device: torch.device) -> str:
         import_flashinfer()          # raises FlashInferUnavailable naming the extra
         return "flashinfer"
     if requested == "auto":
-        if device.type == "cuda" and flashinfer_available():
+        if device.type == "cuda" and dtype != "float32" and flashinfer_available():
             return "flashinfer"
         return "torch"
     raise ValueError(f"attention backend must be auto, torch or flashinfer, got {requested!r}")
@@ -163,7 +166,8 @@ def choose_device(config: EngineConfig) -> DeviceChoice:
     On CUDA this is also where an unchecked flashinfer version is warned about (the attention
     backend and the CUDA sampler both use flashinfer there)."""
     device = resolve_device(config.device)
-    choice = DeviceChoice(device, resolve_attention_backend(config.attention_backend, device))
+    choice = DeviceChoice(device, resolve_attention_backend(config.attention_backend, device,
+                                                            config.dtype))
     if device.type == "cuda":
         _warn_if_unchecked_flashinfer()
     return choice

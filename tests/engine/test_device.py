@@ -194,6 +194,15 @@ def test_backend_choice_on_cuda_with_flashinfer(with_cuda, fake_flashinfer):
     assert choice == DeviceChoice(cuda, "flashinfer")
 
 
+def test_auto_backend_on_cuda_in_float32_is_torch(with_cuda, fake_flashinfer):
+    """FlashInfer cannot run float32: `--dtype float32` on CUDA gets the torch backend."""
+    cuda = torch.device("cuda")
+    assert resolve_attention_backend("auto", cuda, "float32") == "torch"
+    assert resolve_attention_backend("auto", cuda, "bfloat16") == "flashinfer"
+    choice = choose_device(EngineConfig(device="cuda", dtype="float32"))
+    assert choice == DeviceChoice(cuda, "torch")
+
+
 def test_backend_choice_on_cuda_without_the_extra(with_cuda, no_flashinfer):
     cuda = torch.device("cuda")
     assert resolve_attention_backend("auto", cuda) == "torch"
