@@ -31,7 +31,8 @@ from engine.quant.linear import BatchPlanner
 from engine.quant.tensor import QTYPE_NAMES
 from engine.page_table import build_page_table
 from engine.protocol import EngineStats, TokenizerLike
-from engine.sampling import Sampler, sample_batch
+from engine.sampling import sample_batch
+from engine.sampling_cuda import make_sampler
 from engine.validate import validate_batch
 
 __all__ = ["Engine", "load_engine", "load_default_engine", "resolve_dtype", "cpu_has_native_bf16",
@@ -90,7 +91,7 @@ class Engine:
             page_size=self.page_size, device=self.device,
             c_decode=self.model.planner is not None)
         self.decode_graphs = self._capture_decode_graphs() if graphs else None
-        self.sampler = Sampler(seed)
+        self.sampler = make_sampler(self.device, seed)   # fused FlashInfer sampling on CUDA
         self.grammar = GrammarCompiler(tokenizer, model_config.vocab_size) if tokenizer else None
         self._stats = EngineStats()
         release_freed_memory()

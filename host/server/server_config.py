@@ -114,15 +114,23 @@ class EngineSection:
     dtype: str = "auto"
     kv_dtype: str = "auto"  # auto | float32 | float16 (CPU)
     max_pass_tokens: int | None = None   # longer batches: consecutive passes (None: 512 on a CPU)
+    cuda_graphs: bool = True             # CUDA: replay pure decode steps from captured graphs
+    cuda_graph_batch_sizes: tuple[int, ...] | None = None   # padded sizes captured (None: the
+                                                           # engine's ladder, 1 .. 256)
 
     def __post_init__(self) -> None:
         self.to_engine_config()  # EngineConfig validates; errors are prefixed "engine."
+
+    def engine_fields(self) -> dict[str, Any]:
+        """The EngineConfig keyword arguments this section sets (an unset ladder: the engine's)."""
+        return {name: value for name, value in dataclasses.asdict(self).items()
+                if not (name == "cuda_graph_batch_sizes" and value is None)}
 
     def to_engine_config(self) -> Any:
         """The engine's own frozen config (ValueError on invalid values, prefixed "engine.")."""
         from engine.engine_config import EngineConfig
         try:
-            return EngineConfig(**dataclasses.asdict(self))
+            return EngineConfig(**self.engine_fields())
         except ValueError as exc:
             raise ValueError(f"engine.{exc}") from None
 

@@ -40,7 +40,7 @@ def load_engine_for(config: ServerConfig) -> Any:
     from engine import load_default_engine, load_engine
     from engine.warm_up import needs_warm_up, warm_up
 
-    overrides = dataclasses.asdict(config.engine)     # EngineSection mirrors EngineConfig
+    overrides = config.engine.engine_fields()         # EngineSection mirrors EngineConfig
     if config.model.path:
         engine = load_engine(config.model.path, progress=False, **overrides)
     else:

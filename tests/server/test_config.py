@@ -27,6 +27,8 @@ TENANT = {"name": "a", "token": "t"}
     ({"tenants": [TENANT], "engine": {"page_size": 3}}, "engine.page_size must be a power of two"),
     ({"tenants": [TENANT], "engine": {"kv_dtype": "int8"}}, "engine.kv_dtype must be one of"),
     ({"tenants": [TENANT], "engine": {"max_pass_tokens": 0}}, "engine.max_pass_tokens must be positive"),
+    ({"tenants": [TENANT], "engine": {"cuda_graph_batch_sizes": [4, 2]}},
+     "engine.cuda_graph_batch_sizes must be positive ints, strictly increasing"),
     ({"tenants": [TENANT], "server": {"openai": 1}}, "expected bool, got int 1 @ pie.toml.server.openai"),
     ({"tenants": [TENANT], "bogus": {}}, "extra fields found (bogus)"),
     ({"tenants": [TENANT, {"name": "a", "token": "u"}]}, "duplicate tenant name"),
@@ -51,6 +53,14 @@ def test_invalid_configs_are_named(data: dict, expected: str) -> None:
     with pytest.raises(ConfigError) as error:
         parse_config(data)
     assert expected in str(error.value)
+
+
+def test_cuda_graph_settings_reach_the_engine_config() -> None:
+    engine = parse_config({"tenants": [TENANT], "engine": {
+        "cuda_graphs": False, "cuda_graph_batch_sizes": [1, 2, 8]}}).engine.to_engine_config()
+    assert engine.cuda_graphs is False and engine.cuda_graph_batch_sizes == (1, 2, 8)
+    default = parse_config({"tenants": [TENANT]}).engine.to_engine_config()
+    assert default.cuda_graphs and default.cuda_graph_batch_sizes[:3] == (1, 2, 4)
 
 
 def test_prefix_cache_pages_default_to_32_but_a_sixteenth_of_the_tenants_pages() -> None:
