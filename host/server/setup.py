@@ -6,7 +6,6 @@ service binds to the running loop). app.py imports this module, never the other 
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
