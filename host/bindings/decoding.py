@@ -101,9 +101,8 @@ def submit_decode(ctx: BindingContext, queue_id: int, sequence_id: int, token_id
     if spec.kind not in ("greedy", "sample"):
         raise TrapError(f"{call}: the sampler must be greedy or sample, not {spec.kind}")
     pages = ctx.tables.pages
-    prepared = pages.prepare_forward(sequence_id, token_ids, positions, last_page_len,
-                                     [len(token_ids) - 1] if token_ids else [], [spec], None,
-                                     call=call)
+    prepared = pages.prepare(sequence_id, token_ids, positions, last_page_len,
+                             [len(token_ids) - 1] if token_ids else [], [spec], call=call)
     loop = DecodeLoop(pages, ctx.services.scheduler, (ctx.instance_id, queue_id), priority,
                       sequence_id, spec, max_tokens, frozenset(stop_token_ids))
     rep = ctx.tables.decode_loops.add(call, loop)

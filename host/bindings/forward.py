@@ -79,8 +79,8 @@ def submit(ctx: BindingContext, queue_id: int, sequence_id: int, token_ids: list
     priority = ctx.tables.queues.priority(call, queue_id)
     specs = [sampler_spec(ctx, call, index, sampler, None)
              for index, sampler in enumerate(samplers)]
-    prepared = ctx.tables.pages.prepare_forward(sequence_id, token_ids, positions,
-                                                  last_page_len, output_indices, specs, mask)
+    prepared = ctx.tables.pages.prepare(sequence_id, token_ids, positions, last_page_len,
+                                        output_indices, specs, mask)
     return _enqueue(ctx, call, queue_id, priority, prepared)
 
 
@@ -95,8 +95,8 @@ def submit_with(ctx: BindingContext, queue_id: int, sequence_id: int, token_ids:
         raise TrapError(f"{call}: {len(options)} sampler-options for {len(samplers)} samplers")
     specs = [sampler_spec(ctx, call, index, sampler, option)
              for index, (sampler, option) in enumerate(zip(samplers, options))]
-    prepared = ctx.tables.pages.prepare_forward(sequence_id, token_ids, positions,
-                                                  last_page_len, output_indices, specs, mask)
+    prepared = ctx.tables.pages.prepare(sequence_id, token_ids, positions, last_page_len,
+                                        output_indices, specs, mask)
     return _enqueue(ctx, call, queue_id, priority, prepared)
 
 
@@ -114,9 +114,8 @@ def submit_verify(ctx: BindingContext, queue_id: int, sequence_id: int, token_id
         raise TrapError(f"{call}: the sampler must be greedy or sample, without logprobs")
     num_outputs = num_drafted + 1
     indices = list(range(len(token_ids) - num_outputs, len(token_ids)))
-    prepared = ctx.tables.pages.prepare_forward(sequence_id, token_ids, positions,
-                                                  last_page_len, indices, [spec] * num_outputs,
-                                                  None)
+    prepared = ctx.tables.pages.prepare(sequence_id, token_ids, positions, last_page_len,
+                                        indices, [spec] * num_outputs)
     prepared = dataclasses.replace(prepared, request=dataclasses.replace(
         prepared.request, num_drafted=num_drafted))
     return _enqueue(ctx, call, queue_id, priority, prepared)

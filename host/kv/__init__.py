@@ -2,10 +2,10 @@
 
 - allocator.py      PageAllocator: the engine's physical pages, refcounted (shared by all instances)
 - exports.py        ExportRegistry: pages published under a name, per tenant
-- page_ledger.py    PageLedger: one instance's local page ids -> physical pages, the reference
-                    discipline (pins, deferred release, reclaim) and the checks every call shares
-- instance_pages.py InstancePages: the WIT kv operations of one instance and the translation of a
-                    forward pass to physical pages (copy-on-write, hidden slots)
+- instance_pages.py InstancePages: the page table of one instance: its local page / sequence ids ->
+                    physical pages, the WIT kv operations, the reference discipline (pins,
+                    deferred release, reclaim, quota) and `prepare`, the translation of a forward
+                    pass to physical pages (copy-on-write, hidden slots; a decode step's route)
 - masks.py          attention masks in their one encoding (run-length rows) and hidden slots
 
 May import: engine.batch (request types), host.errors, host.scheduling.work. Never the sandbox,

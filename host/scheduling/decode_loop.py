@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Callable, Hashable, Protocol
+from typing import TYPE_CHECKING, Callable, Hashable, Literal, Protocol, Sequence
 
 from engine.batch import ForwardResult, SamplerSpec, output_token_id
 from engine.paging import kv_len as paged_kv_len
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DecodeLoop", "DecodePages", "MAX_MIN_OUTPUTS", "MAX_UNREAD_OUTPUTS"]
 
+_CALL = "forward.submit-decode"   # the WIT call a later pass's trap names
 MAX_MIN_OUTPUTS = 64          # the most outputs one read waits for
 MAX_UNREAD_OUTPUTS = 2 * MAX_MIN_OUTPUTS   # a loop runs at most this many outputs ahead of its
 # reader: twice what it waits for, so a reader taking them in bulk never holds the loop up
@@ -42,14 +43,15 @@ class DecodePages(Protocol):
 
     page_size: int
 
-    def prepare_decode_step(self, sequence_id: int, token_id: int, position: int,
-                            last_page_len: int, sampler: SamplerSpec, grow: bool,
-                            general: bool = True, pinned: bool = True
-                            ) -> tuple[PreparedForward, int | None] | None:
-        """The loop's next one-token pass, without reclaim (`grow`: a new page first): (the
-        pass, the new page's local id or None), or None when it cannot be had now."""
+    def prepare(self, sequence_id: int, token_ids: Sequence[int], positions: Sequence[int],
+                last_page_len: int, output_indices: Sequence[int],
+                samplers: Sequence[SamplerSpec], *, call: str, reclaim: Literal[False],
+                grow: bool, general: bool, pinned: bool
+                ) -> tuple[PreparedForward, int | None] | None:
+        """The loop's next pass, without reclaim (`grow`: a new page first): (the pass, the new
+        page's local id or None), or None when it cannot be had now."""
 
-    def undo_decode_grow(self, sequence_id: int, page_id: int) -> None:
+    def undo_grow(self, sequence_id: int, page_id: int) -> None:
         """Give back the page a pass prepared ahead added, when its output does not count."""
 
 
@@ -189,12 +191,12 @@ class DecodeLoop:
         """Under the lock: the pass of `token_id` that makes the KV `kv_len` long (a new page
         first when the last is full); the loop's position and pages advance. None: no page
         without reclaim, or (general False) the common route declined; TrapError. `pinned`:
-        as DecodePages.prepare_decode_step."""
+        as DecodePages.prepare."""
         grow = kv_len > self._num_pages * self._page_size
         last_page_len = kv_len - (self._num_pages - (not grow)) * self._page_size
-        step = self._pages.prepare_decode_step(self._sequence_id, token_id, self._position + 1,
-                                               last_page_len, self._sampler, grow, general,
-                                               pinned)
+        step = self._pages.prepare(self._sequence_id, (token_id,), (self._position + 1,),
+                                   last_page_len, (0,), (self._sampler,), call=_CALL,
+                                   reclaim=False, grow=grow, general=general, pinned=pinned)
         if step is None:
             return None
         if step[1] is not None:
@@ -287,7 +289,7 @@ class DecodeLoop:
             if self.added_page_ids and self.added_page_ids[-1] == page_id:
                 self.added_page_ids.pop()
                 self._num_pages -= 1
-            self._pages.undo_decode_grow(self._sequence_id, page_id)
+            self._pages.undo_grow(self._sequence_id, page_id)
 
     def _end(self, error: str) -> None:
         """A pass failed or was cancelled. Its error is the loop's unless the loop had ended

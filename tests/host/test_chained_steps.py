@@ -227,7 +227,7 @@ def test_a_pass_the_engine_refuses_in_a_step_ends_its_loop_alone(setups) -> None
     sequence_ids = {rep: setup.sequence_id, other: other_id}
     refused_rep = next(r for r in outputs
                        if refused[0] == setup.pages._physical_ids(
-                           setup.pages.ledger.sequences[sequence_ids[r]])[:len(refused[0])])
+                           setup.pages._sequences[sequence_ids[r]])[:len(refused[0])])
     going_on = other if refused_rep == rep else rep
     prompt = {rep: setup.prompt, other: [7, 8, 9, 10, 11]}
     assert outputs[refused_rep][-1].startswith("engine failed the batch: request 0")

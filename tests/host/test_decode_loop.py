@@ -98,7 +98,7 @@ class Setup:
             outputs += [output.payload for output in batch]
 
     def slots(self, page_ids) -> list[int]:
-        physical = [self.pages.ledger.pages[pid].physical_id for pid in page_ids]
+        physical = [self.pages._pages[pid].physical_id for pid in page_ids]
         return [t for pid in physical for t in self.engine.page_tokens(pid)]
 
     def close(self) -> None:
@@ -284,8 +284,8 @@ def test_next_waits_for_min_outputs_unless_the_loop_is_over(setups) -> None:
 
 def test_submit_chained_calls_on_done_then_on_outcome_and_refuses_when_closed(setups) -> None:
     setup = setups([1, 2])
-    prepared = setup.pages.prepare_forward(setup.sequence_id, [1, 2], [0, 1], 2, [1],
-                                           [sampler_spec(setup.ctx, "test", 0, _sampler(), None)])
+    prepared = setup.pages.prepare(setup.sequence_id, [1, 2], [0, 1], 2, [1],
+                                   [sampler_spec(setup.ctx, "test", 0, _sampler(), None)])
     calls: list = []
     prepared = dataclasses.replace(prepared, on_done=lambda: calls.append("on_done"))
     assert setup.scheduler.submit_chained(("a", setup.queue_id), "normal", prepared,

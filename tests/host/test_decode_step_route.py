@@ -1,4 +1,4 @@
-"""InstancePages.prepare_forward's route for a one-token decode step gives what the general path
+"""InstancePages.prepare's route for a one-token decode step gives what the general path
 gives: the same request and no copies on a page of its own, and on a shared tail page, an
 imported one, a token outside the vocabulary or an unknown sequence the general path's copies or
 trap."""
@@ -21,8 +21,8 @@ def _pages(pool: PageAllocator, exports: ExportRegistry, instance_id: str) -> In
 
 def _general(pages: InstancePages, *args):
     """The general path alone (what the route falls back to)."""
-    return pages.ledger.with_reclaim("forward.submit",
-                                     lambda: pages._prepare_forward_locked("forward.submit", *args))
+    return pages._with_reclaim("forward.submit",
+                               lambda: pages._prepare_general("forward.submit", *args))
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def world():
 def test_a_step_on_its_own_page_is_the_general_request(world) -> None:
     _, _, a, sequence_id = world
     step = (sequence_id, [7], [6], 3, [0], [GREEDY])
-    routed, general = a.prepare_forward(*step), _general(a, *step, None)
+    routed, general = a.prepare(*step), _general(a, *step, None)
     assert routed.request == general.request and routed.copies == general.copies == ()
 
 
@@ -46,7 +46,7 @@ def test_a_step_on_a_shared_tail_page_copies_it_first(world) -> None:
     _, _, a, sequence_id = world
     a.share_pages([a.sequence_pages(sequence_id)[-1]])          # the tail now has two ids
     before = a.sequence_pages(sequence_id)
-    routed = a.prepare_forward(sequence_id, [7], [6], 3, [0], [GREEDY])
+    routed = a.prepare(sequence_id, [7], [6], 3, [0], [GREEDY])
     assert len(routed.copies) == 1                               # copy-on-write, as in general
     assert a.sequence_pages(sequence_id) == before               # local ids unchanged
     assert routed.request.page_ids[-1] == routed.copies[0].dst_page_id
@@ -74,7 +74,7 @@ def test_a_bad_step_traps_as_the_general_path_does(world, case, message) -> None
         a = b
     step = (sequence_id, [token_id], [6], last_page_len, [0], [GREEDY])
     with pytest.raises(TrapError, match=message) as routed:
-        a.prepare_forward(*step)
+        a.prepare(*step)
     with pytest.raises(TrapError) as general:
         _general(a, *step, None)
     assert str(routed.value) == str(general.value)

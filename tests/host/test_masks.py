@@ -92,16 +92,16 @@ def test_mask_tokens_fold_into_rows(make_resources):
     seq, prepared = fill(a, pages, 6)
     assert prepared.request.mask is None
     a.mask_tokens(pages[0], 1, 2, True)          # hide kv 1, 2
-    step = a.prepare_forward(seq, [7, 8], [6, 7], 4, [1], [GREEDY])
+    step = a.prepare(seq, [7, 8], [6, 7], 4, [1], [GREEDY])
     assert step.request.mask == ((1, 2, 5), (1, 2, 5))
-    guest = a.prepare_forward(seq, [7, 8], [6, 7], 4, [1], [GREEDY], mask=[[4, 4], [8]])
+    guest = a.prepare(seq, [7, 8], [6, 7], 4, [1], [GREEDY], mask=[[4, 4], [8]])
     assert guest.request.mask == ((1, 2, 1, 4), (1, 2, 5))
     a.mask_tokens(pages[0], 2, 1, False)         # show kv 2 again
-    assert a.prepare_forward(seq, [7], [7], 4, [0], [GREEDY]).request.mask == ((1, 1, 6),)
+    assert a.prepare(seq, [7], [7], 4, [0], [GREEDY]).request.mask == ((1, 1, 6),)
     a.mask_tokens(pages[0], 0, 4, False)
-    assert a.prepare_forward(seq, [7], [7], 4, [0], [GREEDY]).request.mask is None
+    assert a.prepare(seq, [7], [7], 4, [0], [GREEDY]).request.mask is None
     with pytest.raises(TrapError, match="forward.submit: mask row 0 sums to 7, kv length is 8"):
-        a.prepare_forward(seq, [7], [7], 4, [0], [GREEDY], mask=[[7]])
+        a.prepare(seq, [7], [7], 4, [0], [GREEDY], mask=[[7]])
     with pytest.raises(TrapError, match=r"kv.mask-tokens: slots \[3, 5\) outside a page of 4"):
         a.mask_tokens(pages[0], 3, 2, True)
 

@@ -19,8 +19,8 @@ def fill(resources, page_ids, num_tokens):
     seq = resources.create_sequence()
     resources.sequence_append(seq, page_ids)
     last = (num_tokens - 1) % 4 + 1
-    prepared = resources.prepare_forward(seq, list(range(1, num_tokens + 1)),
-                                         list(range(num_tokens)), last, [num_tokens - 1], [GREEDY])
+    prepared = resources.prepare(seq, list(range(1, num_tokens + 1)),
+                                 list(range(num_tokens)), last, [num_tokens - 1], [GREEDY])
     return seq, prepared
 
 
@@ -116,14 +116,14 @@ def test_share_then_write_copies_on_write(make_resources, pool):
     assert fork == [2, 3] and pool.refcount(0) == 2 and pool.refcount(1) == 2
     fork_seq = a.create_sequence()
     a.sequence_append(fork_seq, fork)
-    step = a.prepare_forward(fork_seq, [9], [5], 2, [0], [GREEDY])
+    step = a.prepare(fork_seq, [9], [5], 2, [0], [GREEDY])
     assert step.copies == (TokenCopy(src_page_id=1, dst_page_id=2, src_offset=0, dst_offset=0,
                                      num_tokens=1),)
     assert step.request.page_ids == (0, 2)       # fork remapped its last page only
     assert pool.refcount(1) == 2                 # old page kept until the copy has run
     step.on_done()
     assert pool.refcount(1) == 1 and pool.refcount(0) == 2
-    original = a.prepare_forward(seq, [8], [5], 2, [0], [GREEDY])
+    original = a.prepare(seq, [8], [5], 2, [0], [GREEDY])
     assert original.copies == () and original.request.page_ids == (0, 1)   # untouched
     original.on_done()
     a.release_all()
@@ -139,7 +139,7 @@ def test_cow_over_two_shared_tail_pages(make_resources, pool):
     fork_seq = a.create_sequence()
     a.sequence_append(fork_seq, fork)
     # writes positions 6..9: slots 2,3 of page 1 (shared) and 0,1 of page 2 (own)
-    step = a.prepare_forward(fork_seq, [1, 2, 3, 4], [6, 7, 8, 9], 2, [3], [GREEDY])
+    step = a.prepare(fork_seq, [1, 2, 3, 4], [6, 7, 8, 9], 2, [3], [GREEDY])
     assert step.copies == (TokenCopy(1, 3, 0, 0, 2),)
     assert step.request.page_ids == (0, 3, 2)
 
@@ -154,9 +154,9 @@ def test_writing_into_imported_page_traps(make_resources):
     own = b.allocate_pages(1)
     b_seq = b.create_sequence()
     b.sequence_append(b_seq, imported + own)
-    assert b.prepare_forward(b_seq, [5], [4], 1, [0], [GREEDY]).request.page_ids == (0, 1)
+    assert b.prepare(b_seq, [5], [4], 1, [0], [GREEDY]).request.page_ids == (0, 1)
     with pytest.raises(TrapError, match="forward.submit: page id 0 is read-only"):
-        b.prepare_forward(b_seq, [5, 6, 7], [2, 3, 4], 1, [0], [GREEDY])
+        b.prepare(b_seq, [5, 6, 7], [2, 3, 4], 1, [0], [GREEDY])
     with pytest.raises(TrapError, match="kv.copy-tokens: page id 2 is read-only"):
         b.copy_tokens_request(1, b.share_pages(imported)[0], 0, 0, 1)
 
@@ -251,7 +251,7 @@ def test_shared_ids_keep_masks_and_read_only(make_resources):
     (fork,) = a.share_pages(pages)
     seq = a.create_sequence()
     a.sequence_append(seq, [fork])
-    assert a.prepare_forward(seq, [3], [1], 2, [0], [GREEDY]).request.mask == ((0, 1, 1),)
+    assert a.prepare(seq, [3], [1], 2, [0], [GREEDY]).request.mask == ((0, 1, 1),)
     (imported,) = b.import_pages("p")
     (again,) = b.share_pages([imported])
     with pytest.raises(TrapError, match=f"page id {again} is read-only"):
@@ -262,10 +262,10 @@ def test_decode_step_reuses_the_physical_page_tuple(make_resources):
     a = make_resources()
     pages = a.allocate_pages(2)
     seq, first = fill(a, pages[:1], 3)
-    second = a.prepare_forward(seq, [4], [3], 4, [0], [GREEDY])
+    second = a.prepare(seq, [4], [3], 4, [0], [GREEDY])
     assert second.request.page_ids is first.request.page_ids
     a.sequence_append(seq, pages[1:])
-    third = a.prepare_forward(seq, [5], [4], 1, [0], [GREEDY])
+    third = a.prepare(seq, [5], [4], 1, [0], [GREEDY])
     assert third.request.page_ids == (0, 1)
 
 
@@ -285,7 +285,7 @@ def test_bad_passes_and_sequence_calls_trap(make_resources):
     pages = a.allocate_pages(2)
     seq = a.create_sequence()
     with pytest.raises(TrapError, match="forward.submit: the sequence has no pages"):
-        a.prepare_forward(seq, [1], [0], 1, [], [])
+        a.prepare(seq, [1], [0], 1, [], [])
     a.sequence_append(seq, pages)
     cases = [
         (([1, 2], [0], 1, [], []), "1 positions for 2 tokens"),
@@ -297,14 +297,14 @@ def test_bad_passes_and_sequence_calls_trap(make_resources):
     ]
     for args, message in cases:
         with pytest.raises(TrapError, match=f"forward.submit: {message}"):
-            a.prepare_forward(seq, *args)
+            a.prepare(seq, *args)
     checked = make_resources("v", vocab_size=259)
     checked_seq = checked.create_sequence()
     checked.sequence_append(checked_seq, checked.allocate_pages(1))
     with pytest.raises(TrapError, match=r"forward.submit: token id 300 outside the vocabulary \(0..258\)"):
-        checked.prepare_forward(checked_seq, [1, 300], [0, 1], 2, [], [])
+        checked.prepare(checked_seq, [1, 300], [0, 1], 2, [], [])
     with pytest.raises(TrapError, match="forward.submit: unknown sequence id 9"):
-        a.prepare_forward(9, [1], [0], 1, [], [])
+        a.prepare(9, [1], [0], 1, [], [])
     with pytest.raises(TrapError, match=r"kv.sequence-remove: range \[1, 3\) outside sequence"):
         a.sequence_remove(seq, 1, 2)
     with pytest.raises(TrapError, match="kv.sequence-append: unknown page id 7"):
@@ -322,7 +322,7 @@ def test_owner_writing_an_exported_page_copies_it(make_resources, pool):
     seq, prepared = fill(a, pages, 2)
     prepared.on_done()
     a.export_pages("snapshot", pages, persistent=True)
-    step = a.prepare_forward(seq, [3], [2], 3, [0], [GREEDY])
+    step = a.prepare(seq, [3], [2], 3, [0], [GREEDY])
     assert step.copies == (TokenCopy(0, 1, 0, 0, 2),) and step.request.page_ids == (1,)
     step.on_done()
     assert pool.refcount(0) == 1                 # the export alone holds the snapshot
@@ -378,7 +378,7 @@ def test_release_all_from_another_thread_mid_activity(make_resources, pool):
                 step.on_done()
                 a.free_pages(a.sequence_pages(seq))
                 a.destroy_sequence(seq)
-                a.free_pages(list(a.ledger.pages))
+                a.free_pages(list(a._pages))
         except BaseException as error:            # expected: a trap once released
             outcome.append(error)
 

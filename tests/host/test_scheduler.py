@@ -208,11 +208,11 @@ def test_fork_with_copy_on_write_matches_running_alone():
     parent = resources.create_sequence()
     resources.sequence_append(parent, pages)
     with BatchScheduler(engine) as scheduler:
-        prefill = resources.prepare_forward(parent, prompt, list(range(6)), 2, [5], [GREEDY])
+        prefill = resources.prepare(parent, prompt, list(range(6)), 2, [5], [GREEDY])
         scheduler.submit_forward(("a", 0), "normal", prefill).result(timeout=10)
         child = resources.create_sequence()
         resources.sequence_append(child, resources.share_pages(pages))
-        steps = [resources.prepare_forward(seq, [token], [6], 3, [0], [GREEDY])
+        steps = [resources.prepare(seq, [token], [6], 3, [0], [GREEDY])
                  for seq, token in ((parent, 20), (child, 30))]
         # Both writers copy: the parent's old page stays referenced until the child's copy of
         # it has run (a pending release counts as a sharer).
