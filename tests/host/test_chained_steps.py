@@ -1,4 +1,4 @@
-"""Chained steps (SchedulerPolicy.chain_steps, host/scheduling/chaining.py): a batch of host
+"""Chained steps (SchedulerPolicy.chain_steps, host/scheduling/lookahead.py): a batch of host
 loops' passes runs several engine steps before the host resolves it. Over the fake engine (its
 outputs a function of the tokens each position attends to, its pages recording each slot's
 token), with readers that take outputs in bulk (a reader waiting for each output is never
