@@ -8,11 +8,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-# OpenMP threads (torch's GEMMs on long passes) sleep between parallel regions instead of spinning:
-# beside a busy core a 512-token prefill on the GGUF-block path ran 1.7-1.9x faster so (2 threads,
-# AVX2), idle level; the float32 / bfloat16 torch paths, whose small ops each use both threads,
-# lose 0-20% idle (docs/performance/2026-11-25-cpu-engine-long-contexts.md; OMP_WAIT_POLICY=ACTIVE, or set empty for libgomp's
-# default, to choose otherwise). libgomp reads it once, when torch loads it: this package imports
+# OpenMP threads (torch's GEMMs on long passes) sleep between parallel regions instead of spinning,
+# so they do not take a core from the C kernels and the instances beside them (the trade-off,
+# measured: docs/performance/2026-11-25-cpu-engine-long-contexts.md; OMP_WAIT_POLICY=ACTIVE, or
+# set empty for libgomp's default, to choose otherwise). libgomp reads it once, when torch loads it: this package imports
 # torch only lazily, so it holds when `engine` is imported before torch (the CLI and the server
 # do). A value the user set is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -16,10 +16,9 @@ slot each new token is written to (append_page_ids / append_slots [N]), and the 
 output [num_outputs]. Causality is by KV slot order (the new tokens are the last q_len slots of the
 sequence), never by RoPE position: positions only rotate, so a request may keep gaps in positions.
 
-Built from Python lists, each field one numpy array shared as a tensor (`_int_tensor`: 1.5 us
-for a handful of ids, torch.tensor 4.3; 3x faster on long lists too): a decode step's table is
-~15 tiny tensors, where per-token torch ops (~5 us of dispatch each) cost more than the
-arithmetic; a long prefill's per-token loop is ~0.2 us a token against milliseconds of compute.
+Built from Python lists, each field one numpy array shared as a tensor (`_int_tensor`, cheaper
+than torch.tensor): a decode step's table is ~15 tiny tensors, where per-token torch ops would
+cost more in dispatch than the arithmetic itself.
 """
 from __future__ import annotations
 
