@@ -134,8 +134,8 @@ def _interleaved_if_faster(weight: QuantizedTensor) -> QuantizedTensor:
     interleaved kernel is 1.9-2.1x the row kernel at 1 to 32 activation rows (SmolLM2's Q4_1
     layers; its Q8_0 output layer 1.15-1.6x; one thread, AVX2-only EPYC). The scalar kernels gain
     nothing from it: the weight stays as is."""
-    if (quant_kernels.available() and quant_kernels.best_level() == "avx2"
-            and weight.can_interleave):
+    if (quant_kernels.available() and quant_kernels.best_level() != "scalar"
+            and weight.can_interleave):                # AVX2 or AVX-512: both read 8-row groups
         return quant_kernels.interleave(weight)
     return weight
 

@@ -156,7 +156,7 @@ int decode_attention(const decode_batch *batch, int level, int num_threads) {
     attention_job job = {.batch = batch, .heads_per_unit = heads_per_unit,
                          .units_per_kv_head = (group + heads_per_unit - 1) / heads_per_unit};
     int64_t num_units = num_pairs * job.units_per_kv_head;
-    if (level == LEVEL_AVX2)
+    if (level == LEVEL_AVX2 || level == LEVEL_AVX512)     /* AVX-512: the 256-bit loops */
         job.loops = attention_loops_avx2(batch->kv_half);
     else
         job.loops = batch->kv_half ? (attention_loops){dot_rows_f16, axpy_rows_f16,

@@ -1,24 +1,30 @@
 """Python face of the C extension engine.quant._kernels: checked calls on torch tensors.
 
-Kernel levels ("scalar", "avx2", ...) are what the CPU supports, detected by the extension at run
-time; `best_level()` is the fastest. Every call checks dtypes, shapes and contiguity before
-handing raw addresses to C.
+Kernel levels ("scalar", "avx2", "avx512-vnni") are what the CPU supports, detected by the
+extension at run time from CPUID and the OS's saved register state (XGETBV); `best_level()` is
+the fastest, or the one the environment variable PIE_KERNEL_LEVEL names (to run, test or measure
+a slower level on a faster CPU), and `level_reason()` says why. Every call checks dtypes, shapes
+and contiguity before handing raw addresses to C.
 """
 from __future__ import annotations
 
 import importlib
+import os
 
 import numpy as np
 import torch
 
 from engine.quant.tensor import INTERLEAVED_ROWS, QuantizedTensor
 
-__all__ = ["available", "unavailable_reason", "levels", "best_level", "require", "level_index",
+__all__ = ["available", "unavailable_reason", "levels", "best_level", "level_reason",
+           "cpu_features", "LEVELS", "LEVEL_ENV", "require", "level_index",
            "matmul", "dequantize", "dequantize_rows", "interleave", "PreparedMatmul",
            "add_rms_norm", "PreparedRmsNorm", "DecodeAttention", "KERNEL_KV_DTYPES"]
 
 KERNEL_KV_DTYPES = (torch.float32, torch.float16)     # KV pools the C decode attention reads
 LOOKUP_CHUNK_IDS = 64           # dequantize_rows of an interleaved matrix: ids a round
+LEVELS = ("scalar", "avx2", "avx512-vnni")   # every level, slowest first (module.c LEVEL_NAMES)
+LEVEL_ENV = "PIE_KERNEL_LEVEL"  # names the level to run instead of the best (one of LEVELS)
 
 
 def _load_extension():
@@ -47,8 +53,40 @@ def levels() -> tuple[str, ...]:
 
 
 def best_level() -> str:
-    """The fastest supported level; RuntimeError without the extension."""
-    return require().levels()[-1]
+    """The level the engine runs: the one PIE_KERNEL_LEVEL names when it is set (ValueError when
+    this CPU lacks it or it is no level), else the fastest this CPU supports; RuntimeError
+    without the extension."""
+    supported = require().levels()
+    forced = os.environ.get(LEVEL_ENV, "").strip()
+    if not forced:
+        return supported[-1]
+    if forced not in supported:
+        raise ValueError(f"{LEVEL_ENV}={forced!r}: this CPU runs the kernel levels {supported} "
+                         f"(of {LEVELS})")
+    return forced
+
+
+def cpu_features() -> dict[str, bool]:
+    """What the extension read from CPUID and XGETBV: avx2 (with FMA, F16C and the OS's ymm
+    state), avx512 (F, BW, VL, DQ), avx512_vnni, avx512_bf16, amx, os_zmm (the OS saves the
+    zmm and opmask registers); {} without the extension."""
+    return dict(_EXTENSION.cpu_features()) if _EXTENSION else {}
+
+
+def level_reason() -> str:
+    """Why best_level() is the level it is, in a few words (for the engine's kernel line)."""
+    level, cpu = best_level(), cpu_features()
+    if os.environ.get(LEVEL_ENV, "").strip():
+        return f"{LEVEL_ENV}={level}; the best here is {require().levels()[-1]}"
+    if level == "avx512-vnni":
+        return "the CPU has AVX-512 F/BW/VL/DQ + VNNI and the OS saves the zmm state"
+    if cpu.get("avx512") and cpu.get("avx512_vnni") and not cpu.get("os_zmm"):
+        return "the CPU has AVX-512 + VNNI but the OS does not save the zmm state"
+    if cpu.get("avx512") and not cpu.get("avx512_vnni"):
+        return "the CPU has AVX-512 without VNNI: the AVX2 kernels run"
+    if level == "avx2":
+        return "the CPU has AVX2 + FMA + F16C, no AVX-512 VNNI"
+    return "the CPU has no AVX2 + FMA + F16C"
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
@@ -215,15 +253,17 @@ class PreparedMatmul:
 
 
 def dequantize(weight: QuantizedTensor, out: torch.Tensor | None = None,
-               num_threads: int | None = None) -> torch.Tensor:
-    """The float32 values [N, K] of the blocks (into `out` when given, e.g. a scratch buffer)."""
+               num_threads: int | None = None, level: str | None = None) -> torch.Tensor:
+    """The float32 values [N, K] of the blocks (into `out` when given, e.g. a scratch buffer);
+    `level`: the kernels that read them (default best_level(); the values are the same at every
+    level, ValueError for one this CPU lacks)."""
     module = require()
     if out is None:
         out = torch.empty(weight.shape, dtype=torch.float32)
     elif tuple(out.shape) != weight.shape or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous float32 {list(weight.shape)} tensor")
     module.dequantize(weight.kernel_qtype, weight.blocks.data_ptr(), weight.num_rows, weight.num_cols,
-                      out.data_ptr(), num_threads or torch.get_num_threads())
+                      out.data_ptr(), num_threads or torch.get_num_threads(), level_index(level))
     return out
 
 
@@ -272,10 +312,10 @@ def require():
 
 
 def level_index(level: str | None) -> int:
-    """The C index of a kernel level (None: the best); ValueError when this CPU lacks it."""
+    """The C index of a kernel level (None: best_level()); ValueError when this CPU lacks it."""
     supported = require().levels()
     if level is None:
-        level = supported[-1]
+        level = best_level()
     if level not in supported:
         raise ValueError(f"kernel level {level!r} is not supported on this CPU (have {supported})")
-    return ("scalar", "avx2").index(level)
+    return LEVELS.index(level)

@@ -1,24 +1,68 @@
 /* See matmul.h. */
 #include "matmul.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "pool.h"
 
 #define MIN_CHUNK_ROWS 8
 
-static int cpu_has_avx2(void) {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+#include <cpuid.h>
+
+/* XCR0: which register states the OS saves (bit 1 SSE, 2 AVX, 5 opmask, 6 ZMM_Hi256, 7 Hi16_ZMM) */
+#define XCR0_YMM 0x06u
+#define XCR0_ZMM 0xe0u
+
+static uint32_t read_xcr0(void) {
+    uint32_t low, high;
+    __asm__ volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
+    return low;
+}
+
+cpu_features detect_cpu(void) {
+    cpu_features features = {0};
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return features;
+    int osxsave = (ecx >> 27) & 1, fma = (ecx >> 12) & 1, f16c = (ecx >> 29) & 1;
+    uint32_t xcr0 = osxsave ? read_xcr0() : 0;
+    if (__get_cpuid_max(0, NULL) < 7) return features;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    int avx2 = (ebx >> 5) & 1;
+    features.avx2 = avx2 && fma && f16c && (xcr0 & XCR0_YMM) == XCR0_YMM;
+    features.avx512 = ((ebx >> 16) & 1) && ((ebx >> 17) & 1) && ((ebx >> 30) & 1)
+                      && ((ebx >> 31) & 1);                           /* F, DQ, BW, VL */
+    features.avx512_vnni = (ecx >> 11) & 1;
+    features.amx = ((edx >> 24) & 1) && ((edx >> 25) & 1);          /* AMX-TILE, AMX-INT8 */
+    features.os_zmm = (xcr0 & (XCR0_YMM | XCR0_ZMM)) == (XCR0_YMM | XCR0_ZMM);
+    unsigned max_sub = eax;
+    if (max_sub >= 1) {
+        __cpuid_count(7, 1, eax, ebx, ecx, edx);
+        features.avx512_bf16 = (eax >> 5) & 1;
+    }
+    return features;
+}
 #else
-    return 0;
+cpu_features detect_cpu(void) { return (cpu_features){0}; }
 #endif
+
+/* the levels this CPU runs, found once: CPUID traps to the hypervisor in a VM (microseconds),
+ * and every Python-facing call checks its level */
+static int supported_levels[NUM_LEVELS];
+static pthread_once_t levels_once = PTHREAD_ONCE_INIT;
+
+static void find_levels(void) {
+    cpu_features cpu = detect_cpu();
+    supported_levels[LEVEL_SCALAR] = 1;
+    supported_levels[LEVEL_AVX2] = cpu.avx2;
+    supported_levels[LEVEL_AVX512] = cpu.avx2 && cpu.avx512 && cpu.avx512_vnni && cpu.os_zmm;
 }
 
 int level_supported(int level) {
-    return level == LEVEL_SCALAR || (level == LEVEL_AVX2 && cpu_has_avx2());
+    if (level < 0 || level >= NUM_LEVELS) return 0;
+    pthread_once(&levels_once, find_levels);
+    return supported_levels[level];
 }
 
 int act_alloc(act_q16 *act, int64_t m, int64_t k) {
@@ -41,7 +85,7 @@ void act_free(act_q16 *act) {
 }
 
 void quantize_act(int level, const float *x, int64_t m, act_q16 *act) {
-    if (level == LEVEL_AVX2)
+    if (level == LEVEL_AVX2 || level == LEVEL_AVX512)       /* 256 bits are enough here */
         quantize_act_avx2(x, m, act);
     else
         quantize_act_scalar(x, m, act);
@@ -63,8 +107,10 @@ static void matmul_chunk(void *ctx, int64_t start, int64_t count) {
 
 void matmul_rows(int qtype, int level, const uint8_t *w, int64_t n, const act_q16 *x, int64_t m,
                  float *y, int64_t ldy, int num_threads) {
-    matmul_job job = {.fn = level == LEVEL_AVX2 ? dot_rows_avx2(qtype) : dot_rows_scalar(qtype),
-                      .w = w, .row_bytes = qtype_row_bytes(qtype, x->k), .m = m, .ldy = ldy,
-                      .x = x, .y = y};
-    pool_run_rows(matmul_chunk, &job, n, MIN_CHUNK_ROWS, num_threads);
+    dot_rows_fn fn = level == LEVEL_AVX512 ? dot_rows_avx512(qtype)
+                     : level == LEVEL_AVX2 ? dot_rows_avx2(qtype) : dot_rows_scalar(qtype);
+    int paired = level == LEVEL_AVX512 && qtype >= QTYPE_Q4_0_X8;    /* two 8-row groups a step */
+    matmul_job job = {.fn = fn, .w = w, .row_bytes = qtype_row_bytes(qtype, x->k), .m = m,
+                      .ldy = ldy, .x = x, .y = y};
+    pool_run_rows(matmul_chunk, &job, n, paired ? 2 * MIN_CHUNK_ROWS : MIN_CHUNK_ROWS, num_threads);
 }

@@ -5,7 +5,23 @@
 
 #include "formats.h"
 
-enum { LEVEL_SCALAR = 0, LEVEL_AVX2 = 1 };
+/* Kernel levels, slowest first (module.c names them): AVX2 + FMA + F16C; AVX-512 F/BW/VL/DQ +
+ * AVX512-VNNI (kernels_avx512.c, the AVX2 activation quantizer and decode attention) */
+enum { LEVEL_SCALAR = 0, LEVEL_AVX2 = 1, LEVEL_AVX512 = 2, NUM_LEVELS = 3 };
+
+/* What the CPU reports (CPUID) and what the OS saves on a context switch (XGETBV): the AVX-512
+ * level needs both, so a CPU with AVX-512 under an OS (or hypervisor) that does not save the
+ * zmm / opmask state runs the AVX2 level. Every field 0 off x86. */
+typedef struct {
+    int avx2;            /* AVX2 + FMA + F16C, and the OS saves the ymm state */
+    int avx512;          /* AVX-512 F, BW, VL and DQ (CPUID only) */
+    int avx512_vnni;     /* AVX512-VNNI (CPUID only) */
+    int avx512_bf16;     /* AVX512-BF16 (CPUID only; no kernel uses it) */
+    int amx;             /* AMX tiles (CPUID only; no kernel uses them) */
+    int os_zmm;          /* XCR0 has the opmask, ZMM_Hi256 and Hi16_ZMM states */
+} cpu_features;
+
+cpu_features detect_cpu(void);
 
 /* 1 when this CPU runs kernels of `level`; 0 for any other value too */
 int level_supported(int level);
@@ -19,7 +35,8 @@ void act_free(act_q16 *act);
 void quantize_act(int level, const float *x, int64_t m, act_q16 *act);
 
 /* y[r * ldy + j] = dot(row j of w, activation row r), j < n, r < m, rows shared out over
- * num_threads threads. w: n rows of qtype (row_bytes each); level supported, qtype known. */
+ * num_threads threads. w: n rows of qtype (row_bytes each); level supported, qtype known.
+ * (An AVX-512 kernel of an _X8 type takes 16 rows at a time: chunks are multiples of 16.) */
 void matmul_rows(int qtype, int level, const uint8_t *w, int64_t n, const act_q16 *x, int64_t m,
                  float *y, int64_t ldy, int num_threads);
 

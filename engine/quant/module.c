@@ -13,7 +13,8 @@
 #include "norm.h"
 #include "pool.h"
 
-static const char *LEVEL_NAMES[] = {"scalar", "avx2"};
+/* matmul.h's LEVEL_* in order (engine/quant/kernels.py LEVELS) */
+static const char *LEVEL_NAMES[NUM_LEVELS] = {"scalar", "avx2", "avx512-vnni"};
 
 /* decoder_py.c */
 PyObject *py_decoder_new(PyObject *self, PyObject *args);
@@ -45,7 +46,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
 }
 
 typedef struct {
-    int qtype;
+    int qtype, level;
     const uint8_t *w;
     int64_t row_bytes, k;
     float *out;
@@ -53,22 +54,30 @@ typedef struct {
 
 static void dequantize_chunk(void *ctx, int64_t start, int64_t count) {
     const dequantize_job *job = ctx;
-    dequantize_rows(job->qtype, job->w + start * job->row_bytes, count, job->k,
-                    job->out + start * job->k);
+    const uint8_t *w = job->w + start * job->row_bytes;
+    float *out = job->out + start * job->k;
+    if (job->level == LEVEL_AVX512 && dequantize_x8_avx512(job->qtype, w, count, job->k, out) == 0)
+        return;                  /* an _X8 type (chunks are whole 8-row groups) */
+    dequantize_rows(job->qtype, w, count, job->k, out);
 }
 
-/* dequantize(qtype, w, n, k, out, num_threads): out[n, k] float32 = the blocks' values */
+/* dequantize(qtype, w, n, k, out, num_threads[, level]): out[n, k] float32 = the blocks' values
+ * (level: the kernels of an _X8 type, scalar by default; the same values at every level) */
 static PyObject *py_dequantize(PyObject *self, PyObject *args) {
-    int qtype, num_threads;
+    int qtype, num_threads, level = LEVEL_SCALAR;
     unsigned long long w_addr, out_addr;
     long long n, k;
-    if (!PyArg_ParseTuple(args, "iKLLKi", &qtype, &w_addr, &n, &k, &out_addr, &num_threads))
+    if (!PyArg_ParseTuple(args, "iKLLKi|i", &qtype, &w_addr, &n, &k, &out_addr, &num_threads,
+                          &level))
         return NULL;
+    if (!level_supported(level))
+        return PyErr_Format(PyExc_ValueError, "dequantize: kernel level %d is not supported here",
+                            level);
     int64_t row_bytes = qtype_row_bytes(qtype, k);
     if (row_bytes == 0 || n < 0)
         return PyErr_Format(PyExc_ValueError, "dequantize: bad qtype %d or shape n=%lld k=%lld",
                             qtype, n, k);
-    dequantize_job job = {.qtype = qtype, .w = (const uint8_t *)(uintptr_t)w_addr,
+    dequantize_job job = {.qtype = qtype, .level = level, .w = (const uint8_t *)(uintptr_t)w_addr,
                           .row_bytes = row_bytes, .k = k,
                           .out = (float *)(uintptr_t)out_addr};
     Py_BEGIN_ALLOW_THREADS
@@ -99,7 +108,7 @@ static PyObject *py_interleave(PyObject *self, PyObject *args) {
 /* levels() -> the kernel levels this CPU runs, slowest first, e.g. ("scalar", "avx2") */
 static PyObject *py_levels(PyObject *self, PyObject *unused) {
     PyObject *names = PyList_New(0);
-    for (int level = LEVEL_SCALAR; level <= LEVEL_AVX2 && names; level++) {
+    for (int level = LEVEL_SCALAR; level < NUM_LEVELS && names; level++) {
         if (level_supported(level)) {
             PyObject *name = PyUnicode_FromString(LEVEL_NAMES[level]);
             if (!name || PyList_Append(names, name) < 0) Py_CLEAR(names);
@@ -110,6 +119,17 @@ static PyObject *py_levels(PyObject *self, PyObject *unused) {
     PyObject *result = PyList_AsTuple(names);
     Py_DECREF(names);
     return result;
+}
+
+/* cpu_features() -> {feature: bool}: what CPUID and XGETBV report (matmul.h cpu_features), so
+ * the engine can say why it runs the level it does */
+static PyObject *py_cpu_features(PyObject *self, PyObject *unused) {
+    cpu_features cpu = detect_cpu();
+    return Py_BuildValue("{sNsNsNsNsNsN}", "avx2", PyBool_FromLong(cpu.avx2),
+                         "avx512", PyBool_FromLong(cpu.avx512),
+                         "avx512_vnni", PyBool_FromLong(cpu.avx512_vnni),
+                         "avx512_bf16", PyBool_FromLong(cpu.avx512_bf16),
+                         "amx", PyBool_FromLong(cpu.amx), "os_zmm", PyBool_FromLong(cpu.os_zmm));
 }
 
 /* rms_norm(x, delta, weight, eps, m, k, out): x[r] += delta[r] (delta 0: none), then
@@ -181,6 +201,7 @@ static PyMethodDef methods[] = {
     {"dequantize", py_dequantize, METH_VARARGS, "out[n, k] float32 from GGUF blocks"},
     {"interleave", py_interleave, METH_VARARGS, "Q4_0 / Q4_1 / Q8_0 rows interleaved 8 at a time"},
     {"levels", py_levels, METH_NOARGS, "kernel levels this CPU supports, slowest first"},
+    {"cpu_features", py_cpu_features, METH_NOARGS, "what CPUID / XGETBV report for the levels"},
     {"decode_attention", py_decode_attention, METH_VARARGS, "paged attention of decode steps"},
     {"rms_norm", py_rms_norm, METH_VARARGS, "out = rms_norm(x (+= delta)) * weight, float32 rows"},
     {"decoder_new", py_decoder_new, METH_VARARGS, "a fused decoder from a table of weights"},
