@@ -207,6 +207,16 @@ class Engine:
         self._stats = dataclasses.replace(
             self._stats, num_copied_tokens=self._stats.num_copied_tokens + num_copied)
 
+    def read_pages(self, page_ids: Sequence[int]) -> torch.Tensor:
+        """Whole pages copied to host memory (KVCache.read_pages: [num_layers, n, 2, page_size,
+        num_kv_heads, head_dim]); ValueError for a page id out of range."""
+        return self.kv_cache.read_pages(page_ids)
+
+    def write_pages(self, page_ids: Sequence[int], data: torch.Tensor) -> None:
+        """Put pages `read_pages` returned back, into `page_ids` (any pages: the ids may differ
+        from those read); bit-exact. ValueError for a wrong id, shape or dtype."""
+        self.kv_cache.write_pages(page_ids, data)
+
     def statistics(self) -> EngineStats:
         return self._stats
 
@@ -247,7 +257,8 @@ def kernel_summary(choice: DtypeChoice, model: LlamaModel) -> str:
     qtypes = sorted({QTYPE_NAMES.get(key[0], str(key[0])) for key in planner.limits})
     limits = sorted(set(planner.limits.values()))
     return (f"GGUF blocks ({', '.join(qtypes)}) multiplied in place by the {quant_kernels.best_level()} "
-            f"C kernels, float32 activations, {str(choice.kv_cache_dtype).removeprefix('torch.')} "
+            f"C kernels ({quant_kernels.level_reason()}), float32 activations, "
+            f"{str(choice.kv_cache_dtype).removeprefix('torch.')} "
             f"KV cache ({choice.reason}; CPU capability {capability}); "
             f"batches of up to {'/'.join(map(str, limits))} rows use them, larger ones dequantize "
             f"+ GEMM (crossover measured at load){_fused_summary(model)}")

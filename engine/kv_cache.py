@@ -93,6 +93,36 @@ class KVCache:
                     raise ValueError(f"copy {i}: field {field}: slots {offset}.."
                                      f"{offset + copy.num_tokens} exceed page size {self.page_size}")
 
+    def check_page_ids(self, page_ids: Sequence[int], call: str) -> None:
+        """Raise ValueError naming `call` and the index for a page id outside [0, num_pages)."""
+        for i, page_id in enumerate(page_ids):
+            if not 0 <= page_id < self.num_pages:
+                raise ValueError(f"{call}: page_ids[{i}]={page_id} out of range "
+                                 f"[0, {self.num_pages})")
+
+    def read_pages(self, page_ids: Sequence[int]) -> torch.Tensor:
+        """A host (CPU) copy of whole pages, all layers, K and V, in `page_ids` order:
+        [num_layers, len(page_ids), 2, page_size, num_kv_heads, head_dim], the pool's dtype.
+        Bit-exact: `write_pages` of it restores the same bytes."""
+        self.check_page_ids(page_ids, "read_pages")
+        index = torch.tensor(list(page_ids), dtype=torch.long, device=self.pool.device)
+        # [num_layers, n, 2, page_size, num_kv_heads, head_dim]
+        return self.pool.index_select(1, index).to("cpu")
+
+    def write_pages(self, page_ids: Sequence[int], data: torch.Tensor) -> None:
+        """Overwrite whole pages with `data` as `read_pages` returned it (same page count, shape
+        and dtype; ValueError otherwise, nothing written)."""
+        self.check_page_ids(page_ids, "write_pages")
+        expected = (self.num_layers, len(page_ids), 2, self.page_size, self.num_kv_heads,
+                    self.head_dim)
+        if tuple(data.shape) != expected or data.dtype != self.dtype:
+            raise ValueError(f"write_pages: data of shape {tuple(data.shape)} and dtype "
+                             f"{data.dtype}, expected {expected} and {self.dtype}")
+        if len(set(page_ids)) != len(page_ids):
+            raise ValueError("write_pages: a page id is listed twice")
+        index = torch.tensor(list(page_ids), dtype=torch.long, device=self.pool.device)
+        self.pool.index_copy_(1, index, data.to(self.pool.device))
+
     def copy_tokens(self, copies: Sequence[TokenCopy]) -> int:
         """Copy token slots (K and V, all layers) page to page, in order. Returns tokens copied.
 

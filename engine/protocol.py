@@ -36,10 +36,19 @@ class EngineStats:
     num_copied_tokens: int = 0
 
 
+class PageData(Protocol):
+    """Pages copied out of the KV cache (`EngineLike.read_pages`): opaque to the host but for
+    their size in host memory."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+
 class EngineLike(Protocol):
     """What the host needs: page geometry, a batched forward pass, KV copies, a tokenizer.
 
-    Calls are made from one thread at a time (the host's engine thread); the engine does not lock.
+    Calls are made from one thread at a time (the host's engine thread, or a thread holding the
+    scheduler's engine for a page swap: BatchScheduler.run_exclusive); the engine does not lock.
     `forward` raises ValueError naming the request index and field for malformed input and stays
     usable for the next batch.
     """
@@ -52,4 +61,8 @@ class EngineLike(Protocol):
 
     def forward(self, batch: ForwardBatch) -> list[ForwardResult]: ...
     def copy_tokens(self, copies: Sequence[TokenCopy]) -> None: ...
+    # Whole pages out to host memory and back (suspension, host/kv/swap.py): read_pages returns
+    # an opaque value with `nbytes`; write_pages puts it into the same number of other pages.
+    def read_pages(self, page_ids: Sequence[int]) -> PageData: ...
+    def write_pages(self, page_ids: Sequence[int], data: PageData) -> None: ...
     def statistics(self) -> EngineStats: ...

@@ -1,10 +1,13 @@
 """Runtime: ties the engine, programs, instances, KV pages, scheduler and messages together.
 
-launch -> an Instance on its own thread; it ends by returning, by a trap, by `terminate`, or by
-the contention policy (when the pool runs dry, instances over their tenant's or their fair share
-are terminated, saying why: host/kv/contention.py). Whatever the end, `_finish` cancels its pending passes,
-closes its channels, returns every page reference (exports too, unless persistent) and emits
-exactly one final InstanceEvent.
+launch -> an Instance on its own thread; it ends by returning, by a trap, or by `terminate`.
+When the pool runs dry, the contention policy (host/kv/contention.py) names instances over their
+tenant's or their fair share; they are suspended (host/suspensions.py: pages to host memory,
+restored when the pool has room), and the one that asked waits suspended when none may be.
+Termination remains for what no wait can serve: a request above the tenant's hard quota, a swap
+space that is full, a suspension past suspend_deadline_s; the trap names which. Whatever the end,
+`_finish` cancels its pending passes, closes its channels, returns every page reference (exports
+too, unless persistent) and emits exactly one final InstanceEvent.
 """
 from __future__ import annotations
 
@@ -15,14 +18,16 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 from engine.protocol import EngineLike, EngineStats
 from host.bindings import build_linker, provided_items
 from host.kv import ExportRegistry, InstancePages, PageAllocator, PageStats
+from host.errors import OutOfPagesError
 from host.kv.contention import (Holder, PoolView, next_victim, reclaim_reason,
                                 tenant_shares)
+from host.kv.swap import SwapSpace
 from host.messages.hub import MessageHub
 from host.runtime_config import InstanceLimits, RuntimeConfig
 from host.runtime_defaults import resolved_policy
@@ -36,11 +41,14 @@ from host.sandbox.spare_instances import SpareHandover, SpareInstances
 from host.sandbox.start_gate import start_gate_for
 from host.bindings.tables import InstanceTables
 from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy, SchedulerStats
+from host.suspensions import Suspensions, SuspensionStats
 
-__all__ = ["Runtime", "RuntimeStats", "InstanceInfo", "InstanceEvent", "InstanceOutcome"]
+__all__ = ["Runtime", "RuntimeStats", "InstanceInfo", "InstanceEvent", "InstanceOutcome",
+           "SuspensionStats"]
 
 _log = logging.getLogger("pie.runtime")
 _RECLAIM_WAIT_S = 5.0
+_MAX_RECLAIM_ROUNDS = 64       # victims one reclaim may suspend before the requester waits
 _MAX_FINISHED_KEPT = 4096
 _IDLE_CHECK_S = 0.05           # how often the ticker looks for instances idle in a WASI call
 EventCallback = Callable[[InstanceEvent], None]
@@ -64,6 +72,7 @@ class RuntimeStats:
     num_running: int
     num_launched: int
     num_finished: int
+    suspensions: SuspensionStats = field(default_factory=SuspensionStats)
 
 
 class Runtime:
@@ -91,6 +100,10 @@ class Runtime:
                              f"{engine.num_pages}")
         self.exports = ExportRegistry(self.page_allocator, page_limit=self.export_page_limit)
         self.scheduler = BatchScheduler(engine, policy)
+        self.swap = SwapSpace(config.swap_mb << 20, self._swap_limit)
+        self.suspensions = Suspensions(engine, self.scheduler, self.page_allocator, self.swap,
+                                       config.suspend_deadline_s, self.pool_view)
+        self.page_allocator.on_free = self.suspensions.wake
         self.hub = MessageHub(config.messages)
         tokenizer = engine.tokenizer
         self.services = HostServices(
@@ -224,7 +237,7 @@ class Runtime:
                                                self._num_finished)
         return RuntimeStats(self.page_allocator.statistics(), self.scheduler.statistics(),
                             self.engine.statistics(), self.programs.statistics(), num_running,
-                            launched, finished)
+                            launched, finished, self.suspensions.statistics())
 
     # -------------------------------------------------------------- lifecycle
     def close(self, timeout: float = 10.0) -> None:
@@ -238,6 +251,7 @@ class Runtime:
         for instance in running:
             instance.wait(timeout)
         self._closed.set()
+        self.suspensions.close()
         self.spares.close(timeout)
         self.services.guests.wake()
         self.scheduler.close()
@@ -277,6 +291,7 @@ class Runtime:
         self.scheduler.cancel_owner(instance.instance_id)
         self.hub.close(instance.instance_id, reason)
         instance.tables.clear()
+        self.suspensions.forget(instance.instance_id)
         instance.trim_log(self.config.finished_log_chars)
         ended = EndedInstance(instance.instance_id, outcome, instance.log_lines())
         with self._lock:
@@ -319,13 +334,26 @@ class Runtime:
             return self._kv_shares[tenant]
         return self.page_allocator.num_pages - sum(self._kv_shares.values())
 
+    def _swap_limit(self, tenant: str) -> int:
+        """Most swap bytes `tenant` may hold: its share of the pool's fraction of swap_mb
+        (configured share, else what the configured shares leave). Takes no lock."""
+        return (self.config.swap_mb << 20) * self.export_page_limit(tenant) \
+            // self.page_allocator.num_pages
+
+    def _hard_quota(self, tenant: str) -> int:
+        """Most pages `tenant` could ever hold: the pool less the other tenants' configured
+        shares."""
+        return self.page_allocator.num_pages - sum(
+            num_pages for name, num_pages in self._kv_shares.items() if name != tenant)
+
     def pool_view(self) -> PoolView:
         """A snapshot for the contention policy: running instances, the distinct pages each
         tenant holds (its instances' and its exports'), the shares."""
         with self._lock:
             running = list(self._running.values())
-        holders = tuple(Holder(inst.instance_id, inst.tenant, inst.tables.pages.num_pages_held,
-                               inst.launch_index) for inst in running)
+        holders = tuple(Holder(inst.instance_id, inst.tenant,
+                               inst.tables.pages.num_resident_pages(), inst.launch_index,
+                               inst.tables.pages.suspended) for inst in running)
         held: dict[str, set[int]] = {}
         for inst in running:
             held.setdefault(inst.tenant, set()).update(inst.tables.pages.physical_ids())
@@ -336,22 +364,70 @@ class Runtime:
                         {tenant: len(pages) for tenant, pages in held.items()}, shares)
 
     def _reclaim(self, requester_id: str, num_pages: int) -> bool:
-        """Contention policy (host/kv/contention.py): terminate the instances it names, one at a
-        time, until `num_pages` are free or none may be terminated. True when any pages were
-        returned to the pool."""
-        num_free_before = self.page_allocator.num_free()
-        while self.page_allocator.num_free() < num_pages:
+        """Contention policy (host/kv/contention.py), on the requester's thread with no page
+        table lock held: suspend the instances it names, one at a time, until `num_pages` are
+        free, and hand them to the requester (InstancePages.hand_over: no one else takes them);
+        with none left to name, suspend the requester itself (its retry waits at its gate; its
+        restore hands it the pages). True: retry the allocation. A victim whose pages the swap
+        space refuses is terminated instead. OutOfPagesError, naming why, when no wait can
+        serve the request: above the tenant's hard quota, no other instance running, or the
+        requester's own pages refused by the swap space. False: nothing could be done (the
+        caller raises OutOfPagesError)."""
+        with self._lock:
+            requester = self._running.get(requester_id)
+        if requester is None:
+            return False
+        pages = requester.tables.pages
+        hard_quota = self._hard_quota(requester.tenant)
+        num_held = len(pages.physical_ids()) + pages.num_swapped_pages()    # distinct pages
+        if num_held + num_pages > hard_quota:
+            raise OutOfPagesError(
+                f"out of KV pages: {num_pages} more asked while holding {num_held}, "
+                f"above tenant {requester.tenant!r}'s hard quota of {hard_quota} pages (the "
+                f"pool less the other tenants' shares): no wait can serve it")
+        skipped: set[str] = set()
+        for _ in range(_MAX_RECLAIM_ROUNDS):
+            try:
+                pages.hand_over(self.page_allocator.allocate(num_pages))
+                return True
+            except OutOfPagesError:
+                pass
+            if pages.suspended:
+                return True               # suspended meanwhile: the retry waits for its restore
             view = self.pool_view()
+            if skipped:
+                view = replace(view, holders=tuple(h for h in view.holders
+                                                   if h.instance_id not in skipped))
             victim = next_victim(view, requester_id, num_pages)
+            if victim is None:
+                break
             with self._lock:
-                instance = None if victim is None else self._running.get(victim.instance_id)
-                requester = self._running.get(requester_id)
-            if instance is None or requester is None:
-                break
-            instance.terminate(reclaim_reason(view, victim, requester_id, requester.tenant))
-            if instance.wait(_RECLAIM_WAIT_S) is None:
-                break
-        return self.page_allocator.num_free() > num_free_before
+                instance = self._running.get(victim.instance_id)
+            if instance is None:
+                skipped.add(victim.instance_id)
+                continue
+            why = reclaim_reason(view, victim, requester_id, requester.tenant)
+            suspended, refused = self.suspensions.suspend(instance)
+            if suspended:
+                _log.info("instance %s suspended %s", victim.instance_id, why)
+                continue
+            skipped.add(victim.instance_id)
+            if refused is not None:
+                instance.terminate(f"out of KV pages and {refused}: terminated {why}",
+                                   status="trap")
+                instance.wait(_RECLAIM_WAIT_S)
+        with self._lock:
+            alone = len(self._running) == 1
+        if alone:                          # no other instance could give pages back
+            stats = self.page_allocator.statistics()
+            raise OutOfPagesError(f"out of KV pages: {num_pages} asked, {stats.num_free} free "
+                                  f"of {stats.num_pages}, and no other instance runs: no wait "
+                                  f"can serve it")
+        suspended, refused = self.suspensions.suspend(requester, num_pages)
+        if refused is not None:
+            raise OutOfPagesError(f"out of KV pages: {num_pages} asked, no instance may be "
+                                  f"suspended for it, and this one may not wait: {refused}")
+        return suspended or pages.suspended
 
     def _tick(self) -> None:
         """Advance the Wasmtime epoch every epoch_tick_ms while a guest may run Wasm, else wait

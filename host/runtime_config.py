@@ -158,6 +158,12 @@ class RuntimeConfig:
                    runtime holds at most, all programs together; each holds its Store and linear
                    memory (a componentize-py guest ~13 MiB), the host's until a launch takes it
                    (host/sandbox/spare_instances.py).
+    swap_mb:       host memory, MiB, that suspended instances' KV pages may occupy, all tenants
+                   together; each tenant at most its share of the pool's fraction of it
+                   (host/kv/swap.py). A victim whose pages do not fit is terminated ("swap space
+                   full"). 0 = no suspension: the contention policy terminates, as before.
+    suspend_deadline_s: longest an instance may stay suspended waiting for pages; past it, it
+                   is terminated naming the deadline.
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -176,6 +182,8 @@ class RuntimeConfig:
     start_slots: int | None = None
     freeze_heap: bool = False
     max_spare_instances: int = 64
+    swap_mb: int = 4096
+    suspend_deadline_s: float = 600.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_shares", tuple((str(t), int(n)) for t, n in self.kv_shares))
@@ -205,6 +213,12 @@ class RuntimeConfig:
         if not isinstance(self.memory_pool_mb, int) or not 0 <= self.memory_pool_mb <= 1 << 20:
             raise ValueError(f"RuntimeConfig.memory_pool_mb must be an int in 0..{1 << 20}, "
                              f"got {self.memory_pool_mb!r}")
+        if not isinstance(self.swap_mb, int) or not 0 <= self.swap_mb <= 1 << 24:
+            raise ValueError(f"RuntimeConfig.swap_mb must be an int in 0..{1 << 24}, "
+                             f"got {self.swap_mb!r}")
+        if not 0 < self.suspend_deadline_s <= 86_400:
+            raise ValueError(f"RuntimeConfig.suspend_deadline_s must be in (0, 86400], "
+                             f"got {self.suspend_deadline_s!r}")
         if not isinstance(self.max_spare_instances, int) \
                 or not 0 <= self.max_spare_instances <= 4096:
             raise ValueError(f"RuntimeConfig.max_spare_instances must be an int in 0..4096, "

@@ -37,8 +37,10 @@ class InstanceTables:
         self.samplers = SamplerCache()
 
     def stop_loops(self) -> None:
-        """Stop every decode loop, now and any added later (the instance is ending)."""
+        """Stop every decode loop, now and any added later, and wake a call waiting for the
+        instance's pages to be restored (the instance is ending)."""
         self.decode_loops.stop_all()
+        self.pages.interrupt("the instance is ending")
 
     def clear(self) -> None:
         """At the instance's end: decode loops stopped, every page reference back, queues and

@@ -7,6 +7,8 @@
                     deferred release, reclaim, quota) and `prepare`, the translation of a forward
                     pass to physical pages (copy-on-write, hidden slots; a decode step's route)
 - masks.py          attention masks in their one encoding (run-length rows) and hidden slots
+- contention.py     the contention policy: victims when the pool is dry, the restore order
+- swap.py           SwapSpace: host bytes of suspended instances' pages, bounded, per tenant
 
 May import: engine.batch (request types), host.errors, host.scheduling.work. Never the sandbox,
 the bindings or the scheduler itself.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import threading
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from host.errors import OutOfPagesError
 
@@ -40,6 +40,7 @@ class PageAllocator:
         self._refcounts = [0] * num_pages
         self._free_ids = list(range(num_pages))  # a heap; already sorted
         self._num_shared = 0
+        self.on_free: Callable[[], None] | None = None   # called (no lock held) after a release
 
     def allocate(self, num_pages: int) -> list[int]:
         """Take `num_pages` free pages (refcount 1 each). Raises OutOfPagesError, taking nothing,
@@ -72,8 +73,9 @@ class PageAllocator:
                     self._num_shared += 1
 
     def release(self, page_ids: Iterable[int]) -> None:
-        """Drop one reference from each page; a page whose count reaches 0 is free again.
-        A page listed twice loses two references."""
+        """Drop one reference from each page; a page whose count reaches 0 is free again (then
+        `on_free`, if set, is called, without the lock: it must not block). A page listed twice
+        loses two references."""
         with self._lock:
             page_ids = list(page_ids)
             needed: dict[int, int] = {}
@@ -84,6 +86,7 @@ class PageAllocator:
                 if count > self._refcounts[page_id]:
                     raise ValueError(f"PageAllocator.release: page {page_id} released {count} times "
                                      f"with {self._refcounts[page_id]} references")
+            num_freed = 0
             for page_id in page_ids:
                 count = self._refcounts[page_id] - 1
                 self._refcounts[page_id] = count
@@ -91,6 +94,9 @@ class PageAllocator:
                     self._num_shared -= 1
                 elif count == 0:
                     heapq.heappush(self._free_ids, page_id)
+                    num_freed += 1
+        if num_freed and self.on_free is not None:
+            self.on_free()
 
     def refcount(self, page_id: int) -> int:
         """References held on `page_id` (0 when free). Read without the lock: one list read."""

@@ -15,6 +15,13 @@ one. `release_all` returns everything, deferred pages too.
 A forward pass is translated by one method, `prepare`; a one-token decode step over a tail page of
 the instance's own takes an early route there, and a host decode loop's next pass is the same call
 without reclaim.
+
+Suspension (host/runtime.py, when the pool runs dry): `begin_suspend` closes the gate (every call
+that would reach the pool or the engine waits, a host decode loop's next pass declines), the
+instance's passes in flight drain (`wait_drained`), `swap_out` copies the pages this instance
+alone references to host memory and returns them to the pool; `swap_in` puts them into fresh
+pool pages and opens the gate. Local ids never change: only the physical id behind them does.
+Pages with other references (shared, exported, imported) stay where they are.
 """
 from __future__ import annotations
 
@@ -25,21 +32,49 @@ from typing import Callable, Literal, Sequence, TypeVar, overload
 
 from engine.batch import ForwardRequest, SamplerSpec, TokenCopy
 from engine.paging import kv_len as paged_kv_len
-from host.errors import OutOfPagesError, QuotaError, TrapError
+from host.errors import Cancelled, OutOfPagesError, QuotaError, TrapError
 from host.kv.allocator import PageAllocator
 from host.kv.exports import ExportRegistry
 from host.kv.masks import (MaskRow, check_mask_rows, fold_hidden, hidden_intervals,
                            mask_page_slots)
 from host.scheduling.work import PreparedCopy, PreparedForward
 
-__all__ = ["InstancePages", "LocalPage", "PageSequence", "ReclaimHook", "MAX_EXPORT_NAME_CHARS",
-           "MAX_SEQUENCES"]
+__all__ = ["InstancePages", "LocalPage", "PageSequence", "ReclaimHook", "SwapOut",
+           "MAX_EXPORT_NAME_CHARS", "MAX_SEQUENCES", "SWAPPED"]
 
 ReclaimHook = Callable[[int], bool]   # num_pages_needed -> freed any
 _T = TypeVar("_T")
 MAX_EXPORT_NAME_CHARS = 256
 MAX_SEQUENCES = 65536          # per instance, at once
 DEFERRED_WAIT_S = 5.0          # longest wait for its own in-flight passes before reclaiming
+SWAPPED = -1                   # LocalPage.physical_id of a page swapped out (suspended)
+ReadPages = Callable[[list[int]], object]          # engine.read_pages: physical ids -> data
+WritePages = Callable[[list[int], object], None]   # engine.write_pages
+ChargeSwap = Callable[[int], str | None]           # bytes -> None, or why they are refused
+
+
+class SwapOut:
+    """What `swap_out` did: the pages copied out and their bytes in host memory, or `refused`
+    (the swap space's reason) with nothing changed."""
+
+    __slots__ = ("num_pages", "nbytes", "refused")
+
+    def __init__(self, num_pages: int, nbytes: int, refused: str | None = None) -> None:
+        self.num_pages = num_pages
+        self.nbytes = nbytes
+        self.refused = refused
+
+
+class _Suspension:
+    """The state of a suspended (or suspending) instance's pages."""
+
+    __slots__ = ("swapped", "data", "nbytes", "resident")
+
+    def __init__(self) -> None:
+        self.swapped: list[int] = []      # local ids swapped out, in `data`'s order
+        self.data: object = None          # engine.read_pages' result; None: nothing swapped
+        self.nbytes = 0
+        self.resident = True              # False once swap_out has run
 
 
 class NeedPages(Exception):
@@ -115,10 +150,31 @@ class InstancePages:
         self._pins_in_flight: set[int] = set()
         self._deferred: deque[tuple[int, int]] = deque()   # (newest pin it waits for, page)
         self._closed = False
+        self._suspension: _Suspension | None = None       # set from begin_suspend to swap_in
+        self._gate = threading.Condition(self._lock)       # notified when the gate opens
+        self._interrupted: str | None = None               # interrupt()'s reason
+        self._reserve: list[int] = []      # pool pages handed over for the next take (hand_over)
 
     @property
     def num_pages_held(self) -> int:
         return len(self._pages)
+
+    @property
+    def suspended(self) -> bool:
+        """Between begin_suspend and swap_in / abort_suspend (read without the lock)."""
+        return self._suspension is not None
+
+    def num_resident_pages(self) -> int:
+        """Local page ids backed by a pool page now (swapped-out ones excluded)."""
+        with self._lock:
+            if self._suspension is None or self._suspension.resident:
+                return len(self._pages)
+            return sum(1 for page in self._pages.values() if page.physical_id != SWAPPED)
+
+    def num_swapped_pages(self) -> int:
+        """Pages of this instance in host memory now (swap_out's, not yet swapped in)."""
+        with self._lock:
+            return 0 if self._suspension is None else len(self._suspension.swapped)
 
     @property
     def closed(self) -> bool:
@@ -129,6 +185,8 @@ class InstancePages:
         with self._lock:
             held = {page.physical_id for page in self._pages.values()}
             held.update(physical_id for _, physical_id in self._deferred)
+            held.update(self._reserve)
+            held.discard(SWAPPED)
             return held
 
     def release_all(self) -> None:
@@ -138,8 +196,13 @@ class InstancePages:
             if self._closed:
                 return
             self._closed = True
-            physical_ids = [page.physical_id for page in self._pages.values()]
+            physical_ids = [page.physical_id for page in self._pages.values()
+                            if page.physical_id != SWAPPED]
             physical_ids += [physical_id for _, physical_id in self._deferred]
+            physical_ids += self._reserve
+            self._reserve = []
+            self._suspension = None               # its host copy is dropped with it
+            self._gate.notify_all()
             self._pages.clear()
             self._sequences.clear()
             self._deferred.clear()
@@ -149,6 +212,128 @@ class InstancePages:
             self.allocator.release(physical_ids)
             self.exports.drop_owner(self.instance_id)
 
+    # ------------------------------------------------------------- suspension
+    def begin_suspend(self) -> bool:
+        """Close the gate: from now every call that would reach the pool or the engine waits
+        (`_wait_resident`) until `swap_in` or `abort_suspend`, and a host decode loop's next
+        pass declines (the loop ends; the guest goes on with calls that wait). False, with
+        nothing changed, when the instance is released or already suspending."""
+        with self._lock:
+            if self._closed or self._suspension is not None:
+                return False
+            self._suspension = _Suspension()
+            return True
+
+    def wait_drained(self, timeout_s: float) -> bool:
+        """After begin_suspend: wait (at most `timeout_s`) until no submission of this instance
+        is in flight and every deferred release has reached the pool. False on timeout or when
+        released meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while (self._pins_in_flight or self._deferred) and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._pins_done.wait(remaining)
+            return not self._closed and self._suspension is not None
+
+    def swap_out(self, read_pages: ReadPages, charge: ChargeSwap) -> SwapOut:
+        """After wait_drained, with the engine held (BatchScheduler.run_exclusive): copy every
+        page this instance alone references (allocator refcount 1: not shared, exported or
+        imported) to host memory with `read_pages` (physical ids, in local id order), charge
+        its bytes with `charge`, mark those local ids swapped and return their pool pages.
+        A refused charge changes nothing (SwapOut.refused says why; the gate stays closed:
+        call abort_suspend)."""
+        with self._lock:
+            suspension = self._suspension
+            if suspension is None or not suspension.resident or self._closed:
+                raise RuntimeError(f"instance {self.instance_id}: swap_out outside a suspension")
+            if self._pins_in_flight or self._deferred:
+                raise RuntimeError(f"instance {self.instance_id}: swap_out before drained")
+            local_ids = [pid for pid, page in sorted(self._pages.items())
+                         if self.allocator.refcount(page.physical_id) == 1]
+            physical_ids = [self._pages[pid].physical_id for pid in local_ids]
+            data = read_pages(physical_ids) if physical_ids else None
+            nbytes = 0 if data is None else int(data.nbytes)
+            refused = charge(nbytes)
+            if refused is not None:
+                return SwapOut(0, 0, refused)
+            for page_id in local_ids:
+                self._pages[page_id].physical_id = SWAPPED
+            for sequence in self._sequences.values():
+                sequence.physical_ids = None
+            suspension.swapped, suspension.data, suspension.nbytes = local_ids, data, nbytes
+            suspension.resident = False
+            physical_ids += self._reserve          # handed over, unused: back too
+            self._reserve = []
+            self.allocator.release(physical_ids)
+            return SwapOut(len(local_ids), nbytes)
+
+    def swap_in(self, physical_ids: Sequence[int], write_pages: WritePages) -> int:
+        """End a suspension, with the engine held: put the swapped pages into `physical_ids`
+        (fresh pool pages, one reference each, as many as num_swapped_pages) with
+        `write_pages`, remap their local ids and open the gate. Pages the instance dropped
+        while suspended are written but returned at once. Returns the bytes freed in host
+        memory. Released meanwhile: the pages go back to the pool, 0."""
+        with self._lock:
+            suspension = self._suspension
+            if self._closed or suspension is None:
+                self.allocator.release(physical_ids)
+                return 0
+            if len(physical_ids) != len(suspension.swapped):
+                raise ValueError(f"swap_in: {len(physical_ids)} pages for "
+                                 f"{len(suspension.swapped)} swapped")
+            if suspension.data is not None:
+                write_pages(list(physical_ids), suspension.data)
+            unused = []
+            for page_id, physical_id in zip(suspension.swapped, physical_ids):
+                page = self._pages.get(page_id)
+                if page is None or page.physical_id != SWAPPED:
+                    unused.append(physical_id)
+                else:
+                    page.physical_id = physical_id
+            for sequence in self._sequences.values():
+                sequence.physical_ids = None
+            if unused:
+                self.allocator.release(unused)
+            self._suspension = None
+            self._gate.notify_all()
+            return suspension.nbytes
+
+    def abort_suspend(self) -> None:
+        """Open the gate of a suspension that did not swap out (nothing was moved)."""
+        with self._lock:
+            if self._suspension is not None and self._suspension.resident:
+                self._suspension = None
+                self._gate.notify_all()
+
+    def hand_over(self, physical_ids: Sequence[int]) -> None:
+        """Pool pages (one reference each) taken for this instance by the runtime's reclaim or
+        restore: its next allocation or copy-on-write takes them first, so no other instance
+        takes the pages freed for it; what that take leaves is returned to the pool."""
+        with self._lock:
+            if self._closed:
+                self.allocator.release(physical_ids)
+            else:
+                self._reserve.extend(physical_ids)
+
+    def interrupt(self, reason: str) -> None:
+        """The instance is ending: a call waiting at the gate (and every later one that would
+        wait there) raises Cancelled with `reason`."""
+        with self._lock:
+            self._interrupted = reason
+            self._gate.notify_all()
+            self._pins_done.notify_all()
+
+    def _wait_resident(self, call: str) -> None:
+        """Under the lock: wait while suspended (the gate closed); trap when released or
+        interrupted."""
+        while self._suspension is not None and not self._closed:
+            if self._interrupted is not None:
+                raise Cancelled(f"{call}: {self._interrupted}")
+            self._gate.wait()
+        self._check_open(call)
+
     # ------------------------------------------------------------------ pages
     def allocate_pages(self, num_pages: int) -> list[int]:
         """New local ids on fresh pool pages (lowest physical ids first). QuotaError over the
@@ -156,7 +341,7 @@ class InstancePages:
         pending releases and after the reclaim hook."""
         call = "kv.allocate-pages"
         with self._lock:
-            self._check_open(call)
+            self._wait_resident(call)
             self._check_quota(call, num_pages)
         physical_ids = self._allocate_physical(call, num_pages)
         with self._lock:      # re-checked: the pool was reached without our lock
@@ -172,7 +357,7 @@ class InstancePages:
         """Drop local ids (removing them from every sequence that lists them)."""
         call = "kv.free-pages"
         with self._lock:
-            self._check_open(call)
+            self._wait_resident(call)
             self._check_page_ids(call, page_ids)
             dropped = set(page_ids)
             for sequence in self._sequences.values():
@@ -186,7 +371,7 @@ class InstancePages:
         """New local ids on the same physical pages (read-only flag and hidden slots carried)."""
         call = "kv.share-pages"
         with self._lock:
-            self._check_open(call)
+            self._wait_resident(call)
             self._check_page_ids(call, page_ids, allow_repeats=True)
             self._check_quota(call, len(page_ids))
             pages = [self._pages[pid] for pid in page_ids]
@@ -233,7 +418,7 @@ class InstancePages:
         """Publish pages under `name` in this tenant. None on success, else the reason."""
         call = "kv.export-pages"
         with self._lock:
-            self._check_open(call)
+            self._wait_resident(call)
             if not 0 < len(name) <= MAX_EXPORT_NAME_CHARS:
                 return f"export name must have 1..{MAX_EXPORT_NAME_CHARS} characters"
             self._check_page_ids(call, page_ids)
@@ -245,7 +430,7 @@ class InstancePages:
         """New read-only local ids sharing an export's pages, or the reason it failed."""
         call = "kv.import-pages"
         with self._lock:
-            self._check_open(call)
+            self._wait_resident(call)
             physical_ids = self.exports.acquire(self.tenant, name)
             if physical_ids is None:
                 return f"export {name!r} not found"
@@ -355,7 +540,7 @@ class InstancePages:
         if reclaim:
             if decode_step:                 # the common case first
                 with self._lock:
-                    self._check_open(call)
+                    self._wait_resident(call)
                     prepared = self._decode_step(self._sequence(call, sequence_id),
                                                  token_ids[0], positions[0], last_page_len,
                                                  samplers[0])
@@ -366,6 +551,8 @@ class InstancePages:
                 samplers, mask))
         with self._lock:                    # a host decode loop's next pass: no reclaim
             self._check_open(call)
+            if self._suspension is not None:
+                return None                 # suspended: the loop ends, the guest's call waits
             sequence = self._sequence(call, sequence_id)
             new_page_id = self._grow(sequence) if grow else None
             if grow and new_page_id is None:
@@ -523,7 +710,8 @@ class InstancePages:
         page = self._pages.pop(page_id)
         if page.mask_row is not None:
             self._num_masked_pages -= 1
-        self._release_physical(page.physical_id)
+        if page.physical_id != SWAPPED:   # a swapped one's host copy is skipped by swap_in
+            self._release_physical(page.physical_id)
 
     def _release_physical(self, physical_id: int) -> None:
         """Under the lock: return one reference, once the submissions pinned so far are done."""
@@ -548,6 +736,8 @@ class InstancePages:
                 if self._deferred:          # else nothing to flush, and nobody waits
                     self._flush_deferred()
                     self._pins_done.notify_all()
+                elif self._suspension is not None and not self._pins_in_flight:
+                    self._pins_done.notify_all()       # wait_drained
         return on_done
 
     def _flush_deferred(self) -> None:
@@ -591,17 +781,34 @@ class InstancePages:
         reclaim outside the lock and retry."""
         if not num_pages:
             return []
+        if self._reserve:
+            return self._take_reserved(num_pages)
         try:
             return self.allocator.allocate(num_pages)
         except OutOfPagesError:
             raise NeedPages(num_pages) from None
+
+    def _take_reserved(self, num_pages: int) -> list[int]:
+        """Under the lock: `num_pages` pool pages, the handed-over ones first (the rest of
+        them returned to the pool); NeedPages, keeping the reserve, when the pool lacks the
+        others."""
+        taken = self._reserve[:num_pages]
+        if len(taken) < num_pages:
+            try:
+                taken += self.allocator.allocate(num_pages - len(taken))
+            except OutOfPagesError:
+                raise NeedPages(num_pages - len(taken)) from None
+        leftover, self._reserve = self._reserve[num_pages:], []
+        if leftover:
+            self.allocator.release(leftover)
+        return taken
 
     def _with_reclaim(self, call: str, prepare: Callable[[], _T]) -> _T:
         """Run `prepare` under the lock; when it needs pages the pool lacks, reclaim (outside
         our lock: the runtime may lock other instances) and retry."""
         while True:
             with self._lock:
-                self._check_open(call)
+                self._wait_resident(call)
                 try:
                     return prepare()
                 except NeedPages as need:
@@ -612,9 +819,12 @@ class InstancePages:
         """Pool pages, reclaiming when the pool is short. Called without the lock."""
         while True:
             try:
-                return self.allocator.allocate(num_pages)
-            except OutOfPagesError:
-                self._reclaim_or_raise(call, num_pages)
+                with self._lock:
+                    return self._take_pages(num_pages)
+            except NeedPages as need:
+                self._reclaim_or_raise(call, need.num_pages)
+            with self._lock:              # suspended meanwhile: wait for the restore first
+                self._wait_resident(call)
 
     def _reclaim_or_raise(self, call: str, num_pages: int) -> None:
         """Make room for a retry, or raise OutOfPagesError. Pages this instance released that

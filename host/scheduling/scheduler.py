@@ -18,7 +18,9 @@ loop's next step), nothing: its `on_outcome` is called instead. An engine except
 futures of that batch and the scheduler goes on; a RequestError fails the pass it names alone
 (engine_calls.py). When more than one owner has work, no owner puts more than
 max_tokens_per_owner tokens into a batch: a longer pass runs in chunks across batches (same
-results; its future resolves once the last chunk has run).
+results; its future resolves once the last chunk has run). An owner may be suspended
+(`suspend_owner`: its queues held, in their order, until `resume_owner`; host/suspensions.py),
+and a caller may hold the engine between batches (`run_exclusive`: a suspension's page copies).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from operator import attrgetter
-from typing import Callable, Hashable, Sequence
+from typing import Callable, Hashable, Sequence, TypeVar
 
 from engine.batch import ForwardResult, TokenCopy
 from engine.protocol import EngineLike
@@ -50,6 +52,8 @@ _log = logging.getLogger(__name__)
 _copies_of, _future_of = attrgetter("copies"), attrgetter("future")
 
 Batch = tuple[list[Item], list[Item]]      # (copy items, forward items), in run order
+_R = TypeVar("_R")
+_EXCLUSIVE_POLL_S = 0.005      # run_exclusive re-checks this often (a step's end notifies rarely)
 
 
 class BatchScheduler:
@@ -81,6 +85,9 @@ class BatchScheduler:
         self._running = False                   # a batch is running (engine or waiting thread)
         self._engine_idle = False               # the engine thread waits with no timer
         self._lookahead = Lookahead(self, policy)
+        # suspended owners (suspend_owner): their queues, in order, out of the policy's sight
+        self._held_owners: set[Hashable] = set()
+        self._held: dict[Hashable, deque[Item]] = {}
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -98,7 +105,10 @@ class BatchScheduler:
             while self._running:                  # the batch in flight ends first
                 self._cond.wait()
             items = [item for queue in self._queues.values() for item in queue]
+            items += [item for queue in self._held.values() for item in queue]
             self._queues.clear()
+            self._held.clear()
+            self._held_owners.clear()
             self._last_futures.clear()
             self._expected.clear()
             self._starting.clear()
@@ -174,12 +184,17 @@ class BatchScheduler:
         with self.lock:
             if self._closed:
                 return False
+            num_held = 0
             for item in items:
                 item.order = next(self._orders)
-                self._queues.setdefault(item.queue_key, deque()).append(item)
+                if self._held_owners and item.owner in self._held_owners:
+                    self._held.setdefault(item.queue_key, deque()).append(item)
+                    num_held += 1
+                else:
+                    self._queues.setdefault(item.queue_key, deque()).append(item)
                 if item.future is not None:
                     self._last_futures[item.queue_key] = item.future
-            self._num_pending += len(items)
+            self._num_pending += len(items) - num_held
             if not self._expected or self._engine_idle:   # it fires, or times the hold
                 self._cond.notify()
         return True
@@ -206,10 +221,14 @@ class BatchScheduler:
         with self.lock:
             keys = [key for key in self._queues if owner_of(key) == owner_id]
             items = [item for key in keys for item in self._queues.pop(key)]
+            held = [item for key in [k for k in self._held if owner_of(k) == owner_id]
+                    for item in self._held.pop(key)]
+            self._held_owners.discard(owner_id)
             for key in [key for key in self._last_futures if owner_of(key) == owner_id]:
-                if any(item.future is self._last_futures[key] for item in items):
+                if any(item.future is self._last_futures[key] for item in items + held):
                     del self._last_futures[key]
             self._num_pending -= len(items)
+            items += held
             items += [item for item in self._chained if item.owner == owner_id]   # not queued yet
             self._chained = [item for item in self._chained if item.owner != owner_id]
             self._counts.num_cancelled += len(items)
@@ -235,6 +254,60 @@ class BatchScheduler:
     def statistics(self) -> SchedulerStats:
         with self.lock:
             return self._counts.stats(self._num_pending, len(self._queues))
+
+    # ------------------------------------------------------- suspension (host/runtime.py)
+    def suspend_owner(self, owner_id: Hashable) -> int:
+        """Hold every queue of `owner_id`: no batch takes its passes or copies, queued or
+        submitted later, until `resume_owner`; a batch already running is not interrupted.
+        The queues keep their order; `synchronize_future` and `cancel_owner` see them as
+        before. Returns the number of items held now."""
+        with self.lock:
+            self._held_owners.add(owner_id)
+            keys = [key for key in self._queues if owner_of(key) == owner_id]
+            num_held = 0
+            for key in keys:
+                queue = self._queues.pop(key)
+                self._held.setdefault(key, deque()).extend(queue)
+                num_held += len(queue)
+            self._num_pending -= num_held
+            self._expected.discard(owner_id)
+            self._starting.discard(owner_id)
+            return num_held
+
+    def resume_owner(self, owner_id: Hashable) -> int:
+        """End `suspend_owner`: the held queues join the others, in their order, ahead of what
+        their owner submits next. Returns the number of items released."""
+        with self.lock:
+            self._held_owners.discard(owner_id)
+            keys = [key for key in self._held if owner_of(key) == owner_id]
+            num_released = 0
+            for key in keys:
+                queue = self._held.pop(key)
+                num_released += len(queue)
+                queue.extend(self._queues.pop(key, ()))       # none: held owners queue here
+                self._queues[key] = queue
+            self._num_pending += num_released
+            if num_released:
+                self._cond.notify_all()
+            return num_released
+
+    def is_suspended(self, owner_id: Hashable) -> bool:
+        with self.lock:
+            return owner_id in self._held_owners
+
+    def run_exclusive(self, work: Callable[[], _R]) -> _R:
+        """Run `work` on this thread while no batch runs (it may call the engine: page copies
+        out and in for a suspension); batches wait for it. Not from a batch's resolution."""
+        with self.lock:
+            while self._running:
+                self._cond.wait(_EXCLUSIVE_POLL_S)
+            self._running = True
+        try:
+            return work()
+        finally:
+            with self.lock:
+                self._running = False
+                self._cond.notify_all()
 
     # ------------------------------------------------------- owners' comings and goings
     def owner_starting(self, owner_id: Hashable) -> None:

@@ -10,16 +10,21 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+if TYPE_CHECKING:
+    from host.runtime import SuspensionStats
 
 __all__ = ["RuntimeFigures", "TokenRate", "ServerMetrics", "trap_cause", "CONTENT_TYPE"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _TRAP_CAUSES = (  # (cause label, words that identify it in a trap message), first match wins
+    ("suspend_deadline", ("suspend_deadline_s",)),
+    ("swap_full", ("swap space full",)),
     ("out_of_pages", ("out of kv pages",)),
     ("quota", ("quota",)),
     ("memory", ("memory",)),
@@ -52,6 +57,7 @@ class RuntimeFigures:
     num_output_tokens: int
     num_input_tokens: int
     num_spare_instances: int = 0        # instantiated ahead, waiting for a launch
+    suspensions: "SuspensionStats | None" = None   # suspend and restore (host/suspensions.py)
 
 
 class TokenRate:
@@ -135,6 +141,27 @@ class _RuntimeCollector:
         inputs.add_metric([], figures.num_input_tokens)
         yield inputs
         yield _batch_histogram(figures.batch_size_counts)
+        if figures.suspensions is not None:
+            yield from _suspension_metrics(figures.suspensions)
+
+
+def _suspension_metrics(stats: "SuspensionStats") -> Iterator:
+    """Suspend and restore (host/suspensions.py): counters since start, gauges of now."""
+    for name, documentation, value in (
+            ("pie_suspensions", "Instances suspended for KV pages", stats.num_suspensions),
+            ("pie_restores", "Suspended instances restored", stats.num_restores),
+            ("pie_swapped_pages", "KV pages copied to host memory", stats.num_swapped_pages),
+            ("pie_restored_pages", "KV pages copied back", stats.num_restored_pages),
+            ("pie_suspended_seconds", "Time spent suspended (ended suspensions)",
+             stats.suspended_s),
+            ("pie_suspend_deadline_terminations", "Instances ended past suspend_deadline_s",
+             stats.num_deadline_terminations)):
+        family = CounterMetricFamily(name, documentation)
+        family.add_metric([], value)
+        yield family
+    yield _gauge("pie_instances_suspended", "Instances suspended now", stats.num_suspended)
+    yield _gauge("pie_swap_pages", "KV pages in host memory now", stats.num_pages_in_swap)
+    yield _gauge("pie_swap_bytes", "Host bytes of suspended KV pages now", stats.swap_bytes)
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

@@ -20,7 +20,7 @@ from engine.errors import RequestError
 from engine.paging import kv_len
 from engine.protocol import EngineStats
 
-__all__ = ["FakeEngine", "FakeTokenizer", "fake_next_token", "EMPTY_SLOT"]
+__all__ = ["FakeEngine", "FakePages", "FakeTokenizer", "fake_next_token", "EMPTY_SLOT"]
 
 EMPTY_SLOT = -1            # a slot never written
 _HASH_MOD = (1 << 61) - 1
@@ -34,6 +34,17 @@ def fake_next_token(context_token_ids: Sequence[int], seed: int = 0) -> int:
     for token_id in context_token_ids:
         value = (value * 1099511628211 + token_id + 7) % _HASH_MOD
     return _FIRST_OUTPUT + value % _NUM_OUTPUTS
+
+
+class FakePages:
+    """What FakeEngine.read_pages returns: each page's slot records, and a size in host memory
+    (`page_nbytes` per page, as the engine would charge)."""
+
+    __slots__ = ("slots", "nbytes")
+
+    def __init__(self, slots: tuple[tuple[int, ...], ...], nbytes: int) -> None:
+        self.slots = slots
+        self.nbytes = nbytes
 
 
 class FakeTokenizer:
@@ -95,7 +106,7 @@ class FakeEngine:
     n forward calls raise RuntimeError; `batch_delay_s` sleeps in every forward."""
 
     def __init__(self, *, num_pages: int = 64, page_size: int = 4, batch_delay_s: float = 0.0,
-                 keep_log: bool = True) -> None:
+                 keep_log: bool = True, page_nbytes: int = 1024) -> None:
         if page_size <= 0 or num_pages <= 0:
             raise ValueError(f"FakeEngine: page_size and num_pages must be positive, "
                              f"got {page_size} and {num_pages}")
@@ -108,6 +119,9 @@ class FakeEngine:
         self.num_pages = num_pages
         self.batch_delay_s = batch_delay_s
         self.keep_log = keep_log
+        self.page_nbytes = page_nbytes      # what one page read out costs in host memory
+        self.num_pages_read = 0
+        self.num_pages_written = 0
         self.batches: list[ForwardBatch] = []
         self.copies: list[TokenCopy] = []
         self._slots = [[EMPTY_SLOT] * page_size for _ in range(num_pages)]
@@ -136,6 +150,30 @@ class FakeEngine:
             self.copies.extend(copies)
         self._stats = replace(self._stats, num_copied_tokens=self._stats.num_copied_tokens
                               + sum(c.num_tokens for c in copies))
+
+    def read_pages(self, page_ids: Sequence[int]) -> FakePages:
+        """The slot records of whole pages (in order), as a swap-out would copy them."""
+        for index, page_id in enumerate(page_ids):
+            self._check_page(f"read_pages: page_ids[{index}]", page_id)
+        self.num_pages_read += len(page_ids)
+        return FakePages(tuple(tuple(self._slots[page_id]) for page_id in page_ids),
+                         self.page_nbytes * len(page_ids))
+
+    def write_pages(self, page_ids: Sequence[int], data: FakePages) -> None:
+        """Put pages read by `read_pages` into `page_ids` (as many as were read)."""
+        for index, page_id in enumerate(page_ids):
+            self._check_page(f"write_pages: page_ids[{index}]", page_id)
+        if len(page_ids) != len(data.slots):
+            raise ValueError(f"write_pages: {len(page_ids)} page ids for "
+                             f"{len(data.slots)} pages read")
+        for page_id, slots in zip(page_ids, data.slots):
+            self._slots[page_id] = list(slots)
+        self.num_pages_written += len(page_ids)
+
+    def scribble(self, page_ids: Sequence[int], token_id: int = 0) -> None:
+        """Overwrite every slot of `page_ids` (a test's stand-in for another owner's writes)."""
+        for page_id in page_ids:
+            self._slots[page_id] = [token_id] * self.page_size
 
     def forward(self, batch: ForwardBatch) -> list[ForwardResult]:
         batch = batch.with_fed_tokens()

@@ -1,6 +1,8 @@
 """The contention policy (host/kv/contention.py) on its own and in a runtime: tenants get their
 guaranteed share, exports count against their tenant, an instance within its (tenant's) share is
-never terminated for one holding more, and the victim comes from the tenant most over its share."""
+never suspended or terminated for one holding more, and the victim comes from the tenant most over
+its share. The runtime tests here run with swap_mb=0 (no suspension: a victim is terminated,
+"swap space full"), so they test who is chosen; tests/host/test_suspension.py the suspensions."""
 from __future__ import annotations
 
 import pytest
@@ -75,7 +77,7 @@ def _hold(runtime, components, num_pages, **kwargs):  # noqa: F811
 
 def test_early_hoarder_cannot_terminate_a_later_fair_instance(components, make_runtime):  # noqa: F811
     engine = FakeEngine(num_pages=16, page_size=4)
-    runtime = make_runtime(engine)
+    runtime = make_runtime(engine, swap_mb=0)
     solo = runtime.wait(launch(runtime, components, "generate", "abcdefghij"), timeout=10).value
     hoarder, _ = _hold(runtime, components, 12)
     polite, polite_events = _hold(runtime, components, 4)
@@ -88,7 +90,8 @@ def test_early_hoarder_cannot_terminate_a_later_fair_instance(components, make_r
     outcome = runtime.wait(launch(runtime, components, "generate", "abcdefghij"), timeout=10)
     assert (outcome.status, outcome.value) == ("ok", solo)
     hoarder_outcome = runtime.wait(hoarder, timeout=5)
-    assert hoarder_outcome.status == "terminated"
+    assert hoarder_outcome.status == "trap"                       # a policy end: a trap now
+    assert "swap space full" in hoarder_outcome.value
     assert "over its fair share of 5" in hoarder_outcome.value   # 16 // 3 instances
     runtime.send(polite, "")
     assert runtime.wait(polite, timeout=5).value == "released"
@@ -97,19 +100,21 @@ def test_early_hoarder_cannot_terminate_a_later_fair_instance(components, make_r
 
 def test_tenant_within_its_share_takes_pages_back_from_one_over(components,  # noqa: F811
                                                                 make_runtime):
-    runtime = make_runtime(FakeEngine(num_pages=16, page_size=4), kv_shares=(("a", 8), ("b", 8)))
+    runtime = make_runtime(FakeEngine(num_pages=16, page_size=4), kv_shares=(("a", 8), ("b", 8)),
+                           swap_mb=0)
     hog, _ = _hold(runtime, components, 10, tenant="a")   # borrows 2 of b's share
     fair, fair_events = _hold(runtime, components, 2, tenant="a")
     b1, b_events = _hold(runtime, components, 4, tenant="b")
     runtime.send(b1, "xxxx")                              # b: 8 of 8 -> a over its share
     assert b_events.next() == ("message", "holding")
     outcome = runtime.wait(hog, timeout=5)
-    assert outcome.status == "terminated" and "tenant 'a' held 12 pages" in outcome.value
+    assert outcome.status == "trap" and "tenant 'a' held 12 pages" in outcome.value
     runtime.send(fair, "x" * 6)                           # a and b: 8 of 8 each, pool full
     assert fair_events.next() == ("message", "holding")
     runtime.send(b1, "x")                                 # b would be over its own share: no
     outcome = runtime.wait(b1, timeout=5)
     assert outcome.status == "trap" and "out of KV pages" in outcome.value
+    assert "hard quota of 8" in outcome.value             # no wait could serve it
     assert [info.instance_id for info in runtime.list_instances()] == [fair]
     runtime.send(fair, "")
     assert runtime.wait(fair, timeout=5).value == "released"

@@ -155,7 +155,9 @@ def test_broadcast_reaches_subscribers_of_the_tenant_and_store_round_trips(
 
 def test_contention_terminates_the_instance_over_its_fair_share(components,  # noqa: F811
                                                                   make_runtime):
-    runtime = make_runtime(FakeEngine(num_pages=16, page_size=4))
+    """With no swap space (swap_mb=0) the victim is terminated; with swap the new policy serves
+    it instead (tests/host/test_suspension.py)."""
+    runtime = make_runtime(FakeEngine(num_pages=16, page_size=4), swap_mb=0)
     older_events, newer_events = Events(), Events()
     older = launch(runtime, components, "holder", "x" * 4, on_event=older_events)
     assert older_events.next() == ("message", "holding")
@@ -165,7 +167,7 @@ def test_contention_terminates_the_instance_over_its_fair_share(components,  # n
     runtime.send(older, "x" * 4)                          # 2 free: newer holds 10 > 8 = 16 // 2
     assert older_events.next() == ("message", "holding")
     outcome = runtime.wait(newer, timeout=5)
-    assert outcome.status == "terminated"
+    assert outcome.status == "trap" and "swap space full" in outcome.value
     assert "out of KV pages" in outcome.value and older in outcome.value
     runtime.send(older, "")
     assert runtime.wait(older, timeout=5).value == "released"
@@ -173,7 +175,9 @@ def test_contention_terminates_the_instance_over_its_fair_share(components,  # n
 
 
 def test_out_of_pages_when_no_instance_holds_more(components, make_runtime):  # noqa: F811
-    runtime = make_runtime(FakeEngine(num_pages=16, page_size=4))
+    """With no swap space the requester cannot wait suspended: it traps. With swap it waits
+    and goes on (tests/host/test_suspension.py)."""
+    runtime = make_runtime(FakeEngine(num_pages=16, page_size=4), swap_mb=0)
     first_events, second_events = Events(), Events()
     first = launch(runtime, components, "holder", "x" * 10, on_event=first_events)
     assert first_events.next() == ("message", "holding")
