@@ -150,6 +150,9 @@ class ForwardRequest:
                     kv length. It is ANDed with the causal mask. None: causal only.
     output_indices: indices into token_ids whose logits produce an output, [num_outputs]
     samplers:       one SamplerSpec per output index.
+    adapter:        None, or the name of a LoRA adapter registered with the engine
+                    (Engine.adapters) applied to this request's rows of every projection it
+                    targets; other requests of the batch are unaffected.
     """
 
     token_ids: tuple[int, ...]
@@ -160,11 +163,14 @@ class ForwardRequest:
     samplers: tuple[SamplerSpec, ...] = ()
     mask: tuple[tuple[int, ...], ...] | None = None
     num_drafted: int = 0
+    adapter: str | None = None
 
     @classmethod
     def decode_step(cls, token_id: int, position: int, page_ids: tuple[int, ...],
-                    last_page_len: int, sampler: SamplerSpec) -> "ForwardRequest":
-        """`ForwardRequest((token_id,), (position,), page_ids, last_page_len, (0,), (sampler,))`,
+                    last_page_len: int, sampler: SamplerSpec,
+                    adapter: str | None = None) -> "ForwardRequest":
+        """`ForwardRequest((token_id,), (position,), page_ids, last_page_len, (0,), (sampler,),
+        adapter=adapter)`,
         made without the frozen dataclass's per-field __setattr__ (4x faster: the host makes
         one per decode step of every sequence). Equal to, and hashes as, the one __init__ makes."""
         request = _new_object(cls)
@@ -172,7 +178,7 @@ class ForwardRequest:
         fields["token_ids"], fields["positions"] = (token_id,), (position,)
         fields["page_ids"], fields["last_page_len"] = page_ids, last_page_len
         fields["output_indices"], fields["samplers"] = (0,), (sampler,)
-        fields["mask"], fields["num_drafted"] = None, 0
+        fields["mask"], fields["num_drafted"], fields["adapter"] = None, 0, adapter
         return request
 
     def with_token(self, token_id: int) -> "ForwardRequest":

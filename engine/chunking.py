@@ -56,7 +56,8 @@ def split_request(request: ForwardRequest, num_first: int, page_size: int
         tuple(request.output_indices[k] for k in first_outputs),
         tuple(request.samplers[k] for k in first_outputs),
         None if request.mask is None else
-        tuple(truncate_row(row, first_kv_len) for row in request.mask[:num_first]))
+        tuple(truncate_row(row, first_kv_len) for row in request.mask[:num_first]),
+        adapter=request.adapter)
     rest = replace(
         request, token_ids=request.token_ids[num_first:], positions=request.positions[num_first:],
         output_indices=tuple(request.output_indices[k] - num_first for k in rest_outputs),

@@ -44,10 +44,11 @@ def is_plain_greedy(spec: SamplerSpec) -> bool:
 
 
 def takes_graph_path(batch: ForwardBatch, max_rows: int) -> bool:
-    """True for a pure greedy decode batch of 1..max_rows requests (see the module docstring)."""
+    """True for a pure greedy decode batch of 1..max_rows requests without adapters (see the
+    module docstring)."""
     requests = batch.requests
     return 0 < len(requests) <= max_rows and all(
-        len(r.token_ids) == 1 and r.mask is None and not r.num_drafted
+        len(r.token_ids) == 1 and r.mask is None and not r.num_drafted and r.adapter is None
         and r.output_indices == (0,) and len(r.samplers) == 1 and is_plain_greedy(r.samplers[0])
         for r in requests)
 

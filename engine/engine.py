@@ -13,6 +13,7 @@ from typing import Any, ContextManager, Sequence
 
 import torch
 
+from engine.adapters import AdapterStore
 from engine.attention import make_attention_backend
 from engine.batch import ForwardBatch, ForwardResult, TokenCopy, Verified
 from engine.chunking import split_batch
@@ -93,6 +94,9 @@ class Engine:
         self.decode_graphs = self._capture_decode_graphs() if graphs else None
         self.sampler = make_sampler(self.device, seed)   # fused FlashInfer sampling on CUDA
         self.grammar = GrammarCompiler(tokenizer, model_config.vocab_size) if tokenizer else None
+        # LoRA adapters by name (ForwardRequest.adapter), loaded on first use, LRU in the budget
+        self.adapters = AdapterStore(model_config, self.dtype, self.device,
+                                     config.adapter_memory_mb * 2**20)
         self._stats = EngineStats()
         release_freed_memory()
         self.kernel_summary = kernel_summary(self.dtype_choice, self.model)
@@ -142,7 +146,8 @@ class Engine:
         if not batch.requests:
             validate_batch(batch, page_size=self.page_size, num_pages=self.num_pages,
                            vocab_size=self.model_config.vocab_size,
-                           max_position=self.model_config.max_position)
+                           max_position=self.model_config.max_position,
+                           adapters=self.adapters)
             return []
         with self._threads_for(batch):       # sampling too (BatchPlanner.kernels_own_the_threads)
             logits = self.logits(batch)                                    # [num_outputs, vocab]
@@ -162,7 +167,8 @@ class Engine:
         """
         validate_batch(batch, page_size=self.page_size, num_pages=self.num_pages,
                        vocab_size=self.model_config.vocab_size,
-                       max_position=self.model_config.max_position)
+                       max_position=self.model_config.max_position,
+                       adapters=self.adapters)
         if self.max_pass_tokens is None or batch.num_tokens <= self.max_pass_tokens:
             logits = self._run_pass(batch)
         else:
@@ -186,15 +192,17 @@ class Engine:
             return None
         validate_batch(batch, page_size=self.page_size, num_pages=self.num_pages,
                        vocab_size=self.model_config.vocab_size,
-                       max_position=self.model_config.max_position)
+                       max_position=self.model_config.max_position,
+                       adapters=self.adapters)
         tokens = graphs.run(build_page_table(batch, self.page_size))
         return None if tokens is None else [ForwardResult((token,)) for token in tokens]
 
     def _run_pass(self, batch: ForwardBatch) -> torch.Tensor:
         """One forward pass of a validated batch -> logits [num_outputs, vocab]."""
         table = build_page_table(batch, self.page_size)
+        lora = self.adapters.prepare(batch.requests)          # None: no request names an adapter
         self.attention.plan(table)
-        return self.model.forward(table, self.kv_cache, self.attention)
+        return self.model.forward(table, self.kv_cache, self.attention, lora)
 
     def _threads_for(self, batch: ForwardBatch) -> ContextManager[None]:
         """The thread split of a pass: torch on one thread while the block kernels run it."""
@@ -228,14 +236,16 @@ class Engine:
         """
         return generate_greedy_batch(self, [list(prompt_ids)], num_new_tokens)[0]
 
-    def generate_greedy_batch(self, prompts: Sequence[Sequence[int]],
-                              num_new_tokens: int) -> list[list[int]]:
-        """Greedy continuations of several prompts, one batched forward pass per step."""
-        return generate_greedy_batch(self, [list(p) for p in prompts], num_new_tokens)
+    def generate_greedy_batch(self, prompts: Sequence[Sequence[int]], num_new_tokens: int,
+                              adapters: Sequence[str | None] | None = None) -> list[list[int]]:
+        """Greedy continuations of several prompts, one batched forward pass per step;
+        `adapters`: per prompt, the LoRA adapter it runs with (None: none)."""
+        return generate_greedy_batch(self, [list(p) for p in prompts], num_new_tokens, adapters)
 
-    def prompt_logits(self, prompt_ids: Sequence[int], all_positions: bool = False) -> torch.Tensor:
+    def prompt_logits(self, prompt_ids: Sequence[int], all_positions: bool = False,
+                      adapter: str | None = None) -> torch.Tensor:
         """float32 logits of a fresh prompt: [vocab] at the last position, or [len, vocab]."""
-        return prompt_logits(self, list(prompt_ids), all_positions)
+        return prompt_logits(self, list(prompt_ids), all_positions, adapter)
 
     def _count(self, batch: ForwardBatch, num_outputs: int) -> None:
         stats = self._stats

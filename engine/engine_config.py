@@ -56,6 +56,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto | torch | flashinfer
     cuda_graphs: bool = True         # replay pure decode steps from CUDA graphs (flashinfer only)
     cuda_graph_batch_sizes: tuple[int, ...] = CUDA_GRAPH_BATCH_SIZES   # strictly increasing
+    adapter_memory_mb: int = 512     # LoRA adapters kept resident up to this (least recent go)
 
     def __post_init__(self) -> None:
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):
@@ -64,6 +65,9 @@ class EngineConfig:
             raise ValueError(f"num_pages must be positive, got {self.num_pages}")
         if self.kv_memory_mb <= 0:
             raise ValueError(f"kv_memory_mb must be positive, got {self.kv_memory_mb}")
+        if type(self.adapter_memory_mb) is not int or self.adapter_memory_mb <= 0:
+            raise ValueError(f"adapter_memory_mb must be a positive integer, "
+                             f"got {self.adapter_memory_mb!r}")
         if self.max_batch_tokens <= 0:
             raise ValueError(f"max_batch_tokens must be positive, got {self.max_batch_tokens}")
         if self.max_pass_tokens is not None and self.max_pass_tokens <= 0:

@@ -30,9 +30,13 @@ class _Steppable(Protocol):
 __all__ = ["generate_greedy_batch", "prompt_logits"]
 
 
-def generate_greedy_batch(engine: _Steppable, prompts: list[list[int]],
-                          num_new_tokens: int) -> list[list[int]]:
-    """Greedy `num_new_tokens` after each prompt (no EOS stop) -> the new tokens per prompt."""
+def generate_greedy_batch(engine: _Steppable, prompts: list[list[int]], num_new_tokens: int,
+                          adapters: Sequence[str | None] | None = None) -> list[list[int]]:
+    """Greedy `num_new_tokens` after each prompt (no EOS stop) -> the new tokens per prompt.
+    adapters: None, or per prompt the LoRA adapter its requests name (ForwardRequest.adapter)."""
+    adapters = [None] * len(prompts) if adapters is None else list(adapters)
+    if len(adapters) != len(prompts):
+        raise ValueError(f"{len(adapters)} adapters for {len(prompts)} prompts")
     if num_new_tokens <= 0:
         return [[] for _ in prompts]
     if any(not prompt for prompt in prompts):
@@ -55,7 +59,7 @@ def generate_greedy_batch(engine: _Steppable, prompts: list[list[int]],
                 token_ids=tuple(tokens), positions=tuple(range(lengths[i], end)),
                 page_ids=tuple(page_ids[i][:num_pages_needed(end, page_size)]),
                 last_page_len=last_page_len(end, page_size),
-                output_indices=(len(tokens) - 1,), samplers=(GREEDY,)))
+                output_indices=(len(tokens) - 1,), samplers=(GREEDY,), adapter=adapters[i]))
             lengths[i] = end
         results = engine.forward(ForwardBatch(tuple(requests)))
         step_tokens = [[result.outputs[0]] for result in results]
@@ -64,8 +68,10 @@ def generate_greedy_batch(engine: _Steppable, prompts: list[list[int]],
     return new_tokens
 
 
-def prompt_logits(engine: _Steppable, prompt_ids: list[int], all_positions: bool = False):
-    """float32 logits of a fresh prompt: [vocab] at its last position, or [len, vocab] at all.
+def prompt_logits(engine: _Steppable, prompt_ids: list[int], all_positions: bool = False,
+                  adapter: str | None = None):
+    """float32 logits of a fresh prompt: [vocab] at its last position, or [len, vocab] at all;
+    `adapter`: the LoRA adapter the pass names.
 
     Borrows pages from the start of the pool, like generate_greedy_batch.
     """
@@ -74,6 +80,6 @@ def prompt_logits(engine: _Steppable, prompt_ids: list[int], all_positions: bool
     request = ForwardRequest(tuple(prompt_ids), tuple(range(num_tokens)),
                              tuple(range(num_pages_needed(num_tokens, engine.page_size))),
                              last_page_len(num_tokens, engine.page_size), outputs,
-                             (GREEDY,) * len(outputs))
+                             (GREEDY,) * len(outputs), adapter=adapter)
     logits = engine.logits(ForwardBatch((request,)))
     return logits if all_positions else logits[0]

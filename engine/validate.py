@@ -6,6 +6,8 @@ batch's requests with a clear message; nothing is written to the KV pool for a r
 """
 from __future__ import annotations
 
+from typing import Container
+
 from engine.batch import ForwardBatch, ForwardRequest, SamplerSpec, sampler_problem
 from engine.errors import RequestError
 from engine.paging import kv_len
@@ -30,10 +32,15 @@ def _check_ints(index: int, field: str, values: tuple, low: int, high: int, what
 
 
 def validate_request(index: int, request: ForwardRequest, *, page_size: int, num_pages: int,
-                     vocab_size: int, max_position: int) -> None:
-    """Raise RequestError (naming `index` and the field) if the request does not fit the engine."""
+                     vocab_size: int, max_position: int, adapters: Container[str] = ()) -> None:
+    """Raise RequestError (naming `index` and the field) if the request does not fit the engine.
+    `adapters`: the adapter names a request may name."""
     if not isinstance(request, ForwardRequest):
         raise _fail(index, "request", f"a {type(request).__name__}, not a ForwardRequest")
+    if request.adapter is not None and (not isinstance(request.adapter, str)
+                                        or request.adapter not in adapters):
+        raise _fail(index, "adapter", f"{str(request.adapter)[:80]!r} is not a registered "
+                    f"adapter")
     num_tokens = len(request.token_ids)
     if num_tokens == 0:
         raise _fail(index, "token_ids", "empty: a forward pass needs at least one token")
@@ -104,11 +111,11 @@ def _check_states(batch: ForwardBatch) -> None:
 
 
 def validate_batch(batch: ForwardBatch, *, page_size: int, num_pages: int, vocab_size: int,
-                   max_position: int) -> None:
+                   max_position: int, adapters: Container[str] = ()) -> None:
     """Validate every request of the batch (ValueError on the first bad one)."""
     if not isinstance(batch, ForwardBatch):
         raise ValueError(f"expected a ForwardBatch, got {type(batch).__name__}")
     for index, request in enumerate(batch.requests):
         validate_request(index, request, page_size=page_size, num_pages=num_pages,
-                         vocab_size=vocab_size, max_position=max_position)
+                         vocab_size=vocab_size, max_position=max_position, adapters=adapters)
     _check_states(batch)

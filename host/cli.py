@@ -48,6 +48,9 @@ def _add_run_parser(subparsers) -> None:
     parser.add_argument("--page-quota", type=int, default=None,
                         help="most KV pages the instance may hold (default: the whole pool)")
     parser.add_argument("--kv-memory-mb", type=int, default=512, help="KV page pool size (MiB)")
+    parser.add_argument("--swap-mb", type=int, default=4096,
+                        help="host memory for the KV pages of instances suspended while the pool "
+                             "is dry (MiB; 0: no suspension)")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
     parser.add_argument("--kv-dtype", choices=("auto", "float32", "float16"), default="auto",
                         help="the KV cache's dtype (CPU; auto: float16 on the GGUF-block "
@@ -106,6 +109,7 @@ def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
     try:
         limits = InstanceLimits(memory_mb=namespace.memory_mb, max_idle_s=namespace.max_idle_s,
                                 page_quota=namespace.page_quota)
+        RuntimeConfig(swap_mb=namespace.swap_mb)          # checked before the model loads
     except ValueError as err:
         print(f"pie run: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -127,6 +131,7 @@ def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
     from host.runtime import Runtime
     # one instance: naming its memory limit exactly is worth its slower start
     with Runtime(engine, RuntimeConfig(cache_dir=cache_dir, count_linear_memory=True,
+                                       swap_mb=namespace.swap_mb,
                                        freeze_heap=True)) as runtime:
         program = _load_program(runtime, wasm_path)
         if program is None:

@@ -8,7 +8,9 @@ oneDNN-packed bf16, plus an int4 copy for small batches when the weights are a Q
 The residual stream and the RMSNorms are float32 whatever the weight dtype, except with FlashInfer's
 fused kernels (`kernels`, the CUDA path: engine/model/flashinfer_kernels.py), where the residual is
 in the model dtype. Logits are computed only at the output rows of the batch; `decode_greedy` is
-the one-token-per-row step the CUDA graphs capture (engine/cuda_graphs.py).
+the one-token-per-row step the CUDA graphs capture (engine/cuda_graphs.py). A pass with LoRA
+adapters (`lora`, engine.adapters) adds each row's low-rank delta after every base projection
+and runs layer by layer (never the fused C decoder, which has no place for it).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from engine.adapters.apply import LoraPass
 from engine.engine_config import ModelConfig
 from engine.kv_cache import KVCache
 from engine.model.flashinfer_kernels import FlashInferKernels
@@ -196,28 +199,31 @@ class LlamaModel:
             (layer.input_norm.to(dtype), layer.post_norm.to(dtype)) for layer in self.layers]
         self.kernel_final_norm = None if kernels is None else self.final_norm.to(dtype)
 
-    def forward(self, table: PageTable, kv_cache: KVCache, attention) -> torch.Tensor:
+    def forward(self, table: PageTable, kv_cache: KVCache, attention,
+                lora: LoraPass | None = None) -> torch.Tensor:
         """Run the batch, write its K/V into the pool, return float32 logits [num_outputs, vocab].
 
-        `attention` must already be planned for `table`. In quantized mode a pass short enough
-        for some block kernel gives the threads to them (BatchPlanner.threads_for).
+        `attention` must already be planned for `table`; `lora`: the adapter deltas of the
+        table's rows, or None. In quantized mode a pass short enough for some block kernel gives
+        the threads to them (BatchPlanner.threads_for).
         """
         if self.planner is None:
-            return self._forward(table, kv_cache, attention)
+            return self._forward(table, kv_cache, attention, lora)
         with self.planner.threads_for(table.num_tokens):
-            return self._forward(table, kv_cache, attention)
+            return self._forward(table, kv_cache, attention, lora)
 
     @torch.inference_mode()
-    def _forward(self, table: PageTable, kv_cache: KVCache, attention) -> torch.Tensor:
+    def _forward(self, table: PageTable, kv_cache: KVCache, attention,
+                 lora: LoraPass | None) -> torch.Tensor:
         device = self.rope_cos.device              # the table is on the CPU; no-op there
         positions = table.positions.to(device)
         x = self._embed(table.input_ids.to(device))                       # [N, hidden]
         if self.kernels is not None:
-            x, delta = self._kernel_layers(x, positions, kv_cache, attention)
+            x, delta = self._kernel_layers(x, positions, kv_cache, attention, lora)
             return self._logits(x, table, delta)
-        if self._run_fused(x, table, kv_cache, attention, positions):
+        if lora is None and self._run_fused(x, table, kv_cache, attention, positions):
             return self._logits(x, table, None)
-        x, delta = self._torch_layers(x, positions, kv_cache, attention)
+        x, delta = self._torch_layers(x, positions, kv_cache, attention, lora)
         return self._logits(x, table, delta)
 
     @torch.inference_mode()
@@ -239,9 +245,11 @@ class LlamaModel:
         torch.argmax(logits, dim=-1, out=out)
 
     def _torch_layers(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
-                      attention) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      attention, lora: LoraPass | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Every layer in torch ops over the float32 residual x [N, hidden] -> (x, the last
-        sublayer's output still to be added)."""
+        sublayer's output still to be added). `lora`: adapter deltas added after each
+        projection (LoraPass.add: fused projection 0 qkv, 1 o, 2 gate_up, 3 down)."""
         config = self.config
         n, d = x.shape[0], config.head_dim
         num_qk_heads = config.num_heads + config.num_kv_heads
@@ -254,23 +262,35 @@ class LlamaModel:
         for i, (layer, (input_norm, post_norm)) in enumerate(zip(self.layers, self.norms)):
             h = input_norm(x, delta).to(dtype)                            # x += delta
             qkv = layer.qkv_proj(h)                            # [N, (Hq + 2 Hkv) * D]
+            if lora is not None:
+                lora.add(i, 0, h, qkv)
             qk = apply_rope(qkv[:, :self.q_dim + self.kv_dim].view(n, num_qk_heads, d), cos,
                             signed_sin)
             q, k = qk[:, :config.num_heads], qk[:, config.num_heads:]     # [N, Hq|Hkv, D]
             v = qkv[:, self.q_dim + self.kv_dim:].view(n, config.num_kv_heads, d)
             kv_layer = kv_cache.layer(i)
             attention.append_kv(kv_layer, k, v)
-            attn = attention.run(q, kv_layer)                             # [N, Hq, D]
-            delta = layer.o_proj(attn.reshape(n, self.q_dim))             # [N, hidden]
+            attn = attention.run(q, kv_layer).reshape(n, self.q_dim)      # [N, Hq * D]
+            delta = layer.o_proj(attn)                                    # [N, hidden]
+            if lora is not None:
+                lora.add(i, 1, attn, delta)
             h = post_norm(x, delta).to(dtype)
-            gate, up = layer.gate_up_proj(h).chunk(2, dim=-1) # [N, intermediate] each
-            delta = layer.down_proj(F.silu(gate) * up)
+            gate_up = layer.gate_up_proj(h)                               # [N, 2 * intermediate]
+            if lora is not None:
+                lora.add(i, 2, h, gate_up)
+            gate, up = gate_up.chunk(2, dim=-1)                           # [N, intermediate] each
+            act = F.silu(gate) * up
+            delta = layer.down_proj(act)
+            if lora is not None:
+                lora.add(i, 3, act, delta)
         return x, delta
 
     def _kernel_layers(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
-                       attention) -> tuple[torch.Tensor, torch.Tensor]:
+                       attention, lora: LoraPass | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """Every layer with FlashInfer's fused kernels (engine.model.flashinfer_kernels) over
-        the residual x [N, hidden] in the model dtype -> (x, the last sublayer's output)."""
+        the residual x [N, hidden] in the model dtype -> (x, the last sublayer's output);
+        `lora` as in _torch_layers."""
         config, kernels = self.config, self.kernels
         n, d = x.shape[0], config.head_dim
         q_end, k_end = self.q_dim, self.q_dim + self.kv_dim
@@ -278,15 +298,25 @@ class LlamaModel:
         for i, (layer, (input_norm, post_norm)) in enumerate(zip(self.layers, self.kernel_norms)):
             h = kernels.add_norm(x, delta, input_norm)                    # x += delta
             qkv = layer.qkv_proj(h)                                       # [N, (Hq + 2 Hkv) * D]
+            if lora is not None:
+                lora.add(i, 0, h, qkv)
             q, k, v = qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:]
             kernels.rope_(positions, q, k)                                # in place, in qkv
             kv_layer = kv_cache.layer(i)
             attention.append_kv(kv_layer, k.view(n, config.num_kv_heads, d),
                                 v.view(n, config.num_kv_heads, d))
-            attn = attention.run(q.view(n, config.num_heads, d), kv_layer)   # [N, Hq, D]
-            delta = layer.o_proj(attn.reshape(n, self.q_dim))             # [N, hidden]
+            attn = attention.run(q.view(n, config.num_heads, d), kv_layer).reshape(n, self.q_dim)
+            delta = layer.o_proj(attn)                                    # [N, hidden]
+            if lora is not None:
+                lora.add(i, 1, attn, delta)
             h = kernels.add_norm(x, delta, post_norm)
-            delta = layer.down_proj(kernels.silu_and_mul(layer.gate_up_proj(h)))
+            gate_up = layer.gate_up_proj(h)                               # [N, 2 * intermediate]
+            if lora is not None:
+                lora.add(i, 2, h, gate_up)
+            act = kernels.silu_and_mul(gate_up)                           # [N, intermediate]
+            delta = layer.down_proj(act)
+            if lora is not None:
+                lora.add(i, 3, act, delta)
         return x, delta
 
     def _logits(self, x: torch.Tensor, table: PageTable, delta: torch.Tensor | None) -> torch.Tensor:

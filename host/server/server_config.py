@@ -63,6 +63,8 @@ class ServerSection:
     memory_pool_idle_s: float = 600.0         # a pooled memory unused this long is unmapped
     start_slots: int | None = None            # instances starting at once; unset: 2 x cores
     spare_builtins: int = 8                   # built-in instances instantiated ahead (0: none)
+    swap_mb: int = 4096                       # host memory for suspended instances' KV pages
+    suspend_deadline_s: float = 600.0         # a suspension longer than this ends the instance
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -84,6 +86,12 @@ class ServerSection:
                 or not 0 <= self.spare_builtins <= max_spares:
             raise ValueError(f"server.spare_builtins must be an int in 0..{max_spares}, "
                              f"got {self.spare_builtins!r}")
+        if not isinstance(self.swap_mb, int) or not 0 <= self.swap_mb <= 1 << 24:
+            raise ValueError(f"server.swap_mb must be an int in 0..{1 << 24}, "
+                             f"got {self.swap_mb!r}")
+        if not 0 < self.suspend_deadline_s <= 86_400:
+            raise ValueError(f"server.suspend_deadline_s must be in (0, 86400], "
+                             f"got {self.suspend_deadline_s}")
         if self.start_slots is not None and not 0 <= self.start_slots <= 4096:
             raise ValueError(f"server.start_slots must be in 0..4096, got {self.start_slots}")
 

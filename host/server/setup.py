@@ -69,6 +69,8 @@ def build_runtime(config: ServerConfig, engine: Any) -> Any:
                                          memory_pool_mb=config.server.memory_pool_mb,
                                          memory_pool_idle_s=config.server.memory_pool_idle_s,
                                          start_slots=config.server.start_slots,
+                                         swap_mb=config.server.swap_mb,
+                                         suspend_deadline_s=config.server.suspend_deadline_s,
                                          freeze_heap=True))
 
 
@@ -83,7 +85,8 @@ def runtime_figures(runtime: Any) -> RuntimeFigures:
         queue_depth=scheduler.num_pending, num_batches=scheduler.num_batches,
         batch_size_counts=dict(scheduler.batch_size_histogram),
         num_output_tokens=engine.num_output_tokens, num_input_tokens=engine.num_input_tokens,
-        num_spare_instances=runtime.spares.num_ready)
+        num_spare_instances=runtime.spares.num_ready,
+        suspensions=stats.suspensions)
 
 
 def model_info(config: ServerConfig, engine: Any) -> dict[str, Any]:
