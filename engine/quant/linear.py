@@ -21,7 +21,8 @@ from engine.quant.tensor import QuantizedTensor
 __all__ = ["BatchPlanner", "QuantizedLinear"]
 
 SCRATCH_ELEMENTS = 1 << 22              # 16 MB of float32: one slab of dequantized rows
-CALIBRATION_LADDER = (4, 8, 16, 32, 64, 128)
+# up to a 512-token prefill pass: the AVX-512 VNNI kernels beat dequantize + GEMM there too
+CALIBRATION_LADDER = (4, 8, 16, 32, 64, 128, 256, 512)
 CALIBRATION_MAX_ROWS = 2048             # time on a slice of a big weight: both paths scale with N
 CALIBRATION_REPEATS = 3                 # timed runs of each path per round, alternated
 CALIBRATION_ROUNDS = 3                  # rounds at most before the block kernel's loss counts
