@@ -61,6 +61,10 @@ def _add_run_parser(subparsers) -> None:
                              "no limit on CUDA)")
     parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
                         help="where the model runs (default: cuda when available, else cpu)")
+    parser.add_argument("--adapter", action="append", default=[], type=_adapter_arg,
+                        metavar="NAME=PATH",
+                        help="a LoRA adapter (a PEFT directory: adapter_config.json + "
+                             "adapter_model.safetensors) the inferlet may open as NAME; repeatable")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="compiled components and builds (default: $PIE_CACHE_DIR or ~/.cache/pie)")
     parser.add_argument("--lines", action="store_true",
@@ -121,6 +125,8 @@ def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
     if engine is None:
         return EXIT_ERROR
     print(f"pie run: engine: {engine.kernel_summary}", file=sys.stderr)
+    if not _register_adapters(engine, namespace.adapter):
+        return EXIT_ERROR
     from engine.warm_up import WarmUpError, needs_warm_up, warm_up
     try:
         if needs_warm_up(engine):
@@ -154,6 +160,31 @@ def _program_path(program: Path, cache_dir: Path) -> Path | None:
         print(f"pie run: {err}", file=sys.stderr)
         return None
     return path
+
+
+def _adapter_arg(text: str) -> tuple[str, Path]:
+    """argparse type: NAME=PATH -> (name, path)."""
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    return name, Path(path)
+
+
+def _register_adapters(engine, adapters: list[tuple[str, Path]]) -> bool:
+    """Register `pie run --adapter` adapters with the engine; False after printing an error
+    (the adapter's name, and the tensor or setting at fault)."""
+    from engine.adapters import AdapterError
+
+    for name, path in adapters:
+        try:
+            info = engine.adapters.register(name, path)
+        except AdapterError as err:
+            print(f"pie run: {err}", file=sys.stderr)
+            return False
+        spec = info.spec
+        print(f"pie run: adapter {name}: rank {spec.rank}, {', '.join(spec.target_modules)}, "
+              f"{info.resident_bytes / 2**20:.1f} MiB resident once used", file=sys.stderr)
+    return True
 
 
 def _positive_int(text: str) -> int:

@@ -18,14 +18,14 @@ from typing import Any, Callable
 from wasmtime import Engine, WasmtimeError
 from wasmtime.component import Linker, ResourceType
 
-from host.bindings import forward, kv, messaging, queue, runtime, tokenize
+from host.bindings import adapters, forward, kv, messaging, queue, runtime, tokenize
 from host.sandbox.wasm import gil_calls
 from host.sandbox.wasm.fast_calls import add_host_function
 from host.errors import TrapError
 
 __all__ = ["build_linker", "provided_items", "INTERFACE_MODULES"]
 
-INTERFACE_MODULES = (runtime, queue, kv, forward, tokenize, messaging)
+INTERFACE_MODULES = (runtime, queue, kv, forward, tokenize, messaging, adapters)
 _log = logging.getLogger("pie.bindings")
 
 

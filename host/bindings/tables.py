@@ -6,6 +6,7 @@
 - generations: generation ids -> host-kept sampling state (`generations.py`)
 - decode_loops: decode-stream resource rep -> a host-run decode loop (`decoding.py`)
 - samplers: sampler records already checked -> their engine SamplerSpec (`samplers.py`)
+- adapters: adapter handles -> engine adapter names, sequences -> their bound handle (`adapters.py`)
 
 Only the instance's own thread touches `queues` and `futures` (its host calls run there); the
 runtime clears them with `clear()` once the instance has ended. `pages` is thread-safe by itself.
@@ -13,6 +14,7 @@ Every table is bounded: going past a bound traps the instance, naming the call a
 """
 from __future__ import annotations
 
+from host.bindings.adapters import AdapterTable
 from host.bindings.decoding import DecodeLoopTable
 from host.bindings.forward import FutureTable
 from host.bindings.generations import GenerationTable
@@ -35,6 +37,7 @@ class InstanceTables:
         self.generations = GenerationTable()
         self.decode_loops = DecodeLoopTable()
         self.samplers = SamplerCache()
+        self.adapters = AdapterTable()
 
     def stop_loops(self) -> None:
         """Stop every decode loop, now and any added later, and wake a call waiting for the
@@ -49,3 +52,4 @@ class InstanceTables:
         self.pages.release_all()
         self.futures.clear()
         self.queues.clear()
+        self.adapters.clear()

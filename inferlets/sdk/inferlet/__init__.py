@@ -11,6 +11,7 @@
 See docs/writing-inferlets.md for the whole API.
 """
 from inferlet import drafting, sampling, speculative
+from inferlet.adapters import Adapter, available_adapters, open_adapter
 from inferlet.beam import Beam, beam_search
 from inferlet.context import Context, list_exports, release_export
 from inferlet.entry import ArgumentParser, main
@@ -26,6 +27,7 @@ from inferlet.sampling import Sampler
 from inferlet.sharing import prefix_context, shared_system_context
 
 __all__ = [
+    "Adapter", "available_adapters", "open_adapter",
     "ArgumentParser", "Beam", "Context", "Generation", "HostLoop", "InferletError", "ModelInfo",
     "PromptLookupDrafter", "Sampler", "TokenLogprob", "drafting", "speculative", "wait_outputs",
     "Subscription", "arguments", "beam_search", "broadcast", "decode", "encode",

@@ -7,6 +7,6 @@ bundles only the modules imported while the app module loads.
 from __future__ import annotations
 
 from componentize_py_types import Err
-from wit_world.imports import forward, kv, messaging, queue, runtime, tokenize
+from wit_world.imports import adapters, forward, kv, messaging, queue, runtime, tokenize
 
-__all__ = ["Err", "forward", "kv", "messaging", "queue", "runtime", "tokenize"]
+__all__ = ["Err", "adapters", "forward", "kv", "messaging", "queue", "runtime", "tokenize"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from inferlet import adapters
 from inferlet._wit import Err, forward, kv, messaging, queue
 from inferlet.errors import InferletError
 from inferlet.generation import Generation
@@ -27,9 +28,14 @@ _EXPORT_KEY = "inferlet.export."   # store key prefix of an export's token metad
 
 
 class Context(MaskingMixin):
-    """A token sequence the model attends to: tokens, KV pages, positions, its own queue."""
+    """A token sequence the model attends to: tokens, KV pages, positions, its own queue.
 
-    def __init__(self, *, priority: str = "normal") -> None:
+    adapter: a LoRA adapter (a name, or an inferlet.adapters.Adapter) every pass of the context
+    runs with; None: the base model. `use_adapter` changes it; generate / generate_tokens /
+    stream take `adapter=` for one call.
+    """
+
+    def __init__(self, *, priority: str = "normal", adapter=None) -> None:
         if priority not in _PRIORITIES:
             raise ValueError(f"priority must be low, normal or high, got {priority!r}")
         info = model_info()
@@ -52,6 +58,17 @@ class Context(MaskingMixin):
         self._chat_text = ""                      # rendered chat text already in the context
         self._closed = False
         self.open_loop = None                     # a host decode loop not closed yet (HostLoop)
+        self.adapter: adapters.Adapter | None = None
+        if adapter is not None:
+            self.use_adapter(adapter)
+
+    def use_adapter(self, adapter) -> None:
+        """Run the context's later passes with `adapter` (a name or an Adapter; None: the base
+        model). Pending tokens are computed with the adapter of the pass that computes them."""
+        opened = None if adapter is None else adapters.open_adapter(adapter)
+        if (opened and opened.handle) != (self.adapter and self.adapter.handle):
+            adapters.bind(self.sequence_id, opened)
+        self.adapter = opened
 
     # -- filling -------------------------------------------------------------------------------
     def fill(self, text_or_token_ids: str | list[int]) -> None:
@@ -122,21 +139,32 @@ class Context(MaskingMixin):
         """Generate up to `max_tokens` (greedy unless `sampler`); returns the text. Stops at the
         model's stop tokens (or `stop_token_ids`) and at any `stop` string. In chat mode the
         assistant header is added first and the answer recorded as the assistant's turn.
-        `options`: schema= / regex= / grammar= constrain the output, drafter= drafts (Generation)."""
-        return self.generation(max_tokens, sampler, stop=stop, stop_token_ids=stop_token_ids,
-                               **options).run().text
+        `options`: schema= / regex= / grammar= constrain the output, drafter= drafts (Generation);
+        adapter= runs this call with another adapter (None: the base model)."""
+        with self._adapter_for(options):
+            return self.generation(max_tokens, sampler, stop=stop, stop_token_ids=stop_token_ids,
+                                   **options).run().text
 
     def generate_tokens(self, max_tokens: int = 256, sampler: Sampler | None = None, *,
                         stop_token_ids=None, **options) -> list[int]:
         """Like `generate`, returning the generated token ids (stop token excluded)."""
-        return self.generation(max_tokens, sampler, stop_token_ids=stop_token_ids,
-                               **options).run().token_ids
+        with self._adapter_for(options):
+            return self.generation(max_tokens, sampler, stop_token_ids=stop_token_ids,
+                                   **options).run().token_ids
 
     def stream(self, max_tokens: int = 256, sampler: Sampler | None = None, *,
                stop: tuple[str, ...] | str = (), stop_token_ids=None, **options):
         """Like `generate`, yielding text deltas as they become final."""
-        yield from self.generation(max_tokens, sampler, stop=stop, stop_token_ids=stop_token_ids,
-                                   stream_text=True, **options).steps()
+        with self._adapter_for(options):
+            yield from self.generation(max_tokens, sampler, stop=stop,
+                                       stop_token_ids=stop_token_ids, stream_text=True,
+                                       **options).steps()
+
+    def _adapter_for(self, options: dict) -> "_AdapterScope":
+        """The scope of one call's `adapter=` option (taken out of `options`)."""
+        if "adapter" not in options:
+            return _AdapterScope(self, None, False)
+        return _AdapterScope(self, options.pop("adapter"), True)
 
     # -- KV bookkeeping ------------------------------------------------------------------------
     @property
@@ -282,7 +310,7 @@ class Context(MaskingMixin):
         self.settle()
         self.flush()
         self.synchronize()
-        child = Context(priority=priority or self.priority)
+        child = Context(priority=priority or self.priority, adapter=self.adapter)
         if self.page_ids:
             child.page_ids = list(kv.share_pages(self.page_ids))
             child._read_only_page_ids = {child_id for child_id, page_id in zip(child.page_ids, self.page_ids)
@@ -314,7 +342,7 @@ class Context(MaskingMixin):
         messaging.store_set(_EXPORT_KEY + name, json.dumps(meta))
 
     @classmethod
-    def from_import(cls, name: str, *, priority: str = "normal") -> "Context":
+    def from_import(cls, name: str, *, priority: str = "normal", adapter=None) -> "Context":
         """A context continuing an export: its full pages shared read-only, no prefill."""
         meta_text = messaging.store_get(_EXPORT_KEY + name)
         try:
@@ -325,7 +353,7 @@ class Context(MaskingMixin):
             kv.free_pages(page_ids)
             raise InferletError(f"import {name!r}: no token metadata (export it with Context.export)")
         meta = json.loads(meta_text)
-        ctx = cls(priority=priority)
+        ctx = cls(priority=priority, adapter=adapter)
         ctx.last_page_len = meta["last_page_len"]
         if page_ids and ctx.last_page_len < ctx.page_size:   # imported pages are read-only
             page_ids[-1] = ctx._copy_to_own_page(page_ids[-1], ctx.last_page_len)
@@ -377,3 +405,22 @@ def release_export(name: str) -> None:
     except Err as err:
         raise InferletError(f"release export {name!r}: {err.value}") from None
     messaging.store_delete(_EXPORT_KEY + name)
+
+
+class _AdapterScope:
+    """One call's adapter: bound on entry (the pending tokens are computed by the call's first
+    pass), the context's own put back on exit, after the call's passes have run."""
+
+    def __init__(self, ctx: Context, adapter, active: bool) -> None:
+        self.ctx, self.adapter, self.active = ctx, adapter, active
+        self.saved = None
+
+    def __enter__(self) -> None:
+        if self.active:
+            self.saved = self.ctx.adapter
+            self.ctx.use_adapter(self.adapter)
+
+    def __exit__(self, *exc_info) -> None:
+        if self.active and not self.ctx._closed:
+            self.ctx.settle()
+            self.ctx.use_adapter(self.saved)
