@@ -1,6 +1,12 @@
 """Engine throughput vs transformers (float32, use_cache) and llama.cpp, same prompts, same run.
 
-The header names the CPU, its SIMD flags, torch's capability and our kernels. llama.cpp runs
+The header names the CPU (lscpu's model, family and model number), its SIMD flags, torch's
+capability, our kernel level and why (PIE_KERNEL_LEVEL=avx2 measures the AVX2 kernels on an
+AVX-512 machine), and the CPU features llama.cpp reports; where the CPU has AMX, the llama.cpp
+baseline must be a build without it (ggml's native AMX path dies with SIGILL on some such CPUs:
+install llama-cpp-python with CMAKE_ARGS="-DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8
+-mno-amx-bf16' -DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'"), and the header
+says which it found. llama.cpp runs
 through llama-cpp-python's low-level batch API (bench/llama_cpp_baseline.py: B sequences decoded
 in one batch per step; in a process of its own, with your environment's OpenMP wait policy, while
 ours, and transformers beside it, run with the PASSIVE one `import engine` sets) with 2 threads
@@ -10,7 +16,9 @@ Rows: prefill_512 (one 512-token prompt, tok/s), decode_b1 / decode_b8 / decode_
 of `--new-tokens` tokens after 32-token prompts, aggregate tok/s over the batch, timed from the end
 of the prefill to the last step for ours and llama.cpp), decode_b1_ctx1024 (the same after one
 1024-token prompt: attention over a long context); plus our load time and peak RSS (measured before
-any baseline is loaded). Each figure is the median of `--repeats` runs.
+any baseline is loaded). Each figure is the median of `--repeats` runs. Each row is also run on 1
+thread, ours and llama.cpp's, and the table shows each side's 1 -> N thread speed-up, so a second
+core that does not pay is visible (`--no-scaling` skips the 1-thread runs).
 
     .venv/bin/python bench/engine_bench.py                   # table
     .venv/bin/python bench/engine_bench.py --json            # one JSON object
@@ -25,12 +33,14 @@ from pathlib import Path
 import json
 import resource
 import statistics
+import subprocess
 import time
 
 USER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")     # before `import engine` sets it
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))      # bench/llama_cpp_baseline.py
-from llama_cpp_baseline import DEFAULT_THREADS, bench_in_child, median_seconds  # noqa: E402
+from llama_cpp_baseline import (DEFAULT_THREADS, bench_in_child, median_seconds,  # noqa: E402
+                                system_info_in_child)
 from engine.loaders import default_gguf_path  # noqa: E402
 
 ROWS = ("prefill_512", "decode_b1", "decode_b8", "decode_b32", "decode_b1_ctx1024")
@@ -58,22 +68,30 @@ def prompts_for(row: str, vocab: int) -> list[list[int]]:
     return make_prompts(vocab, *decode_shape(row))
 
 
-def bench_ours(rows: list[str], new_tokens: int, repeats: int,
-               dtype: str) -> tuple[dict, float, float, int, str]:
+def bench_ours(rows: list[str], new_tokens: int, repeats: int, dtype: str,
+               thread_counts: list[int]) -> tuple[dict, float, float, int, str]:
+    """({threads: {row: tok/s}}, load s, peak RSS MB, vocab size, kernel line): one engine, the
+    rows run on each of thread_counts threads in turn (torch's count, which the kernels use)."""
+    import torch
     from engine import load_default_engine
 
     start = time.perf_counter()
     engine = load_default_engine(dtype=dtype, progress=False, seed=0)
     load_s = time.perf_counter() - start
     vocab = engine.model_config.vocab_size
-    results = {}
-    for row in rows:
-        if row == "prefill_512":
-            prompt = prompts_for(row, vocab)[0]
-            seconds = median_seconds(lambda: engine.prompt_logits(prompt), repeats)
-            results[row] = PREFILL_LEN / seconds
-        else:
-            results[row] = decode_tok_s(engine, prompts_for(row, vocab), new_tokens, repeats)
+    results, before = {}, torch.get_num_threads()
+    for num_threads in thread_counts:
+        torch.set_num_threads(num_threads)
+        results[num_threads] = {}
+        for row in rows:
+            if row == "prefill_512":
+                prompt = prompts_for(row, vocab)[0]
+                seconds = median_seconds(lambda: engine.prompt_logits(prompt), repeats)
+                results[num_threads][row] = PREFILL_LEN / seconds
+            else:
+                results[num_threads][row] = decode_tok_s(engine, prompts_for(row, vocab),
+                                                         new_tokens, repeats)
+    torch.set_num_threads(before)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return results, load_s, peak_rss_mb, vocab, engine.kernel_summary
 
@@ -135,8 +153,36 @@ def bench_hf(rows: list[str], new_tokens: int, repeats: int, vocab: int) -> dict
 
 
 # ---- machine -----------------------------------------------------------------------------------
+def lscpu_model() -> str:
+    """lscpu's model name with its CPU family and model number ('' without lscpu)."""
+    try:
+        run = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    fields = dict(line.split(":", 1) for line in run.stdout.splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    name = fields.get("Model name", "")
+    if "CPU family" in fields and "Model" in fields:
+        name += f" (family {fields['CPU family']} model {fields['Model']})"
+    return name
+
+
+def llama_cpp_amx_note(simd: list[str], system_info: str) -> str:
+    """Whether the llama.cpp baseline can be trusted on this CPU's AMX (see the module doc)."""
+    cpu_amx = any(flag.startswith("amx") for flag in simd)
+    built_amx = any(f"{name} = 1" in system_info for name in ("AMX_INT8", "AMX_BF16", "AMX_TILE"))
+    if not system_info:
+        return "llama.cpp not installed"
+    if not cpu_amx:
+        return "the CPU has no AMX, so llama.cpp runs no AMX path"
+    if built_amx:
+        return "WARNING: the CPU has AMX and this llama.cpp build uses it (may die with SIGILL)"
+    return "the CPU has AMX; this llama.cpp build has none (built without AMX)"
+
+
 def cpu_description() -> dict:
-    """What the numbers depend on: CPU model, SIMD flags, torch's capability, our kernel level."""
+    """What the numbers depend on: CPU model, SIMD flags, torch's capability, our kernel level
+    and why, llama.cpp's build features."""
     import torch
     from engine.quant import kernels
 
@@ -152,13 +198,26 @@ def cpu_description() -> dict:
         pass
     simd = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
                         "amx_bf16", "amx_int8") if f in flags]
-    return {"cpu": model, "simd": simd, "torch_capability": torch.backends.cpu.get_cpu_capability(),
-            "kernel_levels": list(kernels.levels())}
+    system_info = system_info_in_child()
+    available = kernels.available()
+    return {"cpu": lscpu_model() or model, "simd": simd,
+            "torch_capability": torch.backends.cpu.get_cpu_capability(),
+            "kernel_levels": list(kernels.levels()),
+            "kernel_level": kernels.best_level() if available else None,
+            "kernel_level_reason": kernels.level_reason() if available else kernels.unavailable_reason(),
+            "llama_cpp_system_info": system_info,
+            "llama_cpp_amx": llama_cpp_amx_note(simd, system_info)}
 
 
 # ---- report -----------------------------------------------------------------------------------
 def ratio(ours: float | None, base: float | None) -> str:
     return f"{ours / base:5.2f}x" if ours and base else "   -  "
+
+
+def speedup(row: dict, side: str) -> float | None:
+    """A side's N-thread tok/s over its 1-thread tok/s in one row (None when either is missing)."""
+    one, many = row.get(f"{side}_1t_tok_s"), row.get(f"{side}_tok_s")
+    return many / one if one and many else None
 
 
 def torch_threads() -> int:
@@ -169,19 +228,25 @@ def torch_threads() -> int:
 def print_table(report: dict) -> None:
     machine = report["machine"]
     print(f"CPU {machine['cpu']}; SIMD {' '.join(machine['simd']) or 'none'}; torch capability "
-          f"{machine['torch_capability']}; our kernel levels {', '.join(machine['kernel_levels']) or 'none'}")
+          f"{machine['torch_capability']}")
+    print(f"our kernel level {machine['kernel_level']} ({machine['kernel_level_reason']}); levels "
+          f"here {', '.join(machine['kernel_levels']) or 'none'}")
+    print(f"llama.cpp: {machine['llama_cpp_amx']}; {machine['llama_cpp_system_info'] or '-'}")
     print(f"ours: {report['kernels']}")
     print(f"load {report['load_s']:.2f} s, peak RSS {report['peak_rss_mb']:.0f} MB "
           f"(ours, dtype {report['dtype']}, before baselines); threads: ours {report['threads']}, "
           f"llama.cpp {report['llama_cpp_threads']}; OpenMP wait policy: ours "
           f"{report['omp_wait_policy']}, llama.cpp {report['llama_cpp_omp_wait_policy']}")
-    print(f"{'row':<13}{'ours tok/s':>11}{'hf tok/s':>10}{'ours/hf':>9}{'llama.cpp':>11}"
-          f"{'ours/llama':>12}")
+    threads = report["threads"]
+    print(f"{'row':<18}{'ours tok/s':>11}{'hf tok/s':>10}{'ours/hf':>9}{'llama.cpp':>11}"
+          f"{'ours/llama':>12}{f'ours 1->{threads}t':>13}{f'llama 1->{threads}t':>14}")
     for row in report["rows"]:
         ours, hf, cpp = row["ours_tok_s"], row["hf_tok_s"], row["llama_cpp_tok_s"]
         fmt = lambda v: f"{v:.1f}" if v else "-"
-        print(f"{row['name']:<13}{fmt(ours):>11}{fmt(hf):>10}{ratio(ours, hf):>9}{fmt(cpp):>11}"
-              f"{ratio(ours, cpp):>12}")
+        scale = lambda v: f"{v:.2f}x" if v else "-"
+        print(f"{row['name']:<18}{fmt(ours):>11}{fmt(hf):>10}{ratio(ours, hf):>9}{fmt(cpp):>11}"
+              f"{ratio(ours, cpp):>12}{scale(row['ours_speedup']):>13}"
+              f"{scale(row['llama_cpp_speedup']):>14}")
 
 
 def main() -> None:
@@ -195,6 +260,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for ours, transformers and llama.cpp (default: torch's "
                              "choice for ours and transformers, 2 for llama.cpp)")
+    parser.add_argument("--no-scaling", action="store_true",
+                        help="skip the 1-thread runs (and the 1 -> N thread speed-ups)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     if args.threads:
@@ -204,15 +271,25 @@ def main() -> None:
     unknown = set(rows) - set(ROWS)
     if unknown:
         parser.error(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
-    ours, load_s, peak_rss_mb, vocab, kernel_summary = bench_ours(rows, args.new_tokens,
-                                                                  args.repeats, args.dtype)
+    num_threads = torch_threads()
+    scaling = not args.no_scaling and num_threads > 1
+    ours_by_threads, load_s, peak_rss_mb, vocab, kernel_summary = bench_ours(
+        rows, args.new_tokens, args.repeats, args.dtype,
+        [1, num_threads] if scaling else [num_threads])
+    ours, ours_1t = ours_by_threads[num_threads], ours_by_threads.get(1, {}) if scaling else {}
     hf = {} if args.no_hf else bench_hf(rows, args.new_tokens, args.repeats, vocab)
+    cpp_threads = args.threads or DEFAULT_THREADS
+    row_prompts = {row: prompts_for(row, vocab) for row in rows}
     cpp = {} if args.no_llama_cpp else bench_in_child(
-        str(default_gguf_path()), {row: prompts_for(row, vocab) for row in rows}, args.new_tokens,
-        args.repeats, args.threads or DEFAULT_THREADS, USER_OMP_WAIT_POLICY)
+        str(default_gguf_path()), row_prompts, args.new_tokens, args.repeats, cpp_threads,
+        USER_OMP_WAIT_POLICY)
+    cpp_1t = {} if args.no_llama_cpp or not scaling or cpp_threads <= 1 or not cpp else bench_in_child(
+        str(default_gguf_path()), row_prompts, args.new_tokens, args.repeats, 1,
+        USER_OMP_WAIT_POLICY)
     report = {
         "rows": [{"name": r, "ours_tok_s": ours.get(r), "hf_tok_s": hf.get(r),
-                  "llama_cpp_tok_s": cpp.get(r)} for r in rows],
+                  "llama_cpp_tok_s": cpp.get(r), "ours_1t_tok_s": ours_1t.get(r),
+                  "llama_cpp_1t_tok_s": cpp_1t.get(r)} for r in rows],
         "load_s": load_s, "peak_rss_mb": peak_rss_mb, "dtype": args.dtype,
         "new_tokens": args.new_tokens, "repeats": args.repeats, "threads": torch_threads(),
         "llama_cpp_threads": args.threads or DEFAULT_THREADS,
@@ -225,6 +302,7 @@ def main() -> None:
         row["ours_over_hf"] = ours_tok_s / row["hf_tok_s"] if ours_tok_s and row["hf_tok_s"] else None
         row["ours_over_llama_cpp"] = (ours_tok_s / row["llama_cpp_tok_s"]
                                       if ours_tok_s and row["llama_cpp_tok_s"] else None)
+        row["ours_speedup"], row["llama_cpp_speedup"] = speedup(row, "ours"), speedup(row, "llama_cpp")
     if args.json:
         print(json.dumps(report))
     else:

@@ -137,6 +137,15 @@ def bench_in_child(path: str, row_prompts: dict[str, list[list[int]]], new_token
     return json.loads(run.stdout)
 
 
+def system_info_in_child() -> str:
+    """llama.cpp's own line of the CPU features it was built for and runs with (e.g. "AVX512 = 1
+    | AVX512_VNNI = 1 | AMX_INT8 = 0"), read in a process of its own; '' without
+    llama-cpp-python."""
+    run = subprocess.run([sys.executable, __file__], input=json.dumps({"system_info": True}),
+                         capture_output=True, text=True)
+    return run.stdout.strip() if run.returncode == 0 else ""
+
+
 def bench_llama_cpp(path: str, row_prompts: dict[str, list[list[int]]], new_tokens: int,
                     repeats: int, num_threads: int = DEFAULT_THREADS) -> dict:
     """tok/s per row (its prompts), as bench/engine_bench.py measures ours, on num_threads
@@ -164,5 +173,13 @@ def bench_llama_cpp(path: str, row_prompts: dict[str, list[list[int]]], new_toke
 
 if __name__ == "__main__":
     job = json.load(sys.stdin)
+    if job.get("system_info"):
+        try:
+            import llama_cpp
+        except ImportError:
+            sys.exit(0)
+        info = llama_cpp.llama_print_system_info()
+        print(info.decode() if isinstance(info, bytes) else str(info))
+        sys.exit(0)
     print(json.dumps(bench_llama_cpp(job["path"], job["row_prompts"], job["new_tokens"],
                                      job["repeats"], job["num_threads"])))
