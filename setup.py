@@ -18,7 +18,8 @@ KERNEL_SOURCES = ["engine/quant/module.c", "engine/quant/pool.c", "engine/quant/
                   "engine/quant/decode_attention.c", "engine/quant/matmul.c",
                   "engine/quant/decoder.c", "engine/quant/decoder_py.c",
                   "engine/quant/interleaved.c", "engine/quant/interleaved_avx2.c",
-                  "engine/quant/decode_attention_avx2.c", "engine/quant/kernels_avx512.c"]
+                  "engine/quant/decode_attention_avx2.c", "engine/quant/kernels_avx512.c",
+                  "engine/quant/decode_attention_avx512.c"]
 BUILD_ERRORS = (CCompilerError, CompileError, ExecError, PlatformError, OSError)
 
 

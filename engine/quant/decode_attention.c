@@ -1,6 +1,6 @@
 /* Decode-step attention straight from the paged KV pool: one call per layer instead of torch's
  * index_copy + index_select + SDPA (+ views), ~60 us of op dispatch per layer for a 1-token query.
- * Plain C, with AVX2 + FMA inner loops where the CPU has them. Scores are kept per
+ * Plain C, with AVX2 + FMA (or AVX-512) inner loops where the CPU has them. Scores are kept per
  * query head (two passes: max, then exp-sum and the weighted sum of V), in float32 like SDPA. */
 #include <math.h>
 #include <stdlib.h>
@@ -156,7 +156,9 @@ int decode_attention(const decode_batch *batch, int level, int num_threads) {
     attention_job job = {.batch = batch, .heads_per_unit = heads_per_unit,
                          .units_per_kv_head = (group + heads_per_unit - 1) / heads_per_unit};
     int64_t num_units = num_pairs * job.units_per_kv_head;
-    if (level == LEVEL_AVX2 || level == LEVEL_AVX512)     /* AVX-512: the 256-bit loops */
+    if (level == LEVEL_AVX512 && batch->head_dim % 16 == 0)
+        job.loops = attention_loops_avx512(batch->kv_half);
+    else if (level == LEVEL_AVX2 || level == LEVEL_AVX512)    /* head_dim 8 mod 16: 256 bits */
         job.loops = attention_loops_avx2(batch->kv_half);
     else
         job.loops = batch->kv_half ? (attention_loops){dot_rows_f16, axpy_rows_f16,

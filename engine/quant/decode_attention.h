@@ -56,4 +56,8 @@ typedef struct {
 /* decode_attention_avx2.c (call only when the CPU has AVX2 + FMA + F16C) */
 attention_loops attention_loops_avx2(int kv_half);
 
+/* decode_attention_avx512.c: dot_rows / axpy_rows 16 values a step (d_len a multiple of 16),
+ * the rest attention_loops_avx2's (call only at matmul.h's LEVEL_AVX512) */
+attention_loops attention_loops_avx512(int kv_half);
+
 #endif

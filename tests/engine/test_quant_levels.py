@@ -196,3 +196,21 @@ def test_dequantization_is_the_same_at_every_level(level: str, qtype: Q) -> None
         for num_threads in (1, 3):
             assert torch.equal(kernels.dequantize(target, level=level, num_threads=num_threads),
                                scalar)
+
+
+@pytest.mark.parametrize("head_dim", [24, 64])        # 16-wide steps at avx512-vnni, or 8-wide
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("level", kernels.LEVELS)
+def test_decode_attention_agrees_with_the_portable_loops(level: str, kv_dtype: torch.dtype,
+                                                         head_dim: int) -> None:
+    from tests.engine.test_c_decode_attention import _gqa_case
+
+    require_level(level)
+    plan, q, k_new, v_new, slots, _, _ = _gqa_case(9, 3, head_dim, kv_dtype, seed=5)
+    portable = plan(q, k_new, v_new, slots.clone(), level="scalar")
+    simd_slots = slots.clone()
+    out = plan(q, k_new, v_new, simd_slots, level=level)
+    torch.testing.assert_close(out, portable, atol=1e-5, rtol=1e-5)
+    scalar_slots = slots.clone()
+    plan(q, k_new, v_new, scalar_slots, level="scalar")
+    assert torch.equal(simd_slots, scalar_slots)          # the new K / V stored alike
