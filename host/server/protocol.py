@@ -5,7 +5,7 @@ encoding of the frame it answers. Every message has a `type`; a client message m
 (int) that the server copies into its reply or error. See docs/server.md for the whole exchange.
 
 Client -> server: auth, upload_begin, upload_chunk, upload_end, launch, send, terminate,
-list_programs, list_instances, model_info.
+list_programs, list_instances, logs, model_info.
 Server -> client: a reply (`ok` with fields per request), `error` (names the problem), and
 `event` (instance_id, kind in message/result/error/trap/terminated, data).
 """
@@ -21,8 +21,9 @@ import cattrs
 import msgpack
 from cattrs.v import format_exception, transform_error
 
-__all__ = ["ProtocolError", "JsonNestingError", "loads_bounded", "MAX_NESTING", "Auth", "UploadBegin", "UploadChunk", "UploadEnd", "Launch", "Send",
-           "Terminate", "ListPrograms", "ListInstances", "GetModelInfo", "ClientMessage",
+__all__ = ["ProtocolError", "JsonNestingError", "loads_bounded", "is_unicode", "MAX_NESTING",
+           "Auth", "UploadBegin", "UploadChunk", "UploadEnd", "Launch", "Send",
+           "Terminate", "ListPrograms", "ListInstances", "Logs", "GetModelInfo", "ClientMessage",
            "CLIENT_MESSAGES", "decode_message", "encode_message", "error_message",
            "event_message", "reply_message", "EVENT_KINDS"]
 
@@ -135,17 +136,26 @@ class ListInstances:
 
 
 @dataclass(frozen=True)
+class Logs:
+    """The log of one of the tenant's instances, running or ended (the newest lines kept)."""
+
+    instance_id: str
+    id: int | None = None
+
+
+@dataclass(frozen=True)
 class GetModelInfo:
     id: int | None = None
 
 
 ClientMessage = Union[Auth, UploadBegin, UploadChunk, UploadEnd, Launch, Send, Terminate,
-                      ListPrograms, ListInstances, GetModelInfo]
+                      ListPrograms, ListInstances, Logs, GetModelInfo]
 
 CLIENT_MESSAGES: dict[str, type] = {
     "auth": Auth, "upload_begin": UploadBegin, "upload_chunk": UploadChunk,
     "upload_end": UploadEnd, "launch": Launch, "send": Send, "terminate": Terminate,
-    "list_programs": ListPrograms, "list_instances": ListInstances, "model_info": GetModelInfo,
+    "list_programs": ListPrograms, "list_instances": ListInstances, "logs": Logs,
+    "model_info": GetModelInfo,
 }
 
 
@@ -170,10 +180,51 @@ def _converter() -> cattrs.Converter:
                 raise TypeError("expected base64 text") from None
         raise TypeError(f"expected bytes or base64 text, got {type(value).__name__}")
 
+    def text(value: Any, _: type) -> str:
+        exact(str)(value, str)
+        if not is_unicode(value):
+            raise TypeError("expected valid Unicode text, got a string with a lone surrogate")
+        return value
+
+    def texts(value: Any, _: type) -> tuple[str, ...]:
+        """A list of strings, never a string or an object iterated into its characters / keys."""
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"expected a list of strings, got {type(value).__name__}")
+        for index, item in enumerate(value):
+            try:
+                text(item, str)
+            except TypeError as exc:
+                raise TypeError(f"item {index}: {exc}") from None
+        return tuple(value)
+
     converter.register_structure_hook(int, exact(int))
-    converter.register_structure_hook(str, exact(str))
+    converter.register_structure_hook(str, text)
+    converter.register_structure_hook_func(lambda type_: type_ == tuple[str, ...], texts)
     converter.register_structure_hook(bytes, to_bytes)
     return converter
+
+
+def is_unicode(text: str) -> bool:
+    """Whether `text` is valid Unicode: JSON's escapes (and Python's str) admit lone surrogates
+    such as "\\ud800", which no UTF-8 text, tokenizer or token comparison accepts."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_MSGPACK_REASONS = {"FormatError": "a byte that starts no msgpack value",
+                    "StackError": "nested too deeply", "ExtraData": "extra bytes after the message",
+                    "OutOfData": "the frame ends inside a value"}
+
+
+def _msgpack_reason(exc: BaseException) -> str:
+    """What is wrong with a msgpack frame: msgpack's own message, or (where it gives none) what
+    its exception class means."""
+    name = type(exc).__name__
+    reason = str(exc) or _MSGPACK_REASONS.get(name, "")
+    return f"{reason} ({name})" if reason else name
 
 
 def _format(exc: BaseException, type_: Any) -> str:
@@ -195,7 +246,7 @@ def _parse_frame(frame: str | bytes) -> Any:
     except JsonNestingError as exc:
         raise ProtocolError(f"malformed msgpack: {exc}") from None
     except (ValueError, msgpack.UnpackException, TypeError, RecursionError) as exc:
-        raise ProtocolError(f"malformed msgpack: {exc or type(exc).__name__}") from None
+        raise ProtocolError(f"malformed msgpack: {_msgpack_reason(exc)}") from None
 
 
 def decode_message(frame: str | bytes, converter: cattrs.Converter | None = None) -> ClientMessage:

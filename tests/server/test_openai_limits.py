@@ -76,3 +76,25 @@ def test_all_choices_and_prompts_are_counted_against_the_context_up_front(model_
 def _launched(server) -> float:
     return sum(value for name, value in scrape(server.url).items()
                if name.startswith("pie_instances_launched_total"))
+
+
+def test_one_context_length_everywhere_and_lone_surrogates_are_400(model_server) -> None:
+    """/v1/models, a max_tokens refusal and a long prompt's refusal name the same figure, the one
+    enforced (the tenant's reservation, 256 pages of 16 tokens); a lone surrogate in a prompt or
+    a chat message is a 400 naming the field, not a 500 from the tokenizer."""
+    models = httpx.get(f"{model_server.url}/v1/models", headers=HEADERS, timeout=30).json()
+    assert models["data"][0]["max_model_len"] == 4096
+    over = _post(model_server, {**QUESTION, "max_tokens": 5000})
+    assert over.status_code == 400
+    assert over.json()["error"]["message"] == \
+        "'max_tokens' is 5000, but the context length is 4096 tokens"
+    chat = _post(model_server, '{"model": "SmolLM2-135M-Instruct", "max_tokens": 2, '
+                               '"messages": [{"role": "user", "content": "hi \\ud800"}]}')
+    assert chat.status_code == 400, chat.text
+    assert chat.json()["error"]["param"] == "messages[0].content"
+    completion = httpx.post(f"{model_server.url}/v1/completions", headers={
+        **HEADERS, "Content-Type": "application/json"}, timeout=60,
+        content='{"model": "SmolLM2-135M-Instruct", "max_tokens": 2, "prompt": "\\udc80"}')
+    assert completion.status_code == 400, completion.text
+    assert completion.json()["error"]["param"] == "prompt"
+    wait_until_idle(model_server.url)

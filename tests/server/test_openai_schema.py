@@ -37,6 +37,29 @@ def test_max_tokens_over_the_context_is_400() -> None:
     assert error.param == "max_tokens" and "4096" in str(error)
 
 
+@pytest.mark.parametrize("body, mode, param", [
+    ({**CHAT, "messages": [{"role": "user", "content": "a\ud800b"}]}, "chat",
+     "messages[0].content"),
+    ({**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]},
+     "chat", "messages[0].content[0].text"),
+    ({"model": "SmolLM2-135M-Instruct", "prompt": ["ok", "x\ud800"]}, "completion", "prompt[1]"),
+    ({**CHAT, "stop": "\ud800"}, "chat", "stop"),
+    ({**CHAT, "metadata": {"\ud800": "v"}}, "chat", "metadata.\\ud800"),
+])
+def test_a_lone_surrogate_is_400_naming_its_field(body, mode, param) -> None:
+    """JSON's escapes admit lone surrogates, which no tokenizer takes: refused up front."""
+    error = refused(body, mode)
+    assert error.status == 400 and error.param == param, (error.param, str(error))
+    assert "not valid Unicode" in str(error)
+    str(error).encode("utf-8")                  # the message itself is valid text
+
+
+def test_max_tokens_refusal_names_the_context_given() -> None:
+    """The figure in the refusal is ApiLimits.max_context (the frontend passes the tenant's)."""
+    error = refused({**CHAT, "max_tokens": 4097})
+    assert str(error) == "'max_tokens' is 4097, but the context length is 4096 tokens"
+
+
 def test_logprobs_logit_bias_and_response_format_are_normalised() -> None:
     request = parse_request({**CHAT, "logprobs": True, "top_logprobs": 3,
                              "logit_bias": {"42": -100, "7": 5},

@@ -58,8 +58,22 @@ def test_bearer_header_authenticates(fake_server) -> None:
     ('{"type": "launch", "id": 6}', "required field missing @ launch.program"),
     ('{"type": "send", "instance_id": "x", "message": "m", "extra": 1}', "extra fields found (extra)"),
     ('{"type": "upload_chunk", "upload_id": "u", "data": "***"}', "expected base64 text"),
-    (b"\xc1\xc1", "malformed msgpack"),
+    (b"\xc1\xc1", "malformed msgpack: a byte that starts no msgpack value (FormatError)"),
+    (b"\x91\x01\x02", "malformed msgpack: unpack(b) received extra data. (ExtraData)"),
+    (b"\xd9", "malformed msgpack: Unpack failed: incomplete input"),
     (msgpack.packb({"type": "terminate"}), "required field missing @ terminate.instance_id"),
+    ('{"type": "auth", "token": "\\ud800", "id": 9}',
+     "expected valid Unicode text, got a string with a lone surrogate @ auth.token"),
+    ('{"type": "send", "instance_id": "x", "message": "a\\udfffb"}',
+     "lone surrogate @ send.message"),
+    ('{"type": "launch", "program": "p", "args": "--n 3"}',
+     "expected a list of strings, got str @ launch.args"),
+    ('{"type": "launch", "program": "p", "args": {"n": "3"}}',
+     "expected a list of strings, got dict @ launch.args"),
+    ('{"type": "launch", "program": "p", "args": ["a", 3]}',
+     "item 1: expected str, got int @ launch.args"),
+    (msgpack.packb({"type": "launch", "program": "p", "args": "abc"}),
+     "expected a list of strings, got str @ launch.args"),
 ])
 def test_malformed_frames_get_named_errors(fake_server, frame, expected: str) -> None:
     async def main() -> None:
@@ -69,6 +83,8 @@ def test_malformed_frames_get_named_errors(fake_server, frame, expected: str) ->
                 while not client.notices:
                     await trio.sleep(0.01)
             assert any(expected in notice for notice in client.notices), client.notices
+            assert not any(notice.rstrip().endswith(":") for notice in client.notices)
+            assert not any("internal error" in notice for notice in client.notices)
             assert (await client.model_info())["name"] == "fake-byte-model"   # still up
     trio.run(main)
 
@@ -133,3 +149,19 @@ def test_unknown_program_and_instance(fake_server) -> None:
             await _refused(client.terminate("nope"), "unknown instance 'nope'")
     trio.run(main)
     wait_until_idle(fake_server.url)
+
+
+def test_docs_name_every_request_and_client_call() -> None:
+    """docs/server.md's protocol table has a row per request type, and its client table a row
+    per public call of SyncClient."""
+    from pathlib import Path
+
+    from host.client import SyncClient
+    from host.server.protocol import CLIENT_MESSAGES
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
+    for kind in CLIENT_MESSAGES:
+        assert f"\n| `{kind}` |" in text, kind
+    calls = [name for name in vars(SyncClient) if not name.startswith("_") and name != "close"]
+    for name in calls:
+        assert f"`{name}(" in text, name

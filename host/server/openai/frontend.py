@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -41,16 +42,18 @@ def _error(status: int, message: str, kind: str = "invalid_request_error",
 
 
 def api_limits(info: dict[str, Any]) -> ApiLimits:
-    """The model's ids and limits. The listed id is the model file's name up to its first dot
-    ("SmolLM2-135M-Instruct" for the embedded SmolLM2-135M-Instruct.Q4_1.gguf); the GGUF's own
-    name, the file name and the path are accepted as aliases."""
+    """The model's ids and limits. The listed id is the served model's one name, info["name"]
+    (host/server/setup.py: served_model_name; "SmolLM2-135M-Instruct" for the embedded
+    SmolLM2-135M-Instruct.Q4_1.gguf); the model's own metadata name, the file name and the
+    path are accepted as aliases."""
     path = info.get("path") or ""
     if not path:
         from engine.loaders import default_gguf_path
         path = str(default_gguf_path())
     file_name = Path(path).name
-    listed = file_name.split(".")[0] or info["name"]
-    aliases = {listed, info["name"], file_name, path, str(Path(path).resolve())}
+    listed = info["name"]
+    aliases = {listed, info.get("metadata_name") or listed, file_name, path,
+               str(Path(path).resolve())}
     max_context = min(info["page_size"] * info["num_pages"],
                       info.get("max_position") or info["page_size"] * info["num_pages"])
     return ApiLimits(frozenset(aliases), listed, max_context, info["vocab_size"])
@@ -112,21 +115,26 @@ class OpenAIFrontend:
         return self.tenants.authenticate(header[7:].strip())
 
     async def models(self, request: Request) -> Response:
-        if self._tenant(request) is None:
+        tenant = self._tenant(request)
+        if tenant is None:
             return _error(401, "invalid or missing bearer token", "authentication_error")
-        return JSONResponse({"object": "list", "data": [self._model_object()]})
+        return JSONResponse({"object": "list", "data": [self._model_object(tenant)]})
 
-    def _model_object(self) -> dict[str, Any]:
-        return {"id": self.model, "object": "model", "created": 0, "owned_by": "pie"}
+    def _model_object(self, tenant: Tenant) -> dict[str, Any]:
+        """The model as OpenAI lists it, with vLLM's `max_model_len`: the context one request
+        of this tenant may use (what `_context_limits` enforces)."""
+        return {"id": self.model, "object": "model", "created": 0, "owned_by": "pie",
+                "max_model_len": self._context_limits(tenant).max_sequence_tokens}
 
     async def model_by_id(self, request: Request) -> Response:
-        if self._tenant(request) is None:
+        tenant = self._tenant(request)
+        if tenant is None:
             return _error(401, "invalid or missing bearer token", "authentication_error")
         model = request.path_params["model"]
         if model not in self.limits.model_ids:
             return _error(404, f"The model '{model}' does not exist", param="model",
                           code="model_not_found")
-        return JSONResponse(self._model_object())
+        return JSONResponse(self._model_object(tenant))
 
     async def not_found(self, request: Request) -> Response:
         return _error(404, f"no such endpoint: {request.method} {request.url.path}",
@@ -146,12 +154,14 @@ class OpenAIFrontend:
             body = loads_bounded(await request.body(), MAX_BODY_NESTING)
         except ValueError as exc:     # not JSON, or nested past MAX_BODY_NESTING (JsonNestingError)
             return _error(400, f"the request body is not valid JSON: {exc}")
+        context = self._context_limits(tenant)
         try:
-            parsed = parse_request(body, mode, self.limits)
+            parsed = parse_request(body, mode, replace(self.limits,
+                                                       max_context=context.max_sequence_tokens))
         except RequestError as exc:
             kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
             return _error(exc.status, str(exc), kind, exc.param, exc.code)
-        too_long = await trio.to_thread.run_sync(self._context_problem, tenant, parsed)
+        too_long = await trio.to_thread.run_sync(self._context_problem, context, parsed)
         if too_long:
             param = "messages" if mode == "chat" and too_long[0] == "prompt" else too_long[0]
             return _error(400, too_long[1], param=param, code="context_length_exceeded")
@@ -178,20 +188,25 @@ class OpenAIFrontend:
             return _error(500, f"generation failed ({final.kind}): {final.data}", "server_error")
         return JSONResponse(completion_response(*meta, json.loads(final.data)))
 
-    def _context_problem(self, tenant: Tenant, parsed: dict) -> tuple[str, str] | None:
-        """(parameter, why) when the prompts, max_tokens and n do not fit one request's context,
-        or None (see openai_context.py). One sequence's context is the model's (max_position),
-        the pool's or the tenant's per-instance KV reservation, whichever is smallest; all the
-        request's choices together must fit that reservation."""
+    def _context_limits(self, tenant: Tenant) -> ContextLimits:
+        """What one request of `tenant` may hold. One sequence's context is the model's
+        (max_position), the pool's or the tenant's per-instance KV reservation, whichever is
+        smallest: the one figure every refusal and /v1/models name; all the request's choices
+        together must fit that reservation."""
+        engine = self.service.runtime.engine
+        max_position = getattr(getattr(engine, "model_config", None), "max_position", None)
+        max_pages = min(tenant.default_kv_pages, self.service.model_info()["num_pages"])
+        return ContextLimits(min(self.limits.max_context, max_pages * engine.page_size,
+                                 max_position or self.limits.max_context),
+                             max_pages, engine.page_size)
+
+    def _context_problem(self, limits: ContextLimits, parsed: dict) -> tuple[str, str] | None:
+        """(parameter, why) when the prompts, max_tokens and n do not fit `limits`, or None
+        (see context.py)."""
         engine = self.service.runtime.engine
         lengths = prompt_lengths(parsed, engine.tokenizer.encode, engine.tokenizer.render_chat)
         if lengths is None:
             return None
-        max_position = getattr(getattr(engine, "model_config", None), "max_position", None)
-        max_pages = min(tenant.default_kv_pages, self.service.model_info()["num_pages"])
-        limits = ContextLimits(min(self.limits.max_context, max_pages * engine.page_size,
-                                   max_position or self.limits.max_context),
-                               max_pages, engine.page_size)
         return context_problem(lengths, parsed["n"], parsed["max_tokens"], limits)
 
     async def _stream(self, handle: InstanceHandle, receive: EventSink,

@@ -149,15 +149,39 @@ def _max_tokens(body: dict, default: int, limits: ApiLimits) -> int:
     value = body.get("max_completion_tokens", body.get("max_tokens"))
     name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     if isinstance(value, int) and not isinstance(value, bool) and value > limits.max_context:
-        raise RequestError(f"'{name}' is {value}, but this model's maximum context length is "
+        raise RequestError(f"'{name}' is {value}, but the context length is "
                            f"{limits.max_context} tokens", name, code="context_length_exceeded")
     return _integer({name: value}, name, default, 1, limits.max_context)
+
+
+def _check_unicode(body: dict) -> None:
+    """RequestError naming the first string (value or key) that is not valid Unicode: JSON's
+    escapes admit lone surrogates ("\\ud800"), which no tokenizer accepts."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise RequestError(f"'{path}' is not valid Unicode text: it holds a lone "
+                                   f"surrogate", path) from None
+        elif isinstance(value, dict):
+            for key, item in reversed(list(value.items())):
+                name = str(key).encode("utf-8", "backslashreplace").decode("utf-8")
+                child = f"{path}.{name}" if path else name
+                stack.append((child, item))
+                stack.append((child, key))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{index}]", item)
+                         for index, item in reversed(list(enumerate(value))))
 
 
 def parse_request(body: Any, mode: str, limits: ApiLimits) -> dict[str, Any]:
     """Validate an OpenAI request body ("chat" or "completion" mode); the normalised request."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
+    _check_unicode(body)
     _check_model(body, limits)
     request: dict[str, Any] = {"mode": mode}
     if mode == "chat":
