@@ -312,8 +312,8 @@ def main() -> None:
     py_wasm = py_path.read_bytes()
     rows, figures = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        config = RuntimeConfig(cache_dir=Path(tmp), scheduler=SchedulerPolicy(
-            run_on_waiter=not options.no_run_on_waiter))
+        policy = SchedulerPolicy(run_on_waiter=not options.no_run_on_waiter)
+        config = RuntimeConfig(cache_dir=Path(tmp), scheduler=policy, count_linear_memory=False)
         sections = {
             "calls": lambda: call_rows(wat, config, 5000 if quick else BARE_COUNT),
             "step": lambda: python_step_rows(py_wasm, config, 100 if quick else 400),

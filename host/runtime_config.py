@@ -24,8 +24,8 @@ class InstanceLimits:
 
     memory_mb:      the guest's linear memory in total, all its memories together (a Python guest
                     needs >= 13 MiB to start): counted exactly with
-                    RuntimeConfig.count_linear_memory, else each of max_memories memories may grow
-                    to memory_mb / max_memories.
+                    RuntimeConfig.count_linear_memory (the default), else each of max_memories
+                    memories may grow to memory_mb / max_memories.
     max_memories:   linear memories the instance may create (a componentize-py or wit-bindgen
                     component has one; more are refused at instantiation); they share memory_mb.
     max_tables:     tables the instance may create (componentize-py: 2).
@@ -41,6 +41,10 @@ class InstanceLimits:
     page_quota:     most KV pages held at once; None = the whole pool.
     max_blocking_s: longest one blocking host call (future get, receive, synchronize) may wait;
                     None = until the instance is terminated.
+    max_receive_wait_s: longest a receive (a client message, or a topic's) may wait: an
+                    instance blocked there longer traps with "messaging.receive: no message
+                    within N s (max_receive_wait_s)", so one whose client went quiet does not
+                    hold its pages and thread for ever. None = no bound but max_blocking_s.
     """
 
     memory_mb: int = 256
@@ -53,6 +57,7 @@ class InstanceLimits:
     max_idle_s: float = 10.0
     page_quota: int | None = None
     max_blocking_s: float | None = None
+    max_receive_wait_s: float | None = 300.0
 
     def __post_init__(self) -> None:
         if self.memory_mb <= 0 or self.memory_mb > 4096:
@@ -71,6 +76,9 @@ class InstanceLimits:
         if self.max_blocking_s is not None and not self.max_blocking_s > 0:
             raise ValueError(f"InstanceLimits.max_blocking_s must be > 0 or None, "
                              f"got {self.max_blocking_s}")
+        if self.max_receive_wait_s is not None and not self.max_receive_wait_s > 0:
+            raise ValueError(f"InstanceLimits.max_receive_wait_s must be > 0 or None, "
+                             f"got {self.max_receive_wait_s}")
 
 
 @dataclass(frozen=True)
@@ -127,13 +135,14 @@ class RuntimeConfig:
     compile_memory_mb: address space of that child process.
     count_linear_memory: the host creates every linear memory and charges it to its instance
                    (host/sandbox/linear_memory.py): memory_mb is then the exact total of its
-                   memories and an instance that hit it is told so whatever the guest reports.
-                   Costs copy-on-write images: a componentize-py instance's heap image is
-                   copied into its memory at each start (more so into fresh pages: see
-                   memory_pool_mb) and an idle instance holds all of it, not only the pages it
-                   wrote. False: Wasmtime's memories, memory_mb split evenly over
-                   max_memories, the limit named when the guest's own report shows it
-                   (MemoryError, an allocation failure).
+                   memories and an instance that hit it is told so whatever the guest reports
+                   (the default: Wasmtime says nothing of a refused growth, and a CPython guest
+                   then fails with an unrelated error). Costs copy-on-write images: a
+                   componentize-py instance's heap image is copied into its memory at each
+                   start (more so into fresh pages: see memory_pool_mb) and an idle instance
+                   holds all of it, not only the pages it wrote. False: Wasmtime's memories,
+                   memory_mb split evenly over max_memories, the limit named when the guest's
+                   own report shows it (MemoryError, an allocation failure).
     memory_pool_mb: with count_linear_memory, the ended instances' linear memories kept for
                    the next instances, at most this many MiB in all (each at most 64 MiB;
                    host/sandbox/memory_pool.py): a new instance then gets pages already
@@ -176,7 +185,7 @@ class RuntimeConfig:
     max_finished_chars: int = 64 << 20
     compile_timeout_s: float = 300.0
     compile_memory_mb: int = 4096
-    count_linear_memory: bool = False
+    count_linear_memory: bool = True
     memory_pool_mb: int = 1024
     memory_pool_idle_s: float = 600.0
     start_slots: int | None = None

@@ -1,6 +1,7 @@
 """`pie:inferlet/messaging`: the instance's client channel, topics, and the tenant's store.
-Blocking receives wait at most `max_blocking_s` and wake with Cancelled on terminate; while they
-wait the guest runs no Wasm (GuestActivity: the epoch ticker may rest)."""
+Blocking receives wait at most `max_receive_wait_s` (and `max_blocking_s`), then trap naming the
+limit, and wake with Cancelled on terminate; while they wait the guest runs no Wasm
+(GuestActivity: the epoch ticker may rest)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -21,9 +22,10 @@ def send(ctx: BindingContext, message: str) -> None:
 
 
 def receive(ctx: BindingContext) -> str:
+    timeout, limit = _receive_timeout(ctx)
     with _blocking(ctx):
-        message = ctx.channel.receive(ctx.blocking_timeout())
-    return _received(ctx, "messaging.receive", message)
+        message = ctx.channel.receive(timeout)
+    return _received(ctx, "messaging.receive", message, timeout, limit)
 
 
 def try_receive(ctx: BindingContext) -> str | None:
@@ -40,9 +42,10 @@ def subscribe(ctx: BindingContext, topic: str) -> None:
 
 
 def receive_topic(ctx: BindingContext, topic: str) -> str:
+    timeout, limit = _receive_timeout(ctx)
     with _blocking(ctx):
-        message = ctx.channel.receive_topic(topic, ctx.blocking_timeout())
-    return _received(ctx, "messaging.receive-topic", message)
+        message = ctx.channel.receive_topic(topic, timeout)
+    return _received(ctx, "messaging.receive-topic", message, timeout, limit)
 
 
 def try_receive_topic(ctx: BindingContext, topic: str) -> str | None:
@@ -71,10 +74,19 @@ def _blocking(ctx: BindingContext) -> Iterator[None]:
         yield
 
 
-def _received(ctx: BindingContext, call: str, message: str | None) -> str:
+def _receive_timeout(ctx: BindingContext) -> tuple[float | None, str]:
+    """The longest a receive may wait, and the InstanceLimits field that sets it."""
+    blocking, waiting = ctx.blocking_timeout(), ctx.limits.max_receive_wait_s
+    if waiting is None or (blocking is not None and blocking <= waiting):
+        return blocking, "max_blocking_s"
+    return waiting, "max_receive_wait_s"
+
+
+def _received(ctx: BindingContext, call: str, message: str | None, timeout: float | None,
+              limit: str) -> str:
     if message is None:
         ctx.check_not_cancelled(call)
-        raise TrapError(f"{call}: no message within {ctx.blocking_timeout():g} s")
+        raise TrapError(f"{call}: no message within {timeout:g} s ({limit})")
     return message
 
 

@@ -35,8 +35,9 @@ FILL_DELAY_S = 0.02     # spares are made this long after `fill`: the ends of a 
 
 def spare_key(limits: InstanceLimits) -> InstanceLimits:
     """What a spare's limits must share with its launch's: all but page_quota (read only by the
-    launch, for the instance's pages)."""
-    return dataclasses.replace(limits, page_quota=None)
+    launch, for the instance's pages) and max_receive_wait_s (read only by a receive, after the
+    launch bound its limits)."""
+    return dataclasses.replace(limits, page_quota=None, max_receive_wait_s=None)
 
 
 class SpareHandover:

@@ -123,6 +123,34 @@ def test_counted_memory_limit_is_named_whatever_the_guest_says(  # noqa: F811
     assert_pool_back(runtime, num_free)
 
 
+def test_memory_limit_is_named_under_the_runtime_defaults(components, make_runtime):  # noqa: F811
+    """No count_linear_memory given: the Runtime's own default counts, so memory_liar (CPython
+    reports the refused growth as an unrelated TypeError) ends naming the limit it hit."""
+    from host.runtime_config import RuntimeConfig
+
+    assert RuntimeConfig().count_linear_memory
+    runtime = make_runtime(fresh_engine(), LIMITS)
+    outcome = runtime.wait(runtime.launch(runtime.load_program(components.component(
+        "memory_liar"))), timeout=30)
+    assert outcome.status == "error", outcome
+    assert outcome.value.startswith("memory limit 8 MiB reached"), outcome.value
+
+
+def test_an_instance_waiting_for_a_silent_client_is_ended(components, make_runtime,  # noqa: F811
+                                                          solo_results):  # noqa: F811
+    """echo blocks in receive() and its client never writes: it ends at max_receive_wait_s,
+    naming it, and gives its pages back; the instances beside it are unharmed."""
+    runtime = make_runtime(fresh_engine(), LIMITS)
+    num_free = runtime.statistics().pages.num_free
+    hostile_id, well_behaved = run_beside_well_behaved(
+        runtime, components, "echo", limits=dataclasses.replace(LIMITS, max_receive_wait_s=0.5))
+    outcome = runtime.wait(hostile_id, timeout=30)
+    assert (outcome.status, outcome.value) == (
+        "trap", "messaging.receive: no message within 0.5 s (max_receive_wait_s)")
+    assert_well_behaved_unharmed(runtime, well_behaved, solo_results)
+    assert_pool_back(runtime, num_free)
+
+
 def test_tables_are_bounded(components, make_runtime, solo_results):  # noqa: F811
     limits = dataclasses.replace(LIMITS, max_table_elements=10_000)
     runtime = make_runtime(fresh_engine(), limits)

@@ -61,7 +61,18 @@ def test_blocking_call_has_its_own_timeout(components, make_runtime):  # noqa: F
     runtime = make_runtime(FakeEngine(), InstanceLimits(max_blocking_s=0.2))
     outcome = runtime.wait(launch(runtime, components, "echo"), timeout=5)
     assert (outcome.status, outcome.value) == (
-        "trap", "messaging.receive: no message within 0.2 s")
+        "trap", "messaging.receive: no message within 0.2 s (max_blocking_s)")
+
+
+def test_a_receive_waits_at_most_max_receive_wait_s(components, make_runtime):  # noqa: F811
+    """An instance whose client never writes is ended naming the limit; the default bounds it."""
+    assert InstanceLimits().max_receive_wait_s == 300.0
+    runtime = make_runtime(FakeEngine(), InstanceLimits(max_receive_wait_s=0.2))
+    started = time.monotonic()
+    outcome = runtime.wait(launch(runtime, components, "echo"), timeout=5)
+    assert (outcome.status, outcome.value) == (
+        "trap", "messaging.receive: no message within 0.2 s (max_receive_wait_s)")
+    assert time.monotonic() - started < 3
 
 
 def test_guest_output_goes_to_the_log_not_the_terminal(components, make_runtime,  # noqa: F811

@@ -13,14 +13,14 @@ pytestmark = pytest.mark.slow
 ARGS = ["--prompt", "The three primary colours are", "--max-tokens", "12", "--json"]
 
 
-def test_counted_memories_start_from_the_image_and_match_copy_on_write(engine, runtime,
-                                                                       component_path):
+def test_counted_memories_start_from_the_image_and_match_copy_on_write(engine, component_path):
     from host.runtime import Runtime
     from host.runtime_config import RuntimeConfig
     wasm = component_path("text_completion").read_bytes()
-    expected = runtime.wait(runtime.launch(runtime.load_program(wasm), ARGS), timeout=240)
-    assert expected.status == "ok", expected.value
-    assert runtime.load_program(wasm).memory_image is None     # copy-on-write: left whole
+    with Runtime(engine, RuntimeConfig(cache_dir=CACHE_DIR, count_linear_memory=False)) as cow:
+        expected = cow.wait(cow.launch(cow.load_program(wasm), ARGS), timeout=240)
+        assert expected.status == "ok", expected.value
+        assert cow.load_program(wasm).memory_image is None     # copy-on-write: left whole
     config = RuntimeConfig(cache_dir=CACHE_DIR, count_linear_memory=True, memory_pool_mb=256)
     with Runtime(engine, config) as counted:
         program = counted.load_program(wasm)
