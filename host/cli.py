@@ -1,18 +1,23 @@
 """The `pie` command: build and run inferlets locally (serve/submit come from host/server).
 
     pie build app.py [-o app.wasm]
-    pie run app.wasm|app.py [--model PATH] [limits] [-- inferlet args]
-    pie submit app.wasm|app.py [--server URL] [--token T] [-- inferlet args]
+    pie run app.wasm|app.py [--model PATH] [limits] [--no-stdin] [--logs] [-- inferlet args]
+    pie submit app.wasm|app.py [--server URL] [--token T] [--no-stdin] [--logs] [-- inferlet args]
 
 Exit status of `pie run`: 0 the inferlet returned a result; 1 it returned an error (or the
 program could not be built or loaded); 2 bad command line; 3 it trapped; 4 it was terminated;
-130 interrupted. The cause goes to stderr.
+130 interrupted. The cause goes to stderr, and so does a line for every step that takes more
+than 2 s (building, compiling, loading, warming: host/progress.py).
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import threading
+import time
 from pathlib import Path
+
+from host.progress import progress
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_TRAP",
            "EXIT_TERMINATED", "EXIT_INTERRUPTED"]
@@ -45,6 +50,9 @@ def _add_run_parser(subparsers) -> None:
     parser.add_argument("--memory-mb", type=int, default=256, help="guest memory limit (MiB)")
     parser.add_argument("--max-idle-s", type=float, default=10.0,
                         help="longest the guest may compute without calling the host")
+    parser.add_argument("--max-receive-wait-s", type=float, default=300.0,
+                        help="longest the guest may wait in receive() for a message before it "
+                             "traps naming this limit")
     parser.add_argument("--page-quota", type=int, default=None,
                         help="most KV pages the instance may hold (default: the whole pool)")
     parser.add_argument("--kv-memory-mb", type=int, default=512, help="KV page pool size (MiB)")
@@ -70,6 +78,11 @@ def _add_run_parser(subparsers) -> None:
     parser.add_argument("--lines", action="store_true",
                         help="end every message with a newline (for inferlets that send whole "
                              "messages rather than text deltas)")
+    parser.add_argument("--no-stdin", dest="stdin", action="store_false",
+                        help="do not send stdin lines to the inferlet")
+    parser.add_argument("--logs", action="store_true",
+                        help="print the instance's log (inferlet.log lines, print output) to "
+                             "stderr once it has ended")
     parser.set_defaults(func=_run_run)
 
 
@@ -98,7 +111,7 @@ def _run_build(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
     from host.sandbox.programs.build import BuildError, build
     output = namespace.output or namespace.app.with_suffix(".wasm")
     try:
-        with _status(f"building {namespace.app} (componentize-py)"):
+        with progress("pie build", f"building {namespace.app} (componentize-py)"):
             path = build(namespace.app, output)
     except BuildError as err:
         print(f"pie build: {err}", file=sys.stderr)
@@ -112,7 +125,8 @@ def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
     from host.runtime_config import InstanceLimits, RuntimeConfig, default_cache_dir
     try:
         limits = InstanceLimits(memory_mb=namespace.memory_mb, max_idle_s=namespace.max_idle_s,
-                                page_quota=namespace.page_quota)
+                                page_quota=namespace.page_quota,
+                                max_receive_wait_s=namespace.max_receive_wait_s)
         RuntimeConfig(swap_mb=namespace.swap_mb)          # checked before the model loads
     except ValueError as err:
         print(f"pie run: {err}", file=sys.stderr)
@@ -130,7 +144,9 @@ def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
     from engine.warm_up import WarmUpError, needs_warm_up, warm_up
     try:
         if needs_warm_up(engine):
-            warm_up(engine, lambda line: print(f"pie run: {line}", file=sys.stderr, flush=True))
+            with progress("pie run", "warming the engine's kernels"):
+                warm_up(engine, lambda line: print(f"pie run: {line}", file=sys.stderr,
+                                                   flush=True))
     except WarmUpError as err:
         print(f"pie run: {err}", file=sys.stderr)
         return EXIT_ERROR
@@ -142,7 +158,8 @@ def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
         program = _load_program(runtime, wasm_path)
         if program is None:
             return EXIT_ERROR
-        return _run_instance(runtime, program, inferlet_args, limits, lines=namespace.lines)
+        return _run_instance(runtime, program, inferlet_args, limits, lines=namespace.lines,
+                             forward_stdin=namespace.stdin, show_logs=namespace.logs)
 
 
 def _program_path(program: Path, cache_dir: Path) -> Path | None:
@@ -154,7 +171,7 @@ def _program_path(program: Path, cache_dir: Path) -> Path | None:
         return program
     from host.sandbox.programs.build import BuildError, build_cached
     try:
-        with _status(f"building {program} (first run of this source; cached afterwards)"):
+        with progress("pie run", f"building {program} (componentize-py; cached afterwards)"):
             path, _ = build_cached(program, Path(cache_dir) / "builds")
     except BuildError as err:
         print(f"pie run: {err}", file=sys.stderr)
@@ -202,10 +219,12 @@ def _load_engine(namespace: argparse.Namespace):
                      kv_dtype=namespace.kv_dtype, device=namespace.device)
     if namespace.max_pass_tokens is not None:
         overrides["max_pass_tokens"] = namespace.max_pass_tokens
+    model = namespace.model or "the default model (SmolLM2-135M-Instruct)"
     try:
-        if namespace.model is None:
-            return load_default_engine(progress=True, **overrides)
-        return load_engine(namespace.model, progress=True, **overrides)
+        with progress("pie run", f"loading {model}", quiet_while_running=sys.stderr.isatty()):
+            if namespace.model is None:
+                return load_default_engine(progress=True, **overrides)
+            return load_engine(namespace.model, progress=True, **overrides)
     except (OSError, ValueError) as err:
         model = namespace.model or "the default model"
         print(f"pie run: cannot load {model}: {err}", file=sys.stderr)
@@ -216,19 +235,22 @@ def _load_program(runtime, wasm_path: Path):
     """Validate + compile (spinner the first time; later runs load the cached artifact)."""
     from host.sandbox.programs import ProgramError
     try:
-        with _status(f"compiling {wasm_path.name} (first run only; cached afterwards)"):
+        with progress("pie run", f"compiling {wasm_path.name} (cached afterwards)"):
             return runtime.load_program(wasm_path.read_bytes())
     except ProgramError as err:
         print(f"pie run: {wasm_path}: {err}", file=sys.stderr)
         return None
 
 
-def _run_instance(runtime, program, inferlet_args: list[str], limits, *, lines: bool) -> int:
-    """Launch, stream messages to stdout, forward stdin lines, print the outcome."""
-    import threading
+def _run_instance(runtime, program, inferlet_args: list[str], limits, *, lines: bool,
+                  forward_stdin: bool = True, show_logs: bool = False) -> int:
+    """Launch, stream messages to stdout, forward stdin lines (unless not `forward_stdin`), say
+    on stderr when the instance waits for input, print the outcome (and its log: `show_logs`)."""
     ends_with_newline = [True]
+    follow = _Follow(forward_stdin)
 
     def on_event(event) -> None:
+        follow.active()
         if event.kind == "message":
             text = event.data + ("\n" if lines and not event.data.endswith("\n") else "")
             sys.stdout.write(text)
@@ -237,28 +259,67 @@ def _run_instance(runtime, program, inferlet_args: list[str], limits, *, lines: 
                 ends_with_newline[0] = text.endswith("\n")
 
     instance_id = runtime.launch(program, inferlet_args, limits=limits, on_event=on_event)
-    threading.Thread(target=_forward_stdin, args=(runtime, instance_id), daemon=True).start()
+    if forward_stdin:
+        threading.Thread(target=_forward_stdin, args=(runtime, instance_id, follow),
+                         daemon=True).start()
+    threading.Thread(target=_tell_when_waiting, args=(runtime, instance_id, follow),
+                     daemon=True).start()
     try:
         outcome = runtime.wait(instance_id)
     except KeyboardInterrupt:
         runtime.terminate(instance_id, "interrupted (Ctrl-C)")
-        print("\npie run: interrupted", file=sys.stderr)
+        print(f"\npie run: interrupted (Ctrl-C): instance {instance_id} terminated",
+              file=sys.stderr)
+        if show_logs:
+            _print_log(runtime, instance_id)
         return EXIT_INTERRUPTED
+    finally:
+        follow.ended.set()
     if not ends_with_newline[0]:
         sys.stdout.write("\n")
     if outcome.status == "ok":
         if outcome.value:
             sys.stdout.write(outcome.value + ("" if outcome.value.endswith("\n") else "\n"))
         sys.stdout.flush()
+        if show_logs:
+            _print_log(runtime, instance_id)
         return EXIT_OK
     sys.stdout.flush()
     label = {"error": "the inferlet failed", "trap": "the inferlet trapped",
              "terminated": "the inferlet was terminated"}[outcome.status]
     print(f"pie run: {label}: {outcome.value}", file=sys.stderr)
+    if show_logs:
+        _print_log(runtime, instance_id)
     return {"error": EXIT_ERROR, "trap": EXIT_TRAP}.get(outcome.status, EXIT_TERMINATED)
 
 
-def _forward_stdin(runtime, instance_id: str) -> None:
+def _print_log(runtime, instance_id: str) -> None:
+    """The instance's log (runtime.log lines, "stdout: ..." / "stderr: ..." lines) on stderr."""
+    log = runtime.instance_log(instance_id)
+    print(f"pie run: log of instance {instance_id} ({len(log)} lines):", file=sys.stderr)
+    for line in log:
+        print(f"  {line}", file=sys.stderr)
+    sys.stderr.flush()
+
+
+class _Follow:
+    """What the threads following one `pie run` instance share."""
+
+    QUIET_S = 1.0          # no event and no line sent for this long: look whether it waits
+
+    def __init__(self, forward_stdin: bool) -> None:
+        self.forwarding = forward_stdin
+        self.stdin_open = forward_stdin
+        self.last_activity = time.monotonic()
+        self.told_waiting = False
+        self.ended = threading.Event()
+
+    def active(self) -> None:
+        self.last_activity = time.monotonic()
+        self.told_waiting = False
+
+
+def _forward_stdin(runtime, instance_id: str, follow: _Follow) -> None:
     """Send each stdin line (without its newline) to the instance as a client message; stop at
     the first refused (the instance's unread messages are at client_max_chars)."""
     from host.errors import LimitError
@@ -266,29 +327,30 @@ def _forward_stdin(runtime, instance_id: str) -> None:
         for line in sys.stdin:
             if not runtime.send(instance_id, line.rstrip("\n")):
                 return
+            follow.active()
     except LimitError as refused:
         print(f"pie run: stdin no longer forwarded: {refused}", file=sys.stderr)
     except (OSError, ValueError, KeyError):
         return
+    finally:
+        follow.stdin_open = False
 
 
-class _status:
-    """A rich spinner on stderr while a slow step runs (nothing when stderr is not a terminal)."""
-
-    def __init__(self, message: str) -> None:
-        self.message = message
-        self._status = None
-
-    def __enter__(self) -> "_status":
-        if sys.stderr.isatty():
-            from rich.console import Console
-            self._status = Console(stderr=True).status(self.message)
-            self._status.__enter__()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        if self._status is not None:
-            self._status.__exit__(*exc_info)
+def _tell_when_waiting(runtime, instance_id: str, follow: _Follow) -> None:
+    """Once per quiet spell, say on stderr that the instance waits in receive() for input."""
+    while not follow.ended.wait(0.5):
+        if follow.told_waiting or time.monotonic() - follow.last_activity < follow.QUIET_S \
+                or not runtime.hub.waiting_for_client(instance_id):
+            continue
+        follow.told_waiting = True
+        if follow.stdin_open:
+            how = "type a line" if sys.stdin.isatty() else "stdin is read line by line"
+        elif follow.forwarding:
+            how = "stdin has ended: Ctrl-C to stop it"
+        else:
+            how = "--no-stdin: Ctrl-C to stop it"
+        print(f"pie run: the inferlet is waiting for input ({how}; it traps after "
+              f"--max-receive-wait-s)", file=sys.stderr, flush=True)
 
 
 def _split_inferlet_args(argv: list[str]) -> tuple[list[str], list[str]]:

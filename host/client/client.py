@@ -93,10 +93,16 @@ class Instance:
         return self.final
 
     async def send(self, message: str) -> None:
+        """Send a client message to the instance (what its `receive()` returns)."""
         await self.client.request("send", instance_id=self.id, message=message)
 
     async def terminate(self) -> None:
+        """Ask the server to end the instance; its final event ("terminated") follows."""
         await self.client.request("terminate", instance_id=self.id)
+
+    async def logs(self) -> list[str]:
+        """The instance's log lines (see PieClient.logs)."""
+        return await self.client.logs(self.id)
 
 
 class PieClient:
@@ -189,16 +195,30 @@ class PieClient:
         return Instance(self, answer["instance_id"])
 
     async def send(self, instance_id: str, message: str) -> None:
+        """Send a client message to a running instance of this connection's tenant (launched
+        on any of its connections); PieError when it has ended or its unread messages are full."""
         await self.request("send", instance_id=instance_id, message=message)
 
     async def terminate(self, instance_id: str) -> None:
+        """Ask the server to end an instance of this tenant; its final event goes to the
+        connection that launched it."""
         await self.request("terminate", instance_id=instance_id)
 
     async def list_programs(self) -> list[dict[str, Any]]:
+        """The tenant's stored programs: [{"sha256", "size"}]."""
         return (await self.request("list_programs"))["programs"]
 
     async def list_instances(self) -> list[dict[str, Any]]:
+        """The tenant's running instances (of every connection): [{"instance_id", "program",
+        "kv_pages", "waiting_for_input"}]; waiting_for_input: blocked in `receive()` with no
+        message queued for it."""
         return (await self.request("list_instances"))["instances"]
+
+    async def logs(self, instance_id: str) -> list[str]:
+        """The log of an instance of this tenant, running or ended: its `inferlet.log` lines
+        ("log: ...") and its stdout / stderr ("stdout: ..."), the newest kept (1 MiB of characters while it
+        runs, 16 KiB once ended, by default)."""
+        return (await self.request("logs", instance_id=instance_id))["lines"]
 
     async def model_info(self) -> dict[str, Any]:
         answer = await self.request("model_info")

@@ -64,19 +64,27 @@ class SyncClient:
         return instance.id
 
     def send(self, instance_id: str, message: str) -> None:
+        """Send a client message to a running instance of this tenant (PieClient.send)."""
         self._call(self._client.send, instance_id, message)
 
     def terminate(self, instance_id: str) -> None:
+        """Ask the server to end an instance of this tenant (PieClient.terminate)."""
         self._call(self._client.terminate, instance_id)
 
+    def logs(self, instance_id: str) -> list[str]:
+        """The log lines of an instance of this tenant, running or ended (PieClient.logs)."""
+        return self._call(self._client.logs, instance_id)
+
     def events(self, instance_id: str) -> Iterator[Event]:
-        """Events of a launched instance, until (and including) its final one."""
+        """Events of an instance this client launched, until (and including) its final one
+        (events go to the launching connection only)."""
         instance = self._instances[instance_id]
         while instance.final is None:
             yield self._call(instance.next_event)
 
     def wait(self, instance_id: str) -> Event:
-        """The final event of the instance (messages before it are skipped)."""
+        """The final event of an instance this client launched (messages before it are
+        skipped)."""
         return self._call(self._instances[instance_id].wait)
 
     def list_programs(self) -> list[dict[str, Any]]:

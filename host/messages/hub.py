@@ -43,6 +43,7 @@ class Inbox:
         self._cond = threading.Condition()
         self._messages: deque[str] = deque()
         self._closed_reason: str | None = None
+        self._num_waiting = 0            # receives blocked on an empty inbox
 
     def put(self, message: str) -> bool:
         """Append a message; False when the inbox is closed, or when the message alone is over
@@ -91,7 +92,11 @@ class Inbox:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return None
-                self._cond.wait(remaining)
+                self._num_waiting += 1
+                try:
+                    self._cond.wait(remaining)
+                finally:
+                    self._num_waiting -= 1
 
     def try_receive(self, *, call: str = "messaging.try-receive") -> str | None:
         with self._cond:
@@ -111,6 +116,12 @@ class Inbox:
     def num_pending(self) -> int:
         with self._cond:
             return len(self._messages)
+
+    @property
+    def is_awaited(self) -> bool:
+        """Whether a receive waits on it with nothing queued (the reader waits for input)."""
+        with self._cond:
+            return self._num_waiting > 0 and not self._messages
 
     @property
     def num_pending_chars(self) -> int:
@@ -196,6 +207,12 @@ class MessageHub:
     def channel(self, instance_id: str) -> "InstanceChannel | None":
         with self._lock:
             return self._channels.get(instance_id)
+
+    def waiting_for_client(self, instance_id: str) -> bool:
+        """Whether the instance waits in `messaging.receive` with no client message queued
+        (False for an instance without an open channel)."""
+        channel = self.channel(instance_id)
+        return channel is not None and channel.inbox.is_awaited
 
     def deliver(self, instance_id: str, message: str) -> bool:
         """Client -> instance. False when the instance has no open channel; LimitError when its

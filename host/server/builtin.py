@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import trio
 
+from host.progress import progress
 from host.runtime_config import InstanceLimits
 from host.server.tenants import Tenant
 
@@ -33,6 +34,12 @@ WARM_UP_TENANT = "pie.warm-up"    # the runtime tenant of the warm-up run (no co
 WARM_UP_TIMEOUT_S = 60.0
 PREFIX_WAVE = 8                   # tenants' prefix runs launched at once (warm_up_prefixes)
 _log = logging.getLogger("host.server.builtin")
+_progress_log = logging.getLogger("pie.serve")   # `pie serve` shows it on stderr
+
+
+def _step(what: str) -> progress:
+    """A slow step of the server's start, reported on the "pie.serve" log past 2 s."""
+    return progress("", what, write=_progress_log.info)
 
 
 def builtin_source() -> Path:
@@ -49,8 +56,10 @@ def build_builtin(data_dir: Path) -> bytes:
 
 async def load_builtin(runtime: Any, data_dir: Path) -> tuple[Any, str]:
     """(compiled Program, sha256) of the built-in inferlet; blocking work runs in threads."""
-    data = await trio.to_thread.run_sync(build_builtin, data_dir)
-    program = await trio.to_thread.run_sync(runtime.load_program, data)
+    with _step("building the built-in OpenAI inferlet (componentize-py; first start only)"):
+        data = await trio.to_thread.run_sync(build_builtin, data_dir)
+    with _step("compiling the built-in OpenAI inferlet (cached afterwards)"):
+        program = await trio.to_thread.run_sync(runtime.load_program, data)
     return program, hashlib.sha256(data).hexdigest()
 
 
@@ -59,9 +68,10 @@ def warm_up_builtin(runtime: Any, program: Any, request: dict[str, Any]) -> bool
     with prefix sharing off, and wait for it (blocking; at most WARM_UP_TIMEOUT_S). True when it
     ended well; a failure is logged, never raised: the server starts either way."""
     argument = json.dumps(dict(request, prefix_cache_pages=0))
-    instance_id = _launch(runtime, program, argument, WARM_UP_TENANT, None)
-    deadline = time.monotonic() + WARM_UP_TIMEOUT_S
-    return instance_id is not None and _ended_well(runtime, instance_id, deadline)
+    with _step("warming up the built-in OpenAI inferlet (one two-token chat)"):
+        instance_id = _launch(runtime, program, argument, WARM_UP_TENANT, None)
+        deadline = time.monotonic() + WARM_UP_TIMEOUT_S
+        return instance_id is not None and _ended_well(runtime, instance_id, deadline)
 
 
 def warm_up_prefixes(runtime: Any, program: Any, request: dict[str, Any],
@@ -77,6 +87,15 @@ def warm_up_prefixes(runtime: Any, program: Any, request: dict[str, Any],
         return 0
     _log.info("computing the default chat prefix of %d tenants (server.warm_prefixes)",
               len(sharing))
+    with _step(f"computing the default chat prefix of {len(sharing)} tenants"):
+        num_done = _prefix_waves(runtime, program, request, sharing, limits)
+    _log.info("computed the default chat prefix of %d of %d tenants", num_done, len(sharing))
+    return num_done
+
+
+def _prefix_waves(runtime: Any, program: Any, request: dict[str, Any],
+                  sharing: Sequence[Tenant], limits: InstanceLimits) -> int:
+    """warm_up_prefixes' runs, PREFIX_WAVE at a time; how many ended well."""
     num_done = 0
     for start in range(0, len(sharing), PREFIX_WAVE):
         launched = [_launch(runtime, program,
@@ -86,7 +105,6 @@ def warm_up_prefixes(runtime: Any, program: Any, request: dict[str, Any],
         deadline = time.monotonic() + WARM_UP_TIMEOUT_S
         num_done += sum(_ended_well(runtime, instance_id, deadline) for instance_id in launched
                         if instance_id is not None)
-    _log.info("computed the default chat prefix of %d of %d tenants", num_done, len(sharing))
     return num_done
 
 

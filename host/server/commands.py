@@ -60,12 +60,14 @@ def run_serve(namespace: argparse.Namespace) -> int:
 
 
 def _show_engine_log() -> None:
-    """The engine's load-time lines (which kernels run, and why) on stderr, like `pie run`."""
+    """The engine's load-time lines (which kernels run, and why) and the start's slow steps
+    (loading, building, compiling, warming: host/progress.py) on stderr, like `pie run`."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("pie serve: %(message)s"))
-    engine_log = logging.getLogger("pie.engine")
-    engine_log.addHandler(handler)
-    engine_log.setLevel(logging.INFO)
+    for name in ("pie.engine", "pie.serve"):
+        shown = logging.getLogger(name)
+        shown.addHandler(handler)
+        shown.setLevel(logging.INFO)
 
 
 async def _serve_until_signal(config, host: str | None, port: int | None) -> None:

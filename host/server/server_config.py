@@ -176,13 +176,16 @@ class SchedulerSection:
 
 @dataclass(frozen=True)
 class LimitsSection:
-    """Limits of every instance: memory and the longest compute without a host call."""
+    """Limits of every instance: memory, the longest compute without a host call, and the
+    longest wait in a receive (a tenant's own max_receive_wait_s overrides the last)."""
 
     memory_mb: int = 256
     max_idle_s: float = 10.0
+    max_receive_wait_s: float = 300.0
 
     def __post_init__(self) -> None:
-        _positive("limits", memory_mb=self.memory_mb, max_idle_s=self.max_idle_s)
+        _positive("limits", memory_mb=self.memory_mb, max_idle_s=self.max_idle_s,
+                  max_receive_wait_s=self.max_receive_wait_s)
 
 
 DEFAULT_PREFIX_CACHE_PAGES = 32   # TenantConfig.prefix_cache_pages when unset
@@ -201,8 +204,12 @@ class TenantConfig:
     kv_share_pages: int | None = None  # guaranteed KV pages; None = an equal part of the rest
     # KV pages the built-in's shared chat prefixes may hold (0: off; None: the default below)
     prefix_cache_pages: int | None = None
+    max_receive_wait_s: float | None = None   # its instances' wait in a receive (None: [limits])
 
     def __post_init__(self) -> None:
+        if self.max_receive_wait_s is not None and not self.max_receive_wait_s > 0:
+            raise ValueError(f"tenant {self.name!r}: max_receive_wait_s must be positive, "
+                             f"got {self.max_receive_wait_s}")
         if self.kv_share_pages is not None and self.kv_share_pages < 0:
             raise ValueError(f"tenant {self.name!r}: kv_share_pages must be >= 0, "
                              f"got {self.kv_share_pages}")

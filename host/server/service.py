@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = ["ServiceError", "InstanceHandle", "PieService", "FINAL_KINDS"]
 _log = logging.getLogger("pie.server")
 
 FINAL_KINDS = frozenset({"result", "error", "trap", "terminated"})
+MAX_ENDED_KEPT = 4096     # ended instances whose owner is remembered (their logs: `logs`)
 
 
 class ServiceError(Exception):
@@ -74,6 +76,7 @@ class PieService:
         self.closing = trio.Event()
         self._programs: dict[str, Any] = {}     # sha256 -> compiled Program
         self._handles: dict[str, InstanceHandle] = {}   # by reservation key
+        self._ended: OrderedDict[str, str] = OrderedDict()   # instance id -> tenant, newest last
         self._keys = itertools.count()
         self._token: trio.lowlevel.TrioToken | None = None
 
@@ -162,6 +165,8 @@ class PieService:
         self.quotas.add(tenant, handle.key, pages)
         self._handles[handle.key] = handle
         limits = replace(self.limits, page_quota=pages)
+        if tenant.max_receive_wait_s is not None:
+            limits = replace(limits, max_receive_wait_s=tenant.max_receive_wait_s)
         try:
             handle.instance_id = await trio.to_thread.run_sync(partial(
                 self.runtime.launch, program, tuple(args), tenant=tenant.name, limits=limits,
@@ -238,6 +243,10 @@ class PieService:
     def _forget(self, handle: InstanceHandle) -> None:
         self.quotas.remove(handle.key)
         self._handles.pop(handle.key, None)
+        if handle.instance_id:
+            self._ended[handle.instance_id] = handle.tenant
+            while len(self._ended) > MAX_ENDED_KEPT:
+                self._ended.popitem(last=False)
         handle.done.set()
 
     def find(self, tenant: Tenant, instance_id: str) -> InstanceHandle:
@@ -249,6 +258,25 @@ class PieService:
 
     def list_instances(self, tenant: Tenant) -> list[InstanceHandle]:
         return [h for h in self._handles.values() if h.tenant == tenant.name and h.instance_id]
+
+    def waiting_for_input(self, handle: InstanceHandle) -> bool:
+        """Whether the instance waits in a receive with no client message queued for it."""
+        return self.runtime.hub.waiting_for_client(handle.instance_id)
+
+    def logs(self, tenant: Tenant, instance_id: str) -> tuple[str, ...]:
+        """The log of the tenant's instance `instance_id`, running or ended: its newest lines,
+        as the runtime bounds them (InstanceLimits.max_log_chars while it runs,
+        RuntimeConfig.finished_log_chars once ended). ServiceError when the tenant has no such
+        instance, or its log is no longer kept."""
+        owner = next((h.tenant for h in self._handles.values()
+                      if h.instance_id == instance_id), None) or self._ended.get(instance_id)
+        if owner != tenant.name:
+            raise ServiceError(f"unknown instance {instance_id!r}")
+        try:
+            return self.runtime.instance_log(instance_id)
+        except KeyError:
+            raise ServiceError(f"instance {instance_id!r}: its log is no longer kept (the "
+                               f"runtime keeps the newest ended instances only)") from None
 
     def send(self, tenant: Tenant, instance_id: str, message: str) -> None:
         handle = self.find(tenant, instance_id)

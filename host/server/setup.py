@@ -6,12 +6,15 @@ service binds to the running loop). app.py imports this module, never the other 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import trio
 
+from host.progress import progress
 from host.server.metrics import RuntimeFigures, ServerMetrics
 from host.server.server_config import ServerConfig
 from host.server.service import PieService
@@ -19,7 +22,7 @@ from host.server.tenants import TenantRegistry, resolve_kv_shares
 from host.server.uploads import UploadStore
 
 __all__ = ["ServerContext", "load_engine_for", "build_runtime", "runtime_figures", "build_context",
-           "model_info"]
+           "model_info", "served_model_name"]
 
 
 @dataclass(frozen=True)
@@ -39,13 +42,16 @@ def load_engine_for(config: ServerConfig) -> Any:
     from engine import load_default_engine, load_engine
     from engine.warm_up import needs_warm_up, warm_up
 
+    shown = logging.getLogger("pie.serve").info       # `pie serve` shows it on stderr
     overrides = config.engine.engine_fields()         # EngineSection mirrors EngineConfig
-    if config.model.path:
-        engine = load_engine(config.model.path, progress=False, **overrides)
-    else:
-        engine = load_default_engine(progress=False, **overrides)
+    with progress("", f"loading {config.model.path or 'the default model'}", write=shown):
+        if config.model.path:
+            engine = load_engine(config.model.path, progress=False, **overrides)
+        else:
+            engine = load_default_engine(progress=False, **overrides)
     if needs_warm_up(engine):
-        warm_up(engine, logging.getLogger("pie.engine").info)
+        with progress("", "warming the engine's kernels", write=shown):
+            warm_up(engine, logging.getLogger("pie.engine").info)
     return engine
 
 
@@ -62,7 +68,8 @@ def build_runtime(config: ServerConfig, engine: Any) -> Any:
                              overlap=config.scheduler.overlap,
                              start_hold_ms=config.scheduler.start_hold_ms,
                              chain_steps=config.scheduler.chain_steps)
-    limits = InstanceLimits(memory_mb=config.limits.memory_mb, max_idle_s=config.limits.max_idle_s)
+    limits = InstanceLimits(memory_mb=config.limits.memory_mb, max_idle_s=config.limits.max_idle_s,
+                            max_receive_wait_s=config.limits.max_receive_wait_s)
     shares = resolve_kv_shares(config.tenants, engine.num_pages)
     return Runtime(engine, RuntimeConfig(scheduler=policy, limits=limits, kv_shares=shares,
                                          count_linear_memory=config.server.count_linear_memory,
@@ -89,9 +96,28 @@ def runtime_figures(runtime: Any) -> RuntimeFigures:
         suspensions=stats.suspensions)
 
 
-def model_info(config: ServerConfig, engine: Any) -> dict[str, Any]:
-    """The served model; "path" is the model file ("" = the embedded default)."""
-    return {"name": engine.model_name, "page_size": engine.page_size,
+def served_model_name(path: str, engine_name: str, default_model: bool) -> str:
+    """The served model's one user-facing name (/health, model_info, the OpenAI API's model
+    id): the model file's name without ".gguf" and its quantization tag ("SmolLM2-135M-Instruct"
+    for SmolLM2-135M-Instruct.Q4_1.gguf, "Llama-3.2-1B" for Llama-3.2-1B.Q4_K_M.gguf), or the
+    checkpoint directory's name; the embedded default's (`default_model`) likewise; else (an
+    engine handed in without a path) the engine's own."""
+    if not path and default_model:
+        from engine.loaders import default_gguf_path
+        path = str(default_gguf_path())
+    name = Path(path).name if path else ""
+    name = re.sub(r"\.gguf$", "", name, flags=re.IGNORECASE)
+    name = re.sub(r"[.-](I?Q\d\w*|B?F16|F32)$", "", name, flags=re.IGNORECASE)
+    return name or engine_name
+
+
+def model_info(config: ServerConfig, engine: Any, default_model: bool = True) -> dict[str, Any]:
+    """The served model: "name" its user-facing name (`served_model_name`; `default_model`:
+    the engine was loaded from the embedded default, as an empty model.path says), "path" the
+    model file ("" = the embedded default), "metadata_name" the name the model file gives
+    itself (GGUF general.name), accepted by the OpenAI API as an alias."""
+    return {"name": served_model_name(config.model.path, engine.model_name, default_model),
+            "metadata_name": engine.model_name, "page_size": engine.page_size,
             "num_pages": engine.num_pages, "vocab_size": engine.tokenizer.vocab_size,
             "max_batch_tokens": config.engine.max_batch_tokens, "path": config.model.path,
             "max_position": engine.model_config.max_position}
@@ -99,6 +125,7 @@ def model_info(config: ServerConfig, engine: Any) -> dict[str, Any]:
 
 async def build_context(config: ServerConfig, engine: Any = None) -> ServerContext:
     """Everything `build_app` needs, started in the running trio loop."""
+    loaded_here = engine is None
     if engine is None:
         engine = await trio.to_thread.run_sync(load_engine_for, config)
     runtime = await trio.to_thread.run_sync(build_runtime, config, engine)
@@ -108,7 +135,7 @@ async def build_context(config: ServerConfig, engine: Any = None) -> ServerConte
     metrics = ServerMetrics(partial(runtime_figures, runtime))
     service = PieService(runtime, store, metrics, limits=runtime.config.limits,
                          max_upload_bytes=config.server.max_upload_bytes,
-                         model=model_info(config, engine),
+                         model=model_info(config, engine, default_model=loaded_here),
                          max_backlog_bytes=config.server.max_client_backlog_bytes,
                          max_tenant_upload_bytes=config.server.max_tenant_upload_bytes)
     service.start()

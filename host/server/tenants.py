@@ -47,6 +47,7 @@ class Tenant:
     max_kv_pages: int
     max_program_bytes: int
     prefix_cache_pages: int = 0      # the built-in's shared chat prefixes (TenantConfig)
+    max_receive_wait_s: float | None = None   # its instances' InstanceLimits (None: the server's)
 
     @property
     def default_kv_pages(self) -> int:
@@ -60,13 +61,13 @@ class TenantRegistry:
     def __init__(self, tenants: tuple[TenantConfig, ...]) -> None:
         self._by_token = [(t.resolved_token().encode(),
                            Tenant(t.name, t.max_instances, t.max_kv_pages, t.max_program_bytes,
-                                  t.resolved_prefix_cache_pages))
+                                  t.resolved_prefix_cache_pages, t.max_receive_wait_s))
                           for t in tenants]
 
     def authenticate(self, token: str) -> Tenant | None:
         """The tenant whose token this is, or None."""
         found = None
-        candidate = token.encode()
+        candidate = token.encode("utf-8", "surrogatepass")   # a lone surrogate matches none
         for secret, tenant in self._by_token:
             if hmac.compare_digest(secret, candidate):
                 found = tenant

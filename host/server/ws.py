@@ -1,4 +1,4 @@
-"""One websocket connection: authenticate, upload, launch, send, terminate, list, model info.
+"""One websocket connection: authenticate, upload, launch, send, terminate, list, logs, model info.
 
 Frames are read one at a time and answered in order (an answer carries the request's `id`).
 Instance events arrive on the connection's event channel and are written by a second task; a
@@ -237,8 +237,13 @@ class Connection:
 
     async def _on_ListInstances(self, tenant: Tenant, request: p.ListInstances) -> None:
         await self._send(p.reply_message(request.id, instances=[
-            {"instance_id": h.instance_id, "program": h.program, "kv_pages": h.kv_pages}
+            {"instance_id": h.instance_id, "program": h.program, "kv_pages": h.kv_pages,
+             "waiting_for_input": self.service.waiting_for_input(h)}
             for h in self.service.list_instances(tenant)]))
+
+    async def _on_Logs(self, tenant: Tenant, request: p.Logs) -> None:
+        await self._send(p.reply_message(request.id, lines=list(
+            self.service.logs(tenant, request.instance_id))))
 
     async def _on_GetModelInfo(self, tenant: Tenant, request: p.GetModelInfo) -> None:
         await self._send(p.reply_message(request.id, **self.service.model_info()))

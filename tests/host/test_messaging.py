@@ -44,6 +44,22 @@ def test_client_round_trip():
     assert channel.receive(timeout=0.01) is None
 
 
+def test_the_hub_says_whether_an_instance_waits_for_its_client():
+    hub = MessageHub()
+    channel, _ = open_channel(hub, "a")
+    assert not hub.waiting_for_client("a") and not hub.waiting_for_client("nobody")
+    thread, outcome = receive_in_thread(channel.receive)
+    deadline = time.monotonic() + 5
+    while not hub.waiting_for_client("a"):
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    hub.deliver("a", "wake")
+    thread.join(timeout=5)
+    assert outcome == ["wake"] and not hub.waiting_for_client("a")
+    hub.deliver("a", "queued")                 # a message waits: the instance does not
+    assert not hub.waiting_for_client("a")
+
+
 def test_blocking_receive_wakes_on_message_and_on_terminate():
     hub = MessageHub()
     channel, _ = open_channel(hub, "a")

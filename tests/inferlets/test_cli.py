@@ -2,6 +2,7 @@
 streaming and stdin messages."""
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import threading
@@ -162,3 +163,93 @@ def test_run_hands_the_engine_options_to_the_loader(monkeypatch) -> None:
     for bad in (["--kv-dtype", "int8"], ["--max-pass-tokens", "0"], ["--max-pass-tokens", "x"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["run", "x.wasm", *bad])
+
+
+# `pie run`'s instance loop on a fake engine (no model): --logs, --no-stdin, and the line that
+# says the instance waits for input.
+from tests.host.components import components, make_runtime, program_cache_dir  # noqa: E402,F401
+
+
+def test_run_logs_show_the_instance_s_print_output(components, make_runtime,  # noqa: F811
+                                                   capsys, monkeypatch) -> None:
+    from host.cli import _run_instance
+    from host.runtime_config import InstanceLimits
+    from tests.host.fake_engine import FakeEngine
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    runtime = make_runtime(FakeEngine())
+    program = runtime.load_program(components.component("hello_stdio"))
+    assert _run_instance(runtime, program, [], InstanceLimits(), lines=False,
+                         show_logs=True) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "printed\n"
+    assert "  stdout: hello from stdout\n  stderr: warning on stderr\n" in captured.err
+    assert _run_instance(runtime, program, [], InstanceLimits(), lines=False) == 0
+    assert "hello from stdout" not in capsys.readouterr().err      # not without --logs
+
+
+@pytest.mark.parametrize("forward_stdin, hint", [(True, "stdin has ended"),
+                                                 (False, "--no-stdin")])
+def test_run_says_when_the_instance_waits_for_input(components, make_runtime,  # noqa: F811
+                                                    capsys, monkeypatch, forward_stdin,
+                                                    hint) -> None:
+    """echo waits in receive(); stdin has nothing for it (or is not read): stderr says it
+    waits, and the receive limit ends it, naming the limit."""
+    from host.cli import EXIT_TRAP, _run_instance
+    from host.runtime_config import InstanceLimits
+    from tests.host.fake_engine import FakeEngine
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("" if forward_stdin else "hello\n"))
+    runtime = make_runtime(FakeEngine())
+    program = runtime.load_program(components.component("echo"))
+    status = _run_instance(runtime, program, [], InstanceLimits(max_receive_wait_s=2.5),
+                           lines=False, forward_stdin=forward_stdin)
+    err = capsys.readouterr().err
+    assert status == EXIT_TRAP, err
+    assert f"pie run: the inferlet is waiting for input ({hint}" in err
+    assert "no message within 2.5 s (max_receive_wait_s)" in err
+
+
+def test_every_option_of_run_and_submit_is_in_the_docs() -> None:
+    """docs/cli.md names every option `pie run` and `pie submit` take (and no run option that
+    does not exist)."""
+    import re
+
+    from host.cli import build_parser
+
+    text = (REPO / "docs" / "cli.md").read_text()
+    subparsers = next(action for action in build_parser()._actions
+                      if action.__class__.__name__ == "_SubParsersAction")
+    for command in ("run", "submit"):
+        options = {option for action in subparsers.choices[command]._actions
+                   for option in action.option_strings if option.startswith("--")} - {"--help"}
+        missing = sorted(option for option in options if f"`{option}" not in text
+                         and f"[{option}" not in text)
+        assert not missing, f"pie {command}: {missing} not in docs/cli.md"
+    run_section = text.split("## `pie run", 1)[1].split("\n## ", 1)[0]
+    run_options = {option for action in subparsers.choices["run"]._actions
+                   for option in action.option_strings}
+    documented = set(re.findall(r"^\| `(--[\w-]+)", run_section, re.MULTILINE))
+    assert documented <= run_options, documented - run_options
+
+
+def test_a_slow_build_says_so_on_stderr_that_is_not_a_terminal(tmp_path, monkeypatch,
+                                                              capsys) -> None:
+    """`pie build` (and every slow step of run / serve / submit, through host/progress.py)
+    writes what it does past 2 s and how long it took, with stderr captured (no terminal)."""
+    import time
+
+    import host.sandbox.programs.build as build_module
+    from host.cli import _run_build, build_parser
+
+    def slow_build(app, output):
+        time.sleep(2.2)
+        output.write_bytes(b"\0asm")
+        return output
+
+    monkeypatch.setattr(build_module, "build", slow_build)
+    app = write_app(tmp_path, "slow", "import inferlet\n")
+    assert _run_build(build_parser().parse_args(["build", str(app)]), []) == 0
+    err = capsys.readouterr().err
+    assert f"pie build: building {app} (componentize-py) ...\n" in err
+    assert f"pie build: building {app} (componentize-py): done in 2." in err

@@ -291,3 +291,45 @@ def test_instances_still_blocked_in_wasi_count_toward_the_instance_quota() -> No
     with pytest.raises(QuotaExceeded, match=r"\(1 running and 2 ended but still blocked in a "
                                             r"WASI call, of max_instances 3\)"):
         book.check_launch(tenant, 10, num_lingering=2)
+
+
+def test_max_receive_wait_s_is_set_per_tenant_over_the_limits_section() -> None:
+    """[limits] max_receive_wait_s reaches every instance's InstanceLimits; a tenant's own
+    setting overrides it for that tenant's launches."""
+    from types import SimpleNamespace
+
+    from host.server.service import PieService
+    from host.server.setup import build_runtime
+    from host.server.tenants import TenantRegistry
+
+    config = parse_config({"limits": {"max_receive_wait_s": 60.0}, "tenants": [
+        {"name": "a", "token": "ta", "max_receive_wait_s": 0.5}, {"name": "b", "token": "tb"}]})
+    runtime = build_runtime(config, FakeEngine(num_pages=16, page_size=4))
+    try:
+        limits = runtime.config.limits
+    finally:
+        runtime.close()
+    assert limits.max_receive_wait_s == 60.0
+    launched: list = []
+
+    def launch(_program, _args, **fields) -> str:
+        launched.append(fields["limits"])
+        return f"i{len(launched)}"
+
+    stand_in = SimpleNamespace(num_lingering=lambda _tenant: 0, launch=launch)
+    metrics = SimpleNamespace(instances_launched=SimpleNamespace(inc=lambda: None))
+
+    async def main() -> None:
+        service = PieService(stand_in, store=None, metrics=metrics, limits=limits,
+                             max_upload_bytes=1, model={})
+        service.start()
+        registry = TenantRegistry(config.tenants)
+        for token in ("ta", "tb"):
+            await service.launch(registry.authenticate(token), object(), "p", (), None)
+    trio.run(main)
+    assert [limits.max_receive_wait_s for limits in launched] == [0.5, 60.0]
+    with pytest.raises(ConfigError, match="max_receive_wait_s must be positive"):
+        parse_config({"tenants": [{"name": "a", "token": "t", "max_receive_wait_s": 0}]})
+    with pytest.raises(ConfigError, match="limits.max_receive_wait_s must be positive"):
+        parse_config({"limits": {"max_receive_wait_s": -1}, "tenants": [{"name": "a",
+                                                                          "token": "t"}]})

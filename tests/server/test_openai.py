@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from host.client import SyncClient
 from tests.server.conftest import TOKENS, scrape, wait_until_idle
 
 pytestmark = pytest.mark.slow
@@ -24,7 +25,9 @@ def client(model_server) -> openai.OpenAI:
 def test_models_and_health(model_server, client) -> None:
     models = client.models.list().data
     assert len(models) == 1 and models[0].owned_by == "pie" and models[0].id == MODEL
-    assert httpx.get(f"{model_server.url}/health").json()["status"] == "ok"
+    assert httpx.get(f"{model_server.url}/health").json() == {"status": "ok", "model": MODEL}
+    with SyncClient(model_server.url, TOKENS["alice"]) as ws:      # one name everywhere
+        assert ws.model_info()["name"] == MODEL
 
 
 def test_chat_completion_not_streamed(model_server, client) -> None:

@@ -7,6 +7,8 @@ export NAME           fill a prompt, export its KV as NAME, then wait for a clie
 import NAME           result "imported N tokens" or "import failed: <cause>"
 generate N            stream N generated tokens' text (one message per delta); result the text
 forge                 free a page id it does not own (the host traps it)
+log                   write "from inferlet.log" with inferlet.log and "from print" with print;
+                      result "logged"
 """
 import inferlet
 from inferlet import _wit
@@ -16,6 +18,10 @@ from inferlet import Context, InferletError, receive, send, store_get, store_set
 @inferlet.main
 def main(args: list[str]) -> str:
     command = args[0] if args else "echo"
+    if command == "log":
+        inferlet.log("from inferlet.log")
+        print("from print")
+        return "logged"
     if command == "forge":
         _wit.kv.free_pages([987654])
         return "unreachable"
