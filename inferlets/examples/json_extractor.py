@@ -2,9 +2,11 @@
 
     pie run inferlets/examples/json_extractor.py -- --text "Ada Lovelace, 36, lives in London."
 
-The output is constrained on the host by a JSON schema (`ctx.generate(schema=...)`): every token
-is masked to what keeps the answer valid, in the same pass as the sampling, so the result parses
-and validates whatever the seed. --seed samples (temperature 0.7) instead of greedy.
+The output is constrained on the host by a JSON schema (`schema=...`): every token is masked to
+what keeps the answer valid, in the same pass as the sampling, so the result parses and
+validates whatever the seed, provided it ends within --max-tokens: cut off there it is valid so
+far but unfinished (`finish_reason == "length"`), and the inferlet fails saying so.
+--seed samples (temperature 0.7) instead of greedy.
 """
 import json
 
@@ -37,4 +39,9 @@ def main(args: list[str]) -> str:
     with inferlet.Context() as ctx:
         ctx.fill_system("Extract the fields as JSON.")
         ctx.fill_user(opts.text)
-        return ctx.generate(opts.max_tokens, sampler, schema=schema)
+        answer = ctx.generation(opts.max_tokens, sampler, schema=schema).run()
+        if answer.finish_reason == "length":   # the grammar was not complete: no valid JSON yet
+            raise inferlet.InferletError(f"the answer was cut off at --max-tokens "
+                                         f"{opts.max_tokens} before the JSON was complete: "
+                                         f"{answer.text!r}")
+        return answer.text

@@ -220,3 +220,49 @@ def test_parse_simple_declines_positionals_required_options_and_groups(sdk):
     grouped.add_mutually_exclusive_group().add_argument("--y")
     for parser, line in ((with_positional, []), (required, ["--x", "1"]), (grouped, ["--y", "1"])):
         assert parse_simple(parser, line) is None
+
+
+class _FakeHost:
+    """The kv / queue / forward calls a Context makes, as counters: page ids are fresh ints, a
+    share gives new handles (as the host does), a pass does nothing."""
+
+    def __init__(self) -> None:
+        self._ids = iter(range(1, 1 << 20))
+
+    def new(self, num: int = 1) -> list[int]:
+        return [next(self._ids) for _ in range(num)]
+
+
+def test_context_stats_show_what_a_fork_shares_and_what_each_side_computed(sdk, monkeypatch):
+    """A 40-token prompt over pages of 16 is computed once; its fork shares the 2 full pages
+    (under page ids of its own, so only stats() can show it), computes none of them, and
+    counts as computed only what it adds."""
+    from types import SimpleNamespace
+
+    from inferlet import context
+    from inferlet.stats import ContextStats
+
+    host = _FakeHost()
+    future = SimpleNamespace(__exit__=lambda *args: None)
+    monkeypatch.setattr(context, "model_info", lambda: SimpleNamespace(
+        page_size=16, max_batch_tokens=64, stop_token_ids=(0,)))
+    monkeypatch.setattr(context, "queue", SimpleNamespace(
+        Priority=context.queue.Priority, create=lambda priority: host.new()[0],
+        synchronize=lambda queue_id: None, destroy=lambda queue_id: None))
+    monkeypatch.setattr(context, "forward", SimpleNamespace(submit=lambda *args: future))
+    monkeypatch.setattr(context, "kv", SimpleNamespace(
+        create_sequence=lambda: host.new()[0], allocate_pages=host.new,
+        share_pages=lambda page_ids: host.new(len(page_ids)),
+        sequence_append=lambda sequence_id, page_ids: None,
+        free_pages=lambda page_ids: None, destroy_sequence=lambda sequence_id: None))
+    parent = context.Context()
+    parent.fill(list(range(1, 41)))
+    assert parent.stats() == ContextStats(40, 0, 0, 0, 0)        # all pending
+    child = parent.fork()
+    assert parent.stats() == ContextStats(40, 40, 40, 3, 2)
+    assert child.stats() == ContextStats(40, 40, 0, 3, 2)
+    assert set(child.page_ids).isdisjoint(parent.page_ids)              # handles differ
+    child.fill(list(range(41, 51)))
+    child.flush()
+    assert child.stats() == ContextStats(50, 50, 10, 4, 2)
+    assert parent.stats().num_tokens_computed == 40

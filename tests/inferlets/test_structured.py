@@ -22,6 +22,14 @@ def test_json_extractor_output_parses_and_validates_for_every_seed(run_inferlet)
         assert isinstance(value["name"], str) and isinstance(value["city"], str)
 
 
+def test_json_extractor_says_when_max_tokens_cut_the_json_off(run_inferlet) -> None:
+    """Constrained output parses only once complete: cut off by --max-tokens it ends with
+    finish_reason "length", and the example fails saying so rather than return broken JSON."""
+    result = run_inferlet("json_extractor", ["--max-tokens", "4"])
+    assert result.status == "error", result
+    assert "cut off at --max-tokens 4 before the JSON was complete" in result.value
+
+
 def test_regex_and_lark_outputs_match(run_inferlet) -> None:
     pattern = r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}"
     for seed in range(3):

@@ -19,6 +19,7 @@ from inferlet.generation import Generation
 from inferlet.masking import MaskingMixin
 from inferlet.model import decode, encode, model_info, render_chat
 from inferlet.sampling import Sampler
+from inferlet.stats import ContextStats
 
 __all__ = ["Context", "list_exports", "release_export"]
 
@@ -58,6 +59,8 @@ class Context(MaskingMixin):
         self._chat_text = ""                      # rendered chat text already in the context
         self._closed = False
         self.open_loop = None                     # a host decode loop not closed yet (HostLoop)
+        self._num_inherited_slots = 0             # KV slots a fork or an import brought (stats)
+        self._shared_page_ids: set[int] = set()   # full pages shared with another context
         self.adapter: adapters.Adapter | None = None
         if adapter is not None:
             self.use_adapter(adapter)
@@ -165,6 +168,15 @@ class Context(MaskingMixin):
         if "adapter" not in options:
             return _AdapterScope(self, None, False)
         return _AdapterScope(self, options.pop("adapter"), True)
+
+    def stats(self) -> ContextStats:
+        """What this context computed itself and what it shares (inferlet.stats.ContextStats),
+        counted from what the SDK knows: no host call (the KV of a host decode loop still open,
+        a generation read part-way, counts once it is closed)."""
+        shared = self._shared_page_ids
+        return ContextStats(len(self.token_ids), self.kv_len,
+                            max(0, self.kv_len - self._num_inherited_slots), len(self.page_ids),
+                            sum(1 for page_id in self.page_ids if page_id in shared))
 
     # -- KV bookkeeping ------------------------------------------------------------------------
     @property
@@ -320,6 +332,10 @@ class Context(MaskingMixin):
             for page_id, mask in zip(child.page_ids, child._page_masks):
                 child._apply_mask_runs(page_id, mask)
         child.last_page_len = self.last_page_len
+        num_full = self.kv_len // self.page_size          # the partial last page is copied on write
+        child._num_inherited_slots = self.kv_len
+        child._shared_page_ids = set(child.page_ids[:num_full])
+        self._shared_page_ids.update(self.page_ids[:num_full])
         child.token_ids = list(self.token_ids)
         child.next_position = self.next_position
         child._chat, child._chat_text = list(self._chat), self._chat_text
@@ -362,6 +378,8 @@ class Context(MaskingMixin):
         ctx._read_only_page_ids = set(page_ids) - {page_ids[-1]} if ctx.last_page_len < ctx.page_size \
             else set(page_ids)
         ctx._page_masks = [bytearray(ctx.page_size) for _ in page_ids]
+        ctx._num_inherited_slots = ctx.kv_len
+        ctx._shared_page_ids = set(ctx._read_only_page_ids)
         ctx.token_ids = list(meta["token_ids"])
         ctx.next_position = len(ctx.token_ids)
         ctx._chat = [tuple(m) for m in meta["chat"]]
