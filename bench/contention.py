@@ -91,8 +91,10 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def summarize(name: str, result: dict, reference: dict | None, num_decode: int,
-              runtime: Runtime, reference_tps: float | None, tenant: str | None = None) -> dict:
+              runtime: Runtime, reference_tps: float | None, peaks: dict[str, int],
+              tenant: str | None = None) -> dict:
     outcomes = result["outcomes"]
+    demand = sum(peaks[text] for text in outcomes)
     completed = [text for text, (status, _) in outcomes.items() if status == "ok"]
     tps = len(completed) * num_decode / result["wall_s"]
     stats = runtime.statistics().suspensions
@@ -100,6 +102,8 @@ def summarize(name: str, result: dict, reference: dict | None, num_decode: int,
         "scenario": name,
         "num_pages": runtime.page_allocator.num_pages,
         "instances": len(outcomes),
+        "peak_demand_pages": demand,                 # every instance at its peak at once
+        "oversubscription": round(demand / runtime.page_allocator.num_pages, 2),
         "completed_fraction": len(completed) / len(outcomes),
         "failures": sorted({value[:120] for status, value in outcomes.values() if status != "ok"}),
         "outputs_identical": (None if reference is None else
@@ -123,7 +127,8 @@ def summarize(name: str, result: dict, reference: dict | None, num_decode: int,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompt-tokens", type=int, default=10)
+    parser.add_argument("--prompt-tokens", type=int, default=12,
+                        help="about this many prompt tokens (12: every peak is 3 pages)")
     parser.add_argument("--decode", type=int, default=20,
                         help="greedy tokens each instance decodes")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as set)")
@@ -136,16 +141,19 @@ def main() -> None:
                                  num_pages=NUM_INSTANCES * max_peak_pages, dtype="float32",
                                  max_batch_tokens=4096)
     texts = prompts(NUM_INSTANCES, args.prompt_tokens)
-    # every instance's peak: its prompt's tokens and the decoded ones, in whole pages
-    peak_pages = max(-(-(len(engine.tokenizer.encode(text)) + args.decode) // PAGE_SIZE)
-                     for text in texts)
+    # an instance's peak: its prompt's tokens and the decoded ones it feeds back (all but the
+    # last), in whole pages
+    peaks = {text: -(-(len(engine.tokenizer.encode(text)) + args.decode - 1) // PAGE_SIZE)
+             for text in texts}
+    peak_pages = max(peaks.values())
     if peak_pages > max_peak_pages:
         raise SystemExit(f"prompts of {peak_pages} pages at their peak: use fewer tokens")
     header = {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
               "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
               "model": engine.model_name, "dtype": "float32", "page_size": PAGE_SIZE,
               "instances": NUM_INSTANCES, "decode_tokens": args.decode,
-              "prompt_tokens_about": args.prompt_tokens, "peak_pages": peak_pages}
+              "prompt_tokens_about": args.prompt_tokens, "peak_pages": peak_pages,
+              "peak_pages_min": min(peaks.values())}
     builder = ComponentBuilder()
     grower, holder = builder.component("grower"), builder.component("holder")
     decode = "d" * args.decode
@@ -160,14 +168,14 @@ def main() -> None:
             run_growers(runtime, program, texts[:4], decode)                     # warm
             reference = run_growers(runtime, program, texts, decode)
             results.append(summarize("unconstrained", reference, None, args.decode, runtime,
-                                     None))
+                                     None, peaks))
         reference_tps = results[0]["decoded_tokens_per_s"]
         for factor in (2, 4):
             with runtime_for(NUM_INSTANCES * peak_pages // factor) as runtime:
                 program = runtime.load_program(grower)
                 result = run_growers(runtime, program, texts, decode)
                 results.append(summarize(f"{factor}x", result, reference, args.decode, runtime,
-                                         reference_tps))
+                                         reference_tps, peaks))
         # hoarding: the hog's holders take 3/4 of a pool sized for 32 growers' peaks at 2x
         num_pages = NUM_INSTANCES * peak_pages // 2
         with runtime_for(num_pages) as runtime:
@@ -181,10 +189,12 @@ def main() -> None:
             result = run_growers(runtime, program, fair_texts, decode, tenant="fair")
             figures = summarize("hoarding", result,
                                 {"outcomes": {t: reference["outcomes"][t] for t in fair_texts}},
-                                args.decode, runtime, reference_tps, tenant="fair")
+                                args.decode, runtime, reference_tps, peaks, tenant="fair")
             for hog in hogs:
                 runtime.send(hog, "")
             figures["hog_outcomes"] = sorted({runtime.wait(h, timeout=60).status for h in hogs})
+            figures["hog_pages"] = 4 * hog_pages
+            figures["fair_share_pages"] = num_pages // 2
             results.append(figures)
     if args.json:
         print(json.dumps({"header": header, "results": results}, indent=2))

@@ -429,3 +429,17 @@ def test_metrics_show_suspensions():
     assert trap_cause("suspended for more than 600 s waiting for KV pages "
                       "(suspend_deadline_s)") == "suspend_deadline"
     assert trap_cause("out of KV pages and swap space full: ...") == "swap_full"
+
+
+def test_swap_settings_are_checked_at_the_boundary():
+    from host.runtime_config import RuntimeConfig
+    from host.server.server_config import ServerSection
+    with pytest.raises(ValueError, match="swap_mb must be an int"):
+        RuntimeConfig(swap_mb=-1)
+    with pytest.raises(ValueError, match="suspend_deadline_s must be in"):
+        RuntimeConfig(suspend_deadline_s=0)
+    with pytest.raises(ValueError, match="server.swap_mb"):
+        ServerSection(swap_mb=-1)
+    with pytest.raises(ValueError, match="server.suspend_deadline_s"):
+        ServerSection(suspend_deadline_s=-1.0)
+    assert RuntimeConfig(swap_mb=0).swap_mb == 0
