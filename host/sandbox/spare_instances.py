@@ -211,17 +211,19 @@ class SpareInstances:
             spare.spare.discard()
 
     def _ended(self, spare: Any) -> None:
-        """A spare's thread: it ended without a launch (discarded, or it failed before ready)."""
-        with self._lock:
-            self._unlaunched.discard(spare)
-            kept = self._kept[spare.program.hash]
-            failed = not spare.spare.announced
-            if failed:
-                kept.num_making -= 1
-                kept.failed = kept.failed or kept.limits == spare_key(spare.limits)
-            self._lock.notify_all()
+        """A spare's thread: it ended without a launch (discarded, or it failed before ready).
+        A failure is logged before it counts as no longer being made: whoever `wait_filled`
+        wakes finds the warning written."""
+        failed = not spare.spare.announced          # its thread has ended: no longer changes
         if failed:
             outcome = spare.outcome
             _log.warning("program %s: no spares (one ended before its launch: %s: %s); its "
                          "launches instantiate as they come", spare.program.hash[:12],
                          outcome.status if outcome else "?", outcome.value if outcome else "")
+        with self._lock:
+            self._unlaunched.discard(spare)
+            kept = self._kept[spare.program.hash]
+            if failed:
+                kept.num_making -= 1
+                kept.failed = kept.failed or kept.limits == spare_key(spare.limits)
+            self._lock.notify_all()
