@@ -200,7 +200,8 @@ class Engine:
     def _run_pass(self, batch: ForwardBatch) -> torch.Tensor:
         """One forward pass of a validated batch -> logits [num_outputs, vocab]."""
         table = build_page_table(batch, self.page_size)
-        lora = self.adapters.prepare(batch.requests)          # None: no request names an adapter
+        planner = self.model.planner      # the adapters' matmuls may take the kernels' threads
+        lora = self.adapters.prepare(batch.requests, planner and planner.num_kernel_threads)
         self.attention.plan(table)
         return self.model.forward(table, self.kv_cache, self.attention, lora)
 

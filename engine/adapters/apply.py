@@ -1,14 +1,16 @@
 """Applying several LoRA adapters inside one batch, after the base projections.
 
 The base GEMM of a projection runs once for the whole batch (engine.model.llama); then, per
-fused projection, `LoraPass.add` adds each row's adapter delta (x @ a.T) @ b.T to the output:
-the rows are gathered into one padded segment per adapter, [G, L, in] (G adapters in the batch,
-L rows in the largest group), and two batched matmuls against the adapters' weights stacked
-once per set of adapters ([G, in, R] and [G, R, out], R the largest fused rank, zero-padded)
-give [G, L, out], added back at the rows with index_add_. Rows without an adapter take no part.
-A batch whose rows all use one adapter skips the gather and the scatter (two matmuls in place).
-The op count per projection does not grow with the number of adapters; the padded rows' work
-does, with how unevenly the rows are spread over them.
+fused projection, `LoraPass.add` adds each row's adapter delta to the output: the rows are
+gathered into one padded segment per adapter, [G, L, in] (G adapters in the batch, L rows in the
+largest group); one batched matmul against the set's A, stacked once per set of adapters
+([G, in, P * R]: P targeted parts of the fused projection, R the largest rank, zero-padded),
+gives [G, L, P * R]; per part one batched matmul against its B ([G, R, out_part]) gives the
+delta of that part's columns, added back at the rows with index_add_. Rows without an adapter
+take no part. A batch whose rows all use one adapter skips the gather and the scatter. The op
+count per projection does not grow with the number of adapters; the bytes read do (a decode
+step reads every adapter of its batch once), and the padded rows' work grows with how unevenly
+the rows are spread over them.
 """
 from __future__ import annotations
 
@@ -17,39 +19,68 @@ from typing import Sequence
 
 import torch
 
-from engine.adapters.peft import FUSED_PROJECTIONS, LoraAdapter
+from engine.adapters.peft import FUSED_PROJECTIONS, LoraAdapter, ProjectionLora
 
-__all__ = ["StackedAdapters", "LoraPass", "stack_adapters"]
+__all__ = ["StackedAdapters", "StackedProjection", "LoraPass", "stack_adapters"]
 
-Pair = tuple[torch.Tensor, torch.Tensor]
+
+@dataclass(frozen=True)
+class StackedProjection:
+    """One fused projection of one layer for a set of G adapters: a_t [G, in, P * rank] (part j
+    at columns j*rank..(j+1)*rank, zero where an adapter does not target it or has a lower
+    rank) and per part (start, end, b_t [G, rank, end - start]): the fused output's columns it
+    adds to and its B, transposed."""
+
+    a_t: torch.Tensor
+    rank: int
+    parts: tuple[tuple[int, int, torch.Tensor], ...]
 
 
 @dataclass(frozen=True)
 class StackedAdapters:
     """The adapters of a batch stacked per layer and fused projection.
 
-    layers[i][p]: None when no adapter of the set targets projection p of layer i, else
-    (a_t [G, in, R], b_t [G, R, out]) in `names`' order, zero-padded to the largest R.
-    num_bytes: the memory the stacks took (0 for one adapter: views of its own tensors).
+    layers[i][p]: None when no adapter of the set targets projection p of layer i, else its
+    StackedProjection, adapters in `names`' order. num_bytes: the memory the stacks took (0 for
+    one adapter: views of its own tensors).
     """
 
     names: tuple[str, ...]
-    layers: tuple[tuple[Pair | None, ...], ...]
+    layers: tuple[tuple[StackedProjection | None, ...], ...]
     num_bytes: int
 
 
-def _stack(pairs: Sequence[Pair | None], like: Pair) -> Pair:
-    """(a [R_g, in], b [out, R_g]) or None per adapter -> (a_t [G, in, R], b_t [G, R, out])."""
-    a0, b0 = like
-    rank = max(a.shape[0] for pair in pairs if pair is not None for a, _ in [pair])
-    a_t = a0.new_zeros(len(pairs), a0.shape[1], rank)                 # [G, in, R]
-    b_t = b0.new_zeros(len(pairs), rank, b0.shape[0])                 # [G, R, out]
-    for g, pair in enumerate(pairs):
-        if pair is not None:
-            a, b = pair
-            a_t[g, :, :a.shape[0]] = a.t()
-            b_t[g, :b.shape[1]] = b.t()
-    return a_t, b_t
+def _stack(projections: Sequence[ProjectionLora | None]) -> StackedProjection:
+    """One fused projection of G adapters (None: not targeted by that one) stacked."""
+    present = [proj for proj in projections if proj is not None]
+    rank = max(proj.b[0].shape[1] for proj in present)
+    slices = sorted({piece for proj in present for piece in proj.slices})
+    like = present[0].a
+    a_t = like.new_zeros(len(projections), like.shape[1], len(slices) * rank)   # [G, in, P*R]
+    b_ts = [like.new_zeros(len(projections), rank, end - start)                # [G, R, out_j]
+            for start, end in slices]
+    for g, proj in enumerate(projections):
+        if proj is None:
+            continue
+        r = proj.b[0].shape[1]
+        for k, (piece, b) in enumerate(zip(proj.slices, proj.b)):
+            j = slices.index(piece)
+            a_t[g, :, j * rank:j * rank + r] = proj.a[k * r:(k + 1) * r].t()
+            b_ts[j][g, :r] = b.t()
+    return StackedProjection(a_t, rank, tuple((start, end, b_t)
+                                              for (start, end), b_t in zip(slices, b_ts)))
+
+
+def _view(proj: ProjectionLora) -> StackedProjection:
+    """One adapter's projection as a stack of one, without a copy."""
+    rank = proj.b[0].shape[1]
+    return StackedProjection(proj.a.t().unsqueeze(0), rank, tuple(
+        (start, end, b.t().unsqueeze(0)) for (start, end), b in zip(proj.slices, proj.b)))
+
+
+def _nbytes(stacked: StackedProjection) -> int:
+    return sum(t.numel() * t.element_size()
+               for t in (stacked.a_t, *(b_t for _, _, b_t in stacked.parts)))
 
 
 def stack_adapters(adapters: Sequence[LoraAdapter]) -> StackedAdapters:
@@ -57,19 +88,16 @@ def stack_adapters(adapters: Sequence[LoraAdapter]) -> StackedAdapters:
     names = tuple(adapter.name for adapter in adapters)
     layers, num_bytes = [], 0
     for i in range(len(adapters[0].layers)):
-        layer: list[Pair | None] = []
+        layer: list[StackedProjection | None] = []
         for p in range(len(FUSED_PROJECTIONS)):
-            pairs = [adapter.layers[i][p] for adapter in adapters]
-            present = [pair for pair in pairs if pair is not None]
-            if not present:
+            projections = [adapter.layers[i][p] for adapter in adapters]
+            if all(proj is None for proj in projections):
                 layer.append(None)
-            elif len(pairs) == 1:
-                a, b = present[0]
-                layer.append((a.t().unsqueeze(0), b.t().unsqueeze(0)))   # views, no copy
+            elif len(projections) == 1:
+                layer.append(_view(projections[0]))
             else:
-                a_t, b_t = _stack(pairs, present[0])
-                num_bytes += a_t.numel() * a_t.element_size() + b_t.numel() * b_t.element_size()
-                layer.append((a_t, b_t))
+                layer.append(_stack(projections))
+                num_bytes += _nbytes(layer[-1])
         layers.append(tuple(layer))
     return StackedAdapters(names, tuple(layers), num_bytes)
 
@@ -79,14 +107,18 @@ class LoraPass:
 
     groups[g]: the flat rows of the pass ([N] rows of its input) that use adapter g, ascending;
     each row in at most one group. Index tensors are made once here, on `device`, and serve
-    every layer.
+    every layer. num_threads: torch's thread count for the adapters' matmuls when the pass runs
+    torch's own ops on fewer (BatchPlanner.kernels_own_the_threads: the block kernels' workers
+    are idle between their calls; torch's sleep after each op, OMP_WAIT_POLICY=PASSIVE, which
+    `import engine` sets), None to keep torch's.
     """
 
     def __init__(self, stacked: StackedAdapters, groups: Sequence[Sequence[int]],
-                 num_rows: int, device: torch.device) -> None:
+                 num_rows: int, device: torch.device, num_threads: int | None = None) -> None:
         if len(groups) != len(stacked.names) or not all(groups):
             raise ValueError("LoraPass: one non-empty group of rows per stacked adapter")
         self.stacked = stacked
+        self.num_threads = num_threads
         self.num_groups = len(groups)
         self.whole = len(groups) == 1 and len(groups[0]) == num_rows   # every row, one adapter
         self.group_len = max(len(rows) for rows in groups)
@@ -103,15 +135,30 @@ class LoraPass:
     def add(self, layer: int, projection: int, x: torch.Tensor, y: torch.Tensor) -> None:
         """y [N, out] += each row's adapter delta of fused projection `projection` of `layer`
         from its input x [N, in] (in place; rows without an adapter unchanged)."""
-        pair = self.stacked.layers[layer][projection]
-        if pair is None:
+        stacked = self.stacked.layers[layer][projection]
+        if stacked is None:
             return
-        a_t, b_t = pair                                   # [G, in, R], [G, R, out]
+        if self.num_threads is None:
+            self._add(stacked, x, y)
+            return
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.num_threads)
+        try:
+            self._add(stacked, x, y)
+        finally:
+            torch.set_num_threads(before)
+
+    def _add(self, stacked: StackedProjection, x: torch.Tensor, y: torch.Tensor) -> None:
+        rank = stacked.rank
         if self.whole:
-            y.addmm_(torch.mm(x, a_t[0]), b_t[0])
+            t = torch.mm(x, stacked.a_t[0])                                # [N, P * R]
+            for j, (start, end, b_t) in enumerate(stacked.parts):
+                y[:, start:end].addmm_(t[:, j * rank:(j + 1) * rank], b_t[0])
             return
         xs = x.index_select(0, self.gather).view(self.num_groups, self.group_len, -1)  # [G, L, in]
-        delta = torch.bmm(torch.bmm(xs, a_t), b_t).view(-1, b_t.shape[2])   # [G * L, out]
-        if self.valid is not None:
-            delta = delta.index_select(0, self.valid)                       # [M, out]
-        y.index_add_(0, self.rows, delta)
+        t = torch.bmm(xs, stacked.a_t)                                     # [G, L, P * R]
+        for j, (start, end, b_t) in enumerate(stacked.parts):
+            delta = torch.bmm(t[:, :, j * rank:(j + 1) * rank], b_t).view(-1, end - start)
+            if self.valid is not None:                                     # [G * L, out_j]
+                delta = delta.index_select(0, self.valid)                  # [M, out_j]
+            y[:, start:end].index_add_(0, self.rows, delta)

@@ -13,8 +13,9 @@ checks the config and every tensor's name, dtype and shape against the base mode
 safetensors header alone (nothing is loaded); `load_adapter` then reads the tensors into the
 per-layer, per-fused-projection layout the model applies (engine.adapters.apply): the engine's
 layers fuse q/k/v into one matmul and gate/up into another, so an adapter's A of a fused
-projection is its targeted parts' A stacked ([R = r * parts targeted, in]) and its B the
-block-diagonal [out of the fused projection, R] with the scale folded in.
+projection is its targeted parts' A stacked ([r * parts targeted, in]: one shrink matmul) and
+each targeted part keeps its own B [out_k, r] (scale folded in) with the columns of the fused
+output it adds to; nothing but the file's elements is kept.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import torch
 
 from engine.engine_config import ModelConfig
 
-__all__ = ["AdapterError", "AdapterSpec", "LoraAdapter", "FUSED_PROJECTIONS", "TARGET_MODULES",
+__all__ = ["AdapterError", "AdapterSpec", "LoraAdapter", "ProjectionLora", "FUSED_PROJECTIONS", "TARGET_MODULES",
            "CONFIG_FILE", "WEIGHTS_FILE", "MAX_RANK", "MAX_CONFIG_BYTES", "read_adapter_spec",
            "load_adapter", "projection_shapes", "save_adapter", "tensor_name"]
 
@@ -65,8 +66,7 @@ class AdapterSpec:
     """What an adapter's files declare, checked against a base model (no tensor loaded).
 
     targets: per layer, the target modules that layer carries (both A and B present).
-    num_parameters: elements of every A and B in the file; num_resident_elements: elements
-    `load_adapter` keeps (B block-diagonal per fused projection, its zero blocks included).
+    num_parameters: elements of every A and B in the file (what `load_adapter` keeps).
     """
 
     rank: int
@@ -75,26 +75,36 @@ class AdapterSpec:
     target_modules: tuple[str, ...]
     targets: tuple[tuple[str, ...], ...]       # [num_layers]
     num_parameters: int
-    num_resident_elements: int
 
     def resident_bytes(self, dtype_bytes: int) -> int:
         """Bytes the loaded adapter keeps in elements of `dtype_bytes`."""
-        return self.num_resident_elements * dtype_bytes
+        return self.num_parameters * dtype_bytes
+
+
+@dataclass(frozen=True)
+class ProjectionLora:
+    """One adapter's share of one fused projection: a [r * len(parts), in], the targeted parts'
+    A stacked in order; per targeted part, the columns (start, end) of the fused output it adds
+    to and its b [end - start, r] (scale included). The delta of part j is
+    (x @ a[j*r:(j+1)*r].T) @ b[j].T."""
+
+    a: torch.Tensor
+    slices: tuple[tuple[int, int], ...]
+    b: tuple[torch.Tensor, ...]
 
 
 @dataclass(frozen=True)
 class LoraAdapter:
     """An adapter's tensors as the model applies them (see the module docstring).
 
-    layers[i][p]: None (no part of it targeted), or (a [R, in], b [out, R]) of fused projection
-    p (FUSED_PROJECTIONS' order) of layer i, on the engine's device and dtype: the product
-    (x @ a.T) @ b.T is the adapter's delta of the whole fused output (scale included; rows of
-    an untargeted part are zero). num_bytes: what the tensors hold.
+    layers[i][p]: None (no part of it targeted), or the ProjectionLora of fused projection p
+    (FUSED_PROJECTIONS' order) of layer i, on the engine's device and dtype. num_bytes: what the
+    tensors hold.
     """
 
     name: str
     spec: AdapterSpec
-    layers: tuple[tuple[tuple[torch.Tensor, torch.Tensor] | None, ...], ...]
+    layers: tuple[tuple[ProjectionLora | None, ...], ...]
     num_bytes: int
 
 
@@ -207,13 +217,7 @@ def read_adapter_spec(name: str, directory: str | Path, config: ModelConfig) -> 
         raise AdapterError(name, f"{WEIGHTS_FILE} holds no LoRA tensor")
     targets = tuple(tuple(m for m in modules if (layer, m, "A") in present)
                     for layer in range(config.num_layers))
-    resident = 0
-    for layer_targets in targets:
-        for parts in FUSED_PROJECTIONS:
-            fused_rank = rank * sum(module in layer_targets for module in parts)
-            out_dim = sum(shapes[module][0] for module in parts)
-            resident += fused_rank * (shapes[parts[0]][1] + out_dim)
-    return AdapterSpec(rank, alpha, scale, modules, targets, num_parameters, resident)
+    return AdapterSpec(rank, alpha, scale, modules, targets, num_parameters)
 
 
 def _finite(name: str, file, key: str) -> torch.Tensor:
@@ -243,26 +247,23 @@ def load_adapter(name: str, directory: str | Path, config: ModelConfig, dtype: t
                     if not any(module in targets for module in parts):
                         fused.append(None)
                         continue
-                    a_rows, b_blocks = [], []
-                    out_dims = [shapes[module][0] for module in parts]
-                    for k, module in enumerate(parts):
-                        if module not in targets:
-                            continue
-                        a = _finite(name, file, tensor_name(i, module, "A"))       # [r, in]
-                        b = _finite(name, file, tensor_name(i, module, "B"))       # [out_k, r]
-                        block = torch.zeros(sum(out_dims), spec.rank)              # [out, r]
-                        start = sum(out_dims[:k])
-                        block[start:start + out_dims[k]] = b * spec.scale
-                        a_rows.append(a)
-                        b_blocks.append(block)
-                    a_fused = torch.cat(a_rows).to(device=device, dtype=dtype)     # [R, in]
-                    b_fused = torch.cat(b_blocks, dim=1).to(device=device, dtype=dtype)  # [out, R]
-                    fused.append((a_fused.contiguous(), b_fused.contiguous()))
+                    a_rows, slices, bs = [], [], []
+                    start = 0
+                    for module in parts:
+                        end = start + shapes[module][0]
+                        if module in targets:
+                            a_rows.append(_finite(name, file, tensor_name(i, module, "A")))  # [r, in]
+                            b = _finite(name, file, tensor_name(i, module, "B"))       # [out_k, r]
+                            bs.append((b * spec.scale).to(device=device, dtype=dtype).contiguous())
+                            slices.append((start, end))
+                        start = end
+                    a = torch.cat(a_rows).to(device=device, dtype=dtype).contiguous()  # [r*P, in]
+                    fused.append(ProjectionLora(a, tuple(slices), tuple(bs)))
                 layers.append(tuple(fused))
     except (SafetensorError, OSError) as error:
         raise AdapterError(name, f"{WEIGHTS_FILE} could not be read: {error}") from None
-    num_bytes = sum(a.numel() * a.element_size() + b.numel() * b.element_size()
-                    for layer in layers for pair in layer if pair is not None for a, b in [pair])
+    num_bytes = sum(t.numel() * t.element_size() for layer in layers for proj in layer
+                    if proj is not None for t in (proj.a, *proj.b))
     return LoraAdapter(name, spec, tuple(layers), num_bytes)
 
 

@@ -122,10 +122,11 @@ class AdapterStore:
         with self._lock:
             return self._load([name])[0]
 
-    def prepare(self, requests: Sequence[ForwardRequest]) -> LoraPass | None:
+    def prepare(self, requests: Sequence[ForwardRequest],
+                num_threads: int | None = None) -> LoraPass | None:
         """The adapter deltas of a pass over `requests` (a validated batch's, in order), or None
         when no request names an adapter. RequestError naming the first request of an adapter
-        that is not registered or fails to load."""
+        that is not registered or fails to load. num_threads: as LoraPass's."""
         names = [request.adapter for request in requests]
         if not any(names):
             return None
@@ -151,7 +152,7 @@ class AdapterStore:
             if name is not None:
                 groups[group_of[name]].extend(range(row, row + num_tokens))
             row += num_tokens
-        return LoraPass(stacked, groups, row, self.device)
+        return LoraPass(stacked, groups, row, self.device, num_threads)
 
     def _load(self, names: Sequence[str]) -> list[LoraAdapter]:
         """The adapters `names`, resident (most recently used), loading the missing ones and
