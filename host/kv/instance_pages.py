@@ -113,9 +113,11 @@ class InstancePages:
     another thread while the instance runs).
 
     Quota: every local page id (allocated, shared or imported) counts against `page_quota`.
-    reclaim: called with the number of pages needed when the pool is empty; the runtime terminates
-    newer instances and returns True once it has returned pages to the pool (False: nothing to
-    reclaim). Allocation then retries; with nothing to reclaim it raises OutOfPagesError.
+    reclaim: called with the number of pages needed when the pool is empty; the runtime suspends
+    other instances (or this one) and returns True when the allocation should retry (the pages
+    it freed handed over: `hand_over`; or this instance suspended: the retry waits at its gate),
+    False when nothing could be done; it may raise OutOfPagesError naming why no wait can serve
+    the request. Allocation then retries; with nothing to reclaim it raises OutOfPagesError.
     vocab_size: when given, a pass traps on a token id outside the vocabulary.
     max_kv_len: when given, a pass traps when it spans more KV slots than this (the model's
     context length): a sequence listing one page thousands of times would otherwise make one

@@ -88,6 +88,8 @@ class BatchScheduler:
         # suspended owners (suspend_owner): their queues, in order, out of the policy's sight
         self._held_owners: set[Hashable] = set()
         self._held: dict[Hashable, deque[Item]] = {}
+        self._exclusive_wanted = 0              # run_exclusive callers waiting for the engine
+        self._exclusive = False                 # one holds it now
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -299,14 +301,19 @@ class BatchScheduler:
         """Run `work` on this thread while no batch runs (it may call the engine: page copies
         out and in for a suspension); batches wait for it. Not from a batch's resolution."""
         with self.lock:
-            while self._running:
-                self._cond.wait(_EXCLUSIVE_POLL_S)
-            self._running = True
+            self._exclusive_wanted += 1           # chains stop, the look-ahead yields
+            self._cond.notify_all()
+            try:
+                while self._running or self._exclusive:
+                    self._cond.wait(_EXCLUSIVE_POLL_S)
+            finally:
+                self._exclusive_wanted -= 1
+            self._running = self._exclusive = True
         try:
             return work()
         finally:
             with self.lock:
-                self._running = False
+                self._running = self._exclusive = False
                 self._cond.notify_all()
 
     # ------------------------------------------------------- owners' comings and goings
@@ -349,6 +356,7 @@ class BatchScheduler:
         """Under the lock, on a guest's thread: whether the batch the policy fires now is this
         thread's to run."""
         if (self._running or self._closed or self._expected or not self._num_pending
+                or self._exclusive_wanted or self._exclusive
                 or self.policy.kind != "adaptive" or not self.policy.run_on_waiter
                 or self._lookahead.overlaps):
             return False
@@ -392,15 +400,32 @@ class BatchScheduler:
 
     # ------------------------------------------- what the look-ahead uses (lookahead.py)
     def wait_for_batch(self) -> bool:
-        """Under the lock: wait until the policy fires. False when closed."""
+        """Under the lock: wait until the policy fires (never while a run_exclusive caller
+        waits for the engine or holds it). False when closed."""
         while not self._closed:
+            if self._exclusive_wanted or self._exclusive:
+                self._cond.wait(_EXCLUSIVE_POLL_S)
+                continue
             if self._fire_now(end_hold=True):
                 return True
         return False
 
     def wait_hold(self) -> None:
-        """Under the lock: wait while the hold after the last batch lasts (or until closed)."""
-        while self._expected and not self._closed:
+        """Under the lock, with passes prepared ahead: wait while the hold after the last batch
+        lasts (or until closed); first let a run_exclusive caller have the engine (the passes
+        ahead wait, prepared)."""
+        while not self._closed:
+            if self._exclusive:                        # a caller holds the engine
+                self._cond.wait(_EXCLUSIVE_POLL_S)
+                continue
+            if self._exclusive_wanted:                 # let it in
+                self._running = False
+                self._cond.notify_all()
+                self._cond.wait(_EXCLUSIVE_POLL_S)
+                continue
+            self._running = True
+            if not self._expected:
+                return
             wait_s = self._hold_until - time.monotonic()
             if wait_s <= 0:
                 self._counts.num_hold_timeouts += 1
@@ -491,12 +516,14 @@ class BatchScheduler:
 
     def has_other_work(self) -> bool:
         """Read without the lock (a racing submission waits one batch at most): anything
-        queued, a hold, or closing."""
-        return bool(self._num_pending or self._expected or self._closed)
+        queued, a hold, a run_exclusive caller waiting, or closing."""
+        return bool(self._num_pending or self._expected or self._closed
+                    or self._exclusive_wanted)
 
     def has_queued(self) -> bool:
-        """Read without the lock, as has_other_work: anything queued, or closing."""
-        return bool(self._num_pending or self._closed)
+        """Read without the lock, as has_other_work: anything queued, a run_exclusive caller
+        waiting, or closing."""
+        return bool(self._num_pending or self._closed or self._exclusive_wanted)
 
     def holding(self) -> bool:
         """Whether the next batch is held for owners blocked on the last (adaptive)."""

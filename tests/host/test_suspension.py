@@ -443,3 +443,26 @@ def test_swap_settings_are_checked_at_the_boundary():
     with pytest.raises(ValueError, match="server.suspend_deadline_s"):
         ServerSection(suspend_deadline_s=-1.0)
     assert RuntimeConfig(swap_mb=0).swap_mb == 0
+
+
+@pytest.mark.parametrize("mode", [{"chain_steps": 64}, {"overlap": True}])
+def test_run_exclusive_gets_the_engine_between_steps_of_a_running_decode_loop(mode):
+    """A host decode loop keeps the engine busy (chained steps on a CPU, passes prepared ahead
+    with overlap); a page swap still gets the engine within a step or two, and the loop's
+    outputs are those it would have produced anyway."""
+    from tests.host.test_decode_loop import Setup, _expected
+    setup = Setup([10, 11, 12, 13, 14], num_pool_pages=128, **mode)
+    setup.engine.batch_delay_s = 0.02                       # a chain of 64: 1.3 s
+    try:
+        setup.min_outputs = 1
+        rep = setup.submit(150)
+        setup.start()
+        loop = setup.tables.decode_loops.get("test", rep)
+        assert _eventually(lambda: loop._num_outputs >= 5)
+        started = time.monotonic()
+        outputs_then = setup.scheduler.run_exclusive(lambda: loop._num_outputs)
+        waited_s = time.monotonic() - started
+        assert waited_s < 0.3 and outputs_then < 150          # the loop was still running
+        assert setup.read_all(rep) == _expected(setup.prompt, 150)
+    finally:
+        setup.close()
