@@ -37,3 +37,31 @@ def test_available_and_unknown_adapters(run_inferlet, adapter_name):
     assert adapter_name in run_inferlet("adapter_probe", ["available"]).json()
     run = run_inferlet("adapter_probe", ["unknown", "no-such-adapter"])
     assert run.status == "ok" and run.value.startswith("refused:") and "no adapter" in run.value
+
+
+def test_pie_run_opens_the_adapters_it_is_given(tmp_path, engine, cli_env, component_path):
+    """`pie run --adapter NAME=PATH`: the inferlet lists NAME; a bad adapter stops the run
+    before it starts, naming the adapter and the tensor at fault."""
+    import subprocess
+    import sys
+
+    from tests.inferlets.conftest import REPO
+
+    tensors = random_tensors(engine.model_config, 4, ("o_proj",), 5)
+    good = save_adapter(tmp_path / "good", 4, 8, tensors)
+    a, b = tensors[(2, "o_proj")]
+    tensors[(2, "o_proj")] = (a, b[:, :2].contiguous())
+    bad = save_adapter(tmp_path / "bad", 4, 8, tensors)
+    wasm = str(component_path("adapter_probe"))
+
+    def pie(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "host.cli", "run", wasm, *args], cwd=REPO,
+                              env=cli_env, capture_output=True, text=True, timeout=300,
+                              stdin=subprocess.DEVNULL)
+
+    done = pie("--adapter", f"mine={good}", "--", "available")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["mine"]
+    refused = pie("--adapter", f"mine={bad}", "--", "available")
+    assert refused.returncode == 1
+    assert "adapter 'mine'" in refused.stderr and "layers.2.self_attn.o_proj.lora_B" in refused.stderr
