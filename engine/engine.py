@@ -86,6 +86,7 @@ class Engine:
         self.kv_cache = KVCache(model_config, self.num_pages, self.page_size,
                                 self.dtype_choice.kv_cache_dtype, self.device,
                                 scratch_pages=1 if graphs else 0)
+        self.kv_page_nbytes = self.kv_cache.page_nbytes    # one page read out (read_pages)
         self.attention = make_attention_backend(
             choice.attention_backend, num_qo_heads=model_config.num_heads,
             num_kv_heads=model_config.num_kv_heads, head_dim=model_config.head_dim,

@@ -73,6 +73,12 @@ class KVCache:
                                 model.head_dim, dtype=dtype, device=device)
         self.layers = list(self.pool.unbind(0))       # per-layer views, made once
 
+    @property
+    def page_nbytes(self) -> int:
+        """Bytes of one page across all layers, K and V: what `read_pages` copies per page."""
+        return (self.num_layers * 2 * self.page_size * self.num_kv_heads * self.head_dim
+                * self.pool.element_size())
+
     def layer(self, layer_idx: int) -> torch.Tensor:
         """[num_pages + scratch_pages, 2, page_size, num_kv_heads, head_dim] view of one layer."""
         return self.layers[layer_idx]

@@ -57,6 +57,7 @@ class EngineLike(Protocol):
     model_config: ModelConfig
     page_size: int
     num_pages: int
+    kv_page_nbytes: int               # host bytes of one page read out by read_pages
     tokenizer: TokenizerLike
 
     def forward(self, batch: ForwardBatch) -> list[ForwardResult]: ...

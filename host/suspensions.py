@@ -5,10 +5,10 @@ A suspension (`Suspensions.suspend`, on the thread of the instance that needs pa
 1. the victim's page table closes its gate (host/kv/instance_pages.py: its calls that would reach
    the pool or the engine wait; its host decode loops end quietly);
 2. its submissions in flight drain (they run as usual);
-3. with the engine held (`BatchScheduler.run_exclusive`), the pages it alone references are copied
-   to host memory (`EngineLike.read_pages`), their bytes charged to its tenant in the swap space
-   (host/kv/swap.py), and returned to the pool; its scheduler queues are held
-   (`BatchScheduler.suspend_owner`).
+3. with the engine held (`BatchScheduler.run_exclusive`), the pages it alone references are
+   charged to its tenant in the swap space (host/kv/swap.py, `EngineLike.kv_page_nbytes` each),
+   copied to host memory (`EngineLike.read_pages`) and returned to the pool; its scheduler
+   queues are held (`BatchScheduler.suspend_owner`).
 A refused charge ("swap space full") undoes step 1 and the caller terminates the victim instead.
 
 A restore (the `pie-restore` thread, woken whenever pages return to the pool, and every
@@ -16,8 +16,9 @@ _TICK_S while anything is suspended): the suspended instances in host/kv/content
 `restore_order`; the head is restored once the pool holds its pages (and, for an instance that
 suspended itself asking for pages, those too): fresh pages allocated, written back with the
 engine held (`EngineLike.write_pages`), its local ids remapped, the pages it asked for handed
-to it (InstancePages.hand_over), its queues released, its gate opened. Nothing behind the head is restored before it. A suspension longer than
-`deadline_s` ends the instance ("suspended ... (suspend_deadline_s)").
+to it (InstancePages.hand_over), its queues released, its gate opened. Nothing behind the
+head is restored before it. A suspension longer than `deadline_s` ends the instance
+("suspended ... (suspend_deadline_s)").
 """
 from __future__ import annotations
 
@@ -135,7 +136,7 @@ class Suspensions:
                 return refused
 
         swapped = self.scheduler.run_exclusive(
-            lambda: pages.swap_out(self.engine.read_pages, charge))
+            lambda: pages.swap_out(self.engine.read_pages, charge, self.engine.kv_page_nbytes))
         if swapped.refused is not None:
             pages.abort_suspend()
             with self._lock:

@@ -239,13 +239,13 @@ class InstancePages:
                 self._pins_done.wait(remaining)
             return not self._closed and self._suspension is not None
 
-    def swap_out(self, read_pages: ReadPages, charge: ChargeSwap) -> SwapOut:
-        """After wait_drained, with the engine held (BatchScheduler.run_exclusive): copy every
-        page this instance alone references (allocator refcount 1: not shared, exported or
-        imported) to host memory with `read_pages` (physical ids, in local id order), charge
-        its bytes with `charge`, mark those local ids swapped and return their pool pages.
-        A refused charge changes nothing (SwapOut.refused says why; the gate stays closed:
-        call abort_suspend)."""
+    def swap_out(self, read_pages: ReadPages, charge: ChargeSwap, page_nbytes: int) -> SwapOut:
+        """After wait_drained, with the engine held (BatchScheduler.run_exclusive): charge
+        `page_nbytes` for every page this instance alone references (allocator refcount 1: not
+        shared, exported or imported) with `charge`, then copy them to host memory with
+        `read_pages` (physical ids, in local id order), mark those local ids swapped and return
+        their pool pages. A refused charge changes nothing and nothing is read (SwapOut.refused
+        says why; the gate stays closed: call abort_suspend)."""
         with self._lock:
             suspension = self._suspension
             if suspension is None or not suspension.resident or self._closed:
@@ -255,11 +255,11 @@ class InstancePages:
             local_ids = [pid for pid, page in sorted(self._pages.items())
                          if self.allocator.refcount(page.physical_id) == 1]
             physical_ids = [self._pages[pid].physical_id for pid in local_ids]
-            data = read_pages(physical_ids) if physical_ids else None
-            nbytes = 0 if data is None else int(data.nbytes)
+            nbytes = len(local_ids) * page_nbytes
             refused = charge(nbytes)
             if refused is not None:
                 return SwapOut(0, 0, refused)
+            data = read_pages(physical_ids) if physical_ids else None
             for page_id in local_ids:
                 self._pages[page_id].physical_id = SWAPPED
             for sequence in self._sequences.values():

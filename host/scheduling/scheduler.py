@@ -392,7 +392,8 @@ class BatchScheduler:
         finally:
             with self.lock:
                 self._running = False
-                if self._closed or (self._engine_idle and self._num_pending):
+                if (self._closed or self._exclusive_wanted
+                        or (self._engine_idle and self._num_pending)):
                     self._cond.notify_all()                # what is left is the engine's
                 next_is_due = self._num_pending and not self._expected and not self._closed
             if not next_is_due:                            # else the next batch runs them
@@ -449,6 +450,8 @@ class BatchScheduler:
     def set_running(self, running: bool) -> None:
         """Under the lock: whether a batch (or passes prepared ahead) is running."""
         self._running = running
+        if not running and self._exclusive_wanted:
+            self._cond.notify_all()                        # run_exclusive's turn
 
     def stopped(self) -> None:
         """Under the lock: the look-ahead's loop has ended (close() may go on)."""

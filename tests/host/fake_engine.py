@@ -38,7 +38,7 @@ def fake_next_token(context_token_ids: Sequence[int], seed: int = 0) -> int:
 
 class FakePages:
     """What FakeEngine.read_pages returns: each page's slot records, and a size in host memory
-    (`page_nbytes` per page, as the engine would charge)."""
+    (`kv_page_nbytes` per page, as the engine would charge)."""
 
     __slots__ = ("slots", "nbytes")
 
@@ -106,7 +106,7 @@ class FakeEngine:
     n forward calls raise RuntimeError; `batch_delay_s` sleeps in every forward."""
 
     def __init__(self, *, num_pages: int = 64, page_size: int = 4, batch_delay_s: float = 0.0,
-                 keep_log: bool = True, page_nbytes: int = 1024) -> None:
+                 keep_log: bool = True, kv_page_nbytes: int = 1024) -> None:
         if page_size <= 0 or num_pages <= 0:
             raise ValueError(f"FakeEngine: page_size and num_pages must be positive, "
                              f"got {page_size} and {num_pages}")
@@ -119,7 +119,7 @@ class FakeEngine:
         self.num_pages = num_pages
         self.batch_delay_s = batch_delay_s
         self.keep_log = keep_log
-        self.page_nbytes = page_nbytes      # what one page read out costs in host memory
+        self.kv_page_nbytes = kv_page_nbytes   # what one page read out costs in host memory
         self.num_pages_read = 0
         self.num_pages_written = 0
         self.batches: list[ForwardBatch] = []
@@ -157,7 +157,7 @@ class FakeEngine:
             self._check_page(f"read_pages: page_ids[{index}]", page_id)
         self.num_pages_read += len(page_ids)
         return FakePages(tuple(tuple(self._slots[page_id]) for page_id in page_ids),
-                         self.page_nbytes * len(page_ids))
+                         self.kv_page_nbytes * len(page_ids))
 
     def write_pages(self, page_ids: Sequence[int], data: FakePages) -> None:
         """Put pages read by `read_pages` into `page_ids` (as many as were read)."""
