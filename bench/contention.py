@@ -9,7 +9,8 @@ at once, on the embedded default model in float32:
 - 4x: each peak 1/16 of the pool;
 - hoarding: two tenants; tenant "hog" holds pages it never uses (instances of holder.wat, 3/4
   of the pool in all), tenant "fair" runs 32 growers, its share (half the pool) 2x
-  oversubscribed by them.
+  oversubscribed by them; and the same 32 alone on a pool of that share (their suspensions
+  beside the hog, against those their share alone causes).
 
 For each: completed_fraction, outputs_identical (to the unconstrained run's, prompt by prompt),
 throughput_vs_unconstrained (decoded tokens per second over the unconstrained run's), latency
@@ -196,6 +197,14 @@ def main() -> None:
             figures["hog_pages"] = 4 * hog_pages
             figures["fair_share_pages"] = num_pages // 2
             results.append(figures)
+        # the same 32 growers alone on a pool of the fair tenant's share: its own suspensions
+        with runtime_for(num_pages // 2) as runtime:
+            program = runtime.load_program(grower)
+            result = run_growers(runtime, program, fair_texts, decode, tenant="fair")
+            results.append(summarize("fair alone on its share", result,
+                                     {"outcomes": {t: reference["outcomes"][t]
+                                                   for t in fair_texts}},
+                                     args.decode, runtime, reference_tps, peaks, tenant="fair"))
     if args.json:
         print(json.dumps({"header": header, "results": results}, indent=2))
         return
