@@ -473,3 +473,32 @@ def test_run_exclusive_gets_the_engine_between_steps_of_a_running_decode_loop(mo
         assert setup.read_all(rep) == _expected(setup.prompt, 150)
     finally:
         setup.close()
+
+
+def test_waiting_instances_are_restored_oldest_suspension_first(components,  # noqa: F811
+                                                                make_runtime):
+    """Two instances wait suspended for 9 pages each; when the pool has room for one, the one
+    suspended first goes on, and the other only once that one gives its pages back."""
+    runtime = make_runtime(FakeEngine(num_pages=16, page_size=4))
+    big_events, first_events, second_events = Events(), Events(), Events()
+    big = launch(runtime, components, "holder", "x" * 8, on_event=big_events)
+    assert big_events.next() == ("message", "holding")
+    first = launch(runtime, components, "holder", "x" * 4, on_event=first_events)
+    assert first_events.next() == ("message", "holding")
+    second = launch(runtime, components, "holder", "x" * 4, on_event=second_events)
+    assert second_events.next() == ("message", "holding")
+    runtime.send(first, "x" * 5)                     # 9: big's 8 is not more: it waits
+    assert _eventually(lambda: runtime.suspensions.is_suspended(first))
+    runtime.send(second, "x" * 5)                    # the same, suspended after first
+    assert _eventually(lambda: runtime.suspensions.is_suspended(second))
+    runtime.send(big, "")
+    assert runtime.wait(big, timeout=5).value == "released"
+    assert first_events.next() == ("message", "holding")         # 16 free: first's 9
+    with pytest.raises(Exception):
+        second_events.next(timeout=0.3)                         # 7 left: second still waits
+    runtime.send(first, "")
+    assert runtime.wait(first, timeout=5).value == "released"
+    assert second_events.next() == ("message", "holding")
+    runtime.send(second, "")
+    assert runtime.wait(second, timeout=5).value == "released"
+    assert runtime.statistics().pages.num_free == 16
