@@ -16,7 +16,7 @@ from host.server.server_config import ConfigError, parse_config
 from host.server.tenants import resolve_kv_shares
 from tests.host.components import ComponentBuilder
 from tests.host.fake_engine import FakeEngine
-from tests.server.conftest import TOKENS, wait_until_idle
+from tests.server.conftest import TOKENS, scrape, wait_until_idle
 from tests.server.harness import ServerThread
 
 BACKLOG_BYTES = 1024 * 1024
@@ -130,7 +130,10 @@ def test_uploads_in_flight_are_bounded_per_tenant(limited_server) -> None:
     trio.run(main)
 
 
-def test_tenant_within_its_share_reclaims_from_a_tenant_over_it(limited_server, guests) -> None:
+def test_tenant_within_its_share_suspends_a_tenant_over_it(limited_server, guests) -> None:
+    """bob, within its share, needs pages while alice holds more than hers and the pool is full:
+    alice's instance is suspended (its pages copied to host memory, server.swap_mb), not
+    terminated as before suspend and restore, and it is served again once bob's are back."""
     holder = guests.component("holder")
 
     async def main() -> None:
@@ -144,10 +147,14 @@ def test_tenant_within_its_share_reclaims_from_a_tenant_over_it(limited_server, 
             assert (await polite.next_event()).data == "holding"
             await polite.send("x" * 8)                   # bob: 16 of its 16; the pool is full
             assert (await polite.next_event()).data == "holding"
-            final = await hog.wait()
-            assert final.kind == "terminated" and "tenant 'alice' held 24 pages" in final.data
+            figures = scrape(limited_server.url)
+            assert figures["pie_suspensions_total"] >= 1 and figures["pie_swap_pages"] > 0
             await polite.send("")
             assert (await polite.wait()).data == "released"
+            await hog.send("")                           # restored once bob's pages are back
+            final = await hog.wait()
+            assert final.kind == "result" and final.data == "released"
+            assert scrape(limited_server.url)["pie_restores_total"] >= 1
     trio.run(main)
     wait_until_idle(limited_server.url)
 
