@@ -150,10 +150,13 @@ def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
     except WarmUpError as err:
         print(f"pie run: {err}", file=sys.stderr)
         return EXIT_ERROR
+    from engine.loaders import served_model_name
     from host.runtime import Runtime
+    model_name = served_model_name(str(namespace.model or ""), engine.model_name,
+                                   default_model=namespace.model is None)
     # one instance: naming its memory limit exactly is worth its slower start
     with Runtime(engine, RuntimeConfig(cache_dir=cache_dir, count_linear_memory=True,
-                                       swap_mb=namespace.swap_mb,
+                                       swap_mb=namespace.swap_mb, model_name=model_name,
                                        freeze_heap=True)) as runtime:
         program = _load_program(runtime, wasm_path)
         if program is None:

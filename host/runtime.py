@@ -109,7 +109,7 @@ class Runtime:
         self.services = HostServices(
             wasm_engine=self.wasm_engine, linker=build_linker(self.wasm_engine, current),
             scheduler=self.scheduler, hub=self.hub, engine=engine,
-            model_info=ModelInfo(engine.model_name, engine.page_size, tokenizer.vocab_size,
+            model_info=ModelInfo(config.model_name or engine.model_name, engine.page_size, tokenizer.vocab_size,
                                  tuple(tokenizer.stop_token_ids), tokenizer.chat_template,
                                  policy.max_batch_tokens),
             version=_version(), epoch_tick_ms=config.epoch_tick_ms, current=current,

@@ -193,6 +193,7 @@ class RuntimeConfig:
     max_spare_instances: int = 64
     swap_mb: int = 4096
     suspend_deadline_s: float = 600.0
+    model_name: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_shares", tuple((str(t), int(n)) for t, n in self.kv_shares))
@@ -222,6 +223,10 @@ class RuntimeConfig:
         if not isinstance(self.memory_pool_mb, int) or not 0 <= self.memory_pool_mb <= 1 << 20:
             raise ValueError(f"RuntimeConfig.memory_pool_mb must be an int in 0..{1 << 20}, "
                              f"got {self.memory_pool_mb!r}")
+        if self.model_name is not None and not (isinstance(self.model_name, str)
+                                                and self.model_name.strip()):
+            raise ValueError(f"RuntimeConfig.model_name must be a non-empty string or None, "
+                             f"got {self.model_name!r}")
         if not isinstance(self.swap_mb, int) or not 0 <= self.swap_mb <= 1 << 24:
             raise ValueError(f"RuntimeConfig.swap_mb must be an int in 0..{1 << 24}, "
                              f"got {self.swap_mb!r}")

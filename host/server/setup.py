@@ -6,7 +6,6 @@ service binds to the running loop). app.py imports this module, never the other 
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 import trio
 
+from engine.loaders import served_model_name
 from host.progress import progress
 from host.server.metrics import RuntimeFigures, ServerMetrics
 from host.server.server_config import ServerConfig
@@ -22,7 +22,7 @@ from host.server.tenants import TenantRegistry, resolve_kv_shares
 from host.server.uploads import UploadStore
 
 __all__ = ["ServerContext", "load_engine_for", "build_runtime", "runtime_figures", "build_context",
-           "model_info", "served_model_name"]
+           "model_info"]
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,9 @@ def load_engine_for(config: ServerConfig) -> Any:
     return engine
 
 
-def build_runtime(config: ServerConfig, engine: Any) -> Any:
-    """A Runtime over `engine` with the configured batching policy and instance limits."""
+def build_runtime(config: ServerConfig, engine: Any, model_name: str | None = None) -> Any:
+    """A Runtime over `engine` with the configured batching policy and instance limits;
+    `model_name`: the name inferlets see in model-info (None: the engine's)."""
     from host.runtime_config import InstanceLimits, RuntimeConfig
     from host.runtime import Runtime
     from host.scheduling.scheduler import SchedulerPolicy
@@ -77,6 +78,7 @@ def build_runtime(config: ServerConfig, engine: Any) -> Any:
                                          memory_pool_idle_s=config.server.memory_pool_idle_s,
                                          start_slots=config.server.start_slots,
                                          swap_mb=config.server.swap_mb,
+                                         model_name=model_name,
                                          suspend_deadline_s=config.server.suspend_deadline_s,
                                          freeze_heap=True))
 
@@ -96,21 +98,6 @@ def runtime_figures(runtime: Any) -> RuntimeFigures:
         suspensions=stats.suspensions)
 
 
-def served_model_name(path: str, engine_name: str, default_model: bool) -> str:
-    """The served model's one user-facing name (/health, model_info, the OpenAI API's model
-    id): the model file's name without ".gguf" and its quantization tag ("SmolLM2-135M-Instruct"
-    for SmolLM2-135M-Instruct.Q4_1.gguf, "Llama-3.2-1B" for Llama-3.2-1B.Q4_K_M.gguf), or the
-    checkpoint directory's name; the embedded default's (`default_model`) likewise; else (an
-    engine handed in without a path) the engine's own."""
-    if not path and default_model:
-        from engine.loaders import default_gguf_path
-        path = str(default_gguf_path())
-    name = Path(path).name if path else ""
-    name = re.sub(r"\.gguf$", "", name, flags=re.IGNORECASE)
-    name = re.sub(r"[.-](I?Q\d\w*|B?F16|F32)$", "", name, flags=re.IGNORECASE)
-    return name or engine_name
-
-
 def model_info(config: ServerConfig, engine: Any, default_model: bool = True) -> dict[str, Any]:
     """The served model: "name" its user-facing name (`served_model_name`; `default_model`:
     the engine was loaded from the embedded default, as an empty model.path says), "path" the
@@ -128,14 +115,15 @@ async def build_context(config: ServerConfig, engine: Any = None) -> ServerConte
     loaded_here = engine is None
     if engine is None:
         engine = await trio.to_thread.run_sync(load_engine_for, config)
-    runtime = await trio.to_thread.run_sync(build_runtime, config, engine)
+    model = model_info(config, engine, default_model=loaded_here)
+    runtime = await trio.to_thread.run_sync(build_runtime, config, engine, model["name"])
     data_dir = config.server.resolved_data_dir()
     store = UploadStore(data_dir)
     tenants = TenantRegistry(config.tenants)
     metrics = ServerMetrics(partial(runtime_figures, runtime))
     service = PieService(runtime, store, metrics, limits=runtime.config.limits,
                          max_upload_bytes=config.server.max_upload_bytes,
-                         model=model_info(config, engine, default_model=loaded_here),
+                         model=model,
                          max_backlog_bytes=config.server.max_client_backlog_bytes,
                          max_tenant_upload_bytes=config.server.max_tenant_upload_bytes)
     service.start()

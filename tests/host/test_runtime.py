@@ -268,3 +268,16 @@ def test_freeze_heap_puts_the_objects_alive_out_of_the_collectors_reach(make_run
         assert gc.get_freeze_count() > 1000          # the engine's, the runtime's, pytest's...
     finally:
         gc.unfreeze()
+
+
+def test_model_info_names_the_configured_model(make_runtime):  # noqa: F811
+    """RuntimeConfig.model_name is the name inferlets see in model-info (`pie serve` and `pie run`
+    pass the served name); unset, the engine's own; empty, an error."""
+    from host import RuntimeConfig
+
+    engine = FakeEngine(num_pages=8, page_size=4)
+    assert make_runtime(engine).services.model_info.name == engine.model_name
+    named = make_runtime(FakeEngine(num_pages=8, page_size=4), model_name="SmolLM2-135M-Instruct")
+    assert named.services.model_info.name == "SmolLM2-135M-Instruct"
+    with pytest.raises(ValueError, match="model_name must be a non-empty string"):
+        RuntimeConfig(model_name=" ")

@@ -213,7 +213,7 @@ def test_serve_shows_the_engine_line_and_slow_steps_on_stderr(capsys) -> None:
 def test_the_served_model_has_one_name() -> None:
     """/health, model_info and /v1/models all say served_model_name: the file's name up to its
     first dot, not the GGUF's own metadata name."""
-    from host.server.setup import served_model_name
+    from engine.loaders import served_model_name
 
     assert served_model_name("models/Llama-3.2-1B.Q4_K_M.gguf", "Llama 3.2 1B", False) == \
         "Llama-3.2-1B"

@@ -188,3 +188,16 @@ def test_scheduler_settings_reach_the_runtime(key: str, value, expected) -> None
         assert getattr(runtime.scheduler.policy, key) == expected
     finally:
         runtime.close()
+
+
+def test_build_runtime_gives_inferlets_the_served_name() -> None:
+    """What `pie serve` passes (the served name) is what an inferlet's model-info says."""
+    from host.server.setup import build_runtime
+    from tests.host.fake_engine import FakeEngine
+
+    runtime = build_runtime(parse_config({"tenants": [TENANT]}),
+                            FakeEngine(num_pages=16, page_size=4), "SmolLM2-135M-Instruct")
+    try:
+        assert runtime.services.model_info.name == "SmolLM2-135M-Instruct"
+    finally:
+        runtime.close()

@@ -43,7 +43,7 @@ def _error(status: int, message: str, kind: str = "invalid_request_error",
 
 def api_limits(info: dict[str, Any]) -> ApiLimits:
     """The model's ids and limits. The listed id is the served model's one name, info["name"]
-    (host/server/setup.py: served_model_name; "SmolLM2-135M-Instruct" for the embedded
+    (engine.loaders.served_model_name; "SmolLM2-135M-Instruct" for the embedded
     SmolLM2-135M-Instruct.Q4_1.gguf); the model's own metadata name, the file name and the
     path are accepted as aliases."""
     path = info.get("path") or ""
