@@ -9,8 +9,8 @@
  * again but round each activation to 1/127 of its block's largest: not used here.
  *
  * Interleaved (_X8) matrices: two 8-row groups side by side fill one 512-bit vector, 16 rows x
- * a pair of values, so one broadcast activation pair serves both (an odd last group runs the
- * 256-bit VNNI form); up to 8 activation rows share each unpacked pair of tiles. Row-major
+ * a pair of values, so one broadcast activation pair serves both (an odd last group, and
+ * every group under PAIR_MIN_ROWS activation rows, runs the 256-bit VNNI form); up to 8 activation rows share each unpacked pair of tiles. Row-major
  * types: one block of 32 values is one vector, up to 4 activation rows per unpacked block. */
 #include "formats.h"
 
@@ -21,6 +21,11 @@
 #define INLINE TARGET static inline __attribute__((always_inline))
 #define MAX_ROWS 4          /* activation rows per pass over a row-major weight row */
 #define X8_MAX_ROWS 8       /* per pass over two tiles: 2 R + 7 of the 32 vector registers */
+/* Fewer activation rows than this stream the weight one group at a time (256-bit VNNI): there
+ * the pass is bound by the weight stream from DRAM, and two groups' streams side by side ran it
+ * slower (30 layers' SmolLM2 matmuls streamed from DRAM, one thread, Zen 4, pair / single /
+ * AVX2 ms: 1 row 7.1 / 4.7 / 4.6, 4 rows 8.9 / 7.7 / 8.7, 8 rows 13.1 pair vs 16.5 AVX2) */
+#define PAIR_MIN_ROWS 5
 
 enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0 };
 
@@ -197,15 +202,15 @@ INLINE void x8_group_single(const uint8_t *group, int kind, const act_q16 *x, in
                             const act_q16 *x, int64_t m, float *y, int64_t ldy) {             \
         const int kind = kind_value;                                                         \
         int64_t num_groups = num_rows / X8_ROWS, group_bytes = X8_ROWS * row_bytes, g = 0;   \
-        for (; g + 2 <= num_groups; g += 2) {                                                \
+        for (; m >= PAIR_MIN_ROWS && g + 2 <= num_groups; g += 2) {                          \
             const uint8_t *group = w + g * group_bytes;                                      \
             float *out = y + g * X8_ROWS;                                                    \
-            FOR_X8_ROW_GROUPS(PAIR_CALL);                                                       \
+            FOR_X8_ROW_GROUPS(PAIR_CALL);                                                    \
         }                                                                                    \
-        if (g < num_groups) {                                                                \
+        for (; g < num_groups; g++) {      /* one row: every group; else an odd last one */  \
             const uint8_t *group = w + g * group_bytes;                                      \
             float *out = y + g * X8_ROWS;                                                    \
-            FOR_X8_ROW_GROUPS(SINGLE_CALL);                                                     \
+            FOR_X8_ROW_GROUPS(SINGLE_CALL);                                                  \
         }                                                                                    \
     }
 #define PAIR_CALL(R) x8_group_pair(group, group + group_bytes, kind, x, r0, R, out, ldy)
