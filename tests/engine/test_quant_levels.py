@@ -32,11 +32,10 @@ def assert_same_products(y: torch.Tensor, scalar: torch.Tensor) -> None:
     assert float(relative.max()) < REORDERING_TOLERANCE
 
 
-def require_level(level: str) -> None:
-    """Skip, naming what is absent, when this CPU does not run `level`."""
-    if level not in kernels.levels():
-        pytest.skip(f"this CPU lacks the {level} kernel level (it runs {kernels.levels()}; "
-                    f"CPUID / XGETBV report {kernels.cpu_features()})")
+# The levels this CPU runs: each is tested against the scalar reference. Which ones it runs is
+# itself checked against CPUID / XGETBV (test_levels_follow_the_cpu_features), so a level that
+# should run here and does not is a failure, not an absent case.
+RUNNABLE = kernels.levels()
 
 
 def test_levels_follow_the_cpu_features() -> None:
@@ -81,9 +80,8 @@ def test_a_level_this_cpu_lacks_cannot_be_forced(monkeypatch) -> None:
     assert kernels.best_level() == "scalar"
 
 
-@pytest.mark.parametrize("level", kernels.LEVELS)
+@pytest.mark.parametrize("level", RUNNABLE)
 def test_the_reason_names_the_level(level: str, monkeypatch) -> None:
-    require_level(level)
     monkeypatch.delenv(kernels.LEVEL_ENV, raising=False)
     if level == kernels.levels()[-1]:
         reason = kernels.level_reason()
@@ -94,9 +92,8 @@ def test_the_reason_names_the_level(level: str, monkeypatch) -> None:
 
 @pytest.mark.parametrize("num_x_rows", [1, 2, 5, 8])
 @pytest.mark.parametrize("qtype", sorted(KERNEL_QTYPES), ids=lambda q: q.name)
-@pytest.mark.parametrize("level", kernels.LEVELS)
+@pytest.mark.parametrize("level", RUNNABLE)
 def test_row_kernels_match_scalar_and_gguf(level: str, qtype: Q, num_x_rows: int) -> None:
-    require_level(level)
     num_rows, num_cols = 40, 512
     blocks = random_blocks(qtype, num_rows, num_cols, seed=11 + num_x_rows)
     weight = QuantizedTensor(torch.from_numpy(blocks), qtype, num_cols)
@@ -112,9 +109,8 @@ def test_row_kernels_match_scalar_and_gguf(level: str, qtype: Q, num_x_rows: int
 
 @pytest.mark.parametrize("num_groups", [1, 2, 3, 7])        # odd: a last group alone
 @pytest.mark.parametrize("qtype", INTERLEAVABLE, ids=lambda q: q.name)
-@pytest.mark.parametrize("level", kernels.LEVELS)
+@pytest.mark.parametrize("level", RUNNABLE)
 def test_interleaved_kernels_match_scalar_and_gguf(level: str, qtype: Q, num_groups: int) -> None:
-    require_level(level)
     num_rows, num_cols = 8 * num_groups, 320
     blocks = random_blocks(qtype, num_rows, num_cols, seed=num_groups)
     weight = QuantizedTensor(torch.from_numpy(blocks), qtype, num_cols)
@@ -132,11 +128,10 @@ def test_interleaved_kernels_match_scalar_and_gguf(level: str, qtype: Q, num_gro
     assert expected is not None
 
 
-@pytest.mark.parametrize("level", kernels.LEVELS)
+@pytest.mark.parametrize("level", RUNNABLE)
 def test_extreme_quants_do_not_overflow(level: str) -> None:
     """Every weight quant at its extreme and every activation at +-32767 (a block whose values
     are all its largest): the int32 sums of a block stay exact at every level."""
-    require_level(level)
     num_cols = 256
     for qtype in sorted(KERNEL_QTYPES):
         blocks = random_blocks(qtype, 16, num_cols, seed=1)
@@ -156,12 +151,11 @@ def test_extreme_quants_do_not_overflow(level: str) -> None:
 
 
 @pytest.mark.usefixtures("one_torch_thread")
-@pytest.mark.parametrize("level", kernels.LEVELS)
+@pytest.mark.parametrize("level", RUNNABLE)
 def test_an_engine_forced_to_each_level_decodes_alike(level: str, mixed_gguf, monkeypatch) -> None:
     """The whole engine at one level (PIE_KERNEL_LEVEL: its block matmuls, the fused decoder, the
     decode attention) against the portable level, fed the same tokens: logits agree within the
     fused decoder's own tolerance."""
-    require_level(level)
     monkeypatch.setenv(kernels.LEVEL_ENV, "scalar")
     reference_engine = quantized_engine(mixed_gguf, fused=True)
     monkeypatch.setenv(kernels.LEVEL_ENV, level)
@@ -175,9 +169,8 @@ def test_an_engine_forced_to_each_level_decodes_alike(level: str, mixed_gguf, mo
         torch.testing.assert_close(got, expected, rtol=0, atol=MAX_RELATIVE_DIFF * scale)
 
 
-@pytest.mark.parametrize("level", kernels.LEVELS)
+@pytest.mark.parametrize("level", RUNNABLE)
 def test_the_kernel_line_names_the_level_and_why(level: str, mixed_gguf, monkeypatch) -> None:
-    require_level(level)
     monkeypatch.delenv(kernels.LEVEL_ENV, raising=False)
     best = kernels.levels()[-1]
     line = quantized_engine(mixed_gguf, fused=True).kernel_summary
@@ -189,11 +182,10 @@ def test_the_kernel_line_names_the_level_and_why(level: str, mixed_gguf, monkeyp
 
 
 @pytest.mark.parametrize("qtype", sorted(KERNEL_QTYPES), ids=lambda q: q.name)
-@pytest.mark.parametrize("level", kernels.LEVELS)
+@pytest.mark.parametrize("level", RUNNABLE)
 def test_dequantization_is_the_same_at_every_level(level: str, qtype: Q) -> None:
     """The GEMM path's dequantization: gguf's values, bit for bit what the portable code gives,
     row-major and interleaved, over several threads (chunks of whole 8-row groups)."""
-    require_level(level)
     blocks = random_blocks(qtype, 72, 512, seed=21)
     weight = QuantizedTensor(torch.from_numpy(blocks), qtype, 512)
     reference = reference_weight(blocks, qtype, 512)
@@ -208,12 +200,11 @@ def test_dequantization_is_the_same_at_every_level(level: str, qtype: Q) -> None
 
 @pytest.mark.parametrize("head_dim", [24, 64])        # 16-wide steps at avx512-vnni, or 8-wide
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("level", kernels.LEVELS)
+@pytest.mark.parametrize("level", RUNNABLE)
 def test_decode_attention_agrees_with_the_portable_loops(level: str, kv_dtype: torch.dtype,
                                                          head_dim: int) -> None:
     from tests.engine.test_c_decode_attention import _gqa_case
 
-    require_level(level)
     plan, q, k_new, v_new, slots, _, _ = _gqa_case(9, 3, head_dim, kv_dtype, seed=5)
     portable = plan(q, k_new, v_new, slots.clone(), level="scalar")
     simd_slots = slots.clone()
