@@ -220,12 +220,9 @@ def tpot_rows(py_wasm: bytes, config: RuntimeConfig, num_steps: int,
     for overlap, key in ((True, ""), (False, "_no_overlap")):
         overheads, wall_overheads = [], []
         for num_instances in (1, 8, 64):
-            engine = BenchEngine(LLAMA1B_TPOT_S)
-            with Runtime(engine, with_overlap(config, overlap)) as runtime:
-                run = lined_up(runtime, engine, runtime.load_program(py_wasm),
-                               [mode, str(num_steps)], num_instances)
-            batch_s = run["engine_s"] / run["num_batches"]
-            overheads.append(run["inter_token_s"] / batch_s - 1)
+            run, batch_s, share = _per_token_share(py_wasm, config, LLAMA1B_TPOT_S, overlap,
+                                                   [mode, str(num_steps)], num_instances)
+            overheads.append(share)
             wall_overheads.append(run["wall_s"] * num_instances / run["num_forwards"] / batch_s
                                   - 1)
             how = ("host loops" if mode == "decode" else "step by step") + (
@@ -241,18 +238,25 @@ def tpot_rows(py_wasm: bytes, config: RuntimeConfig, num_steps: int,
     return rows, figures
 
 
+def _per_token_share(py_wasm: bytes, config: RuntimeConfig, step_s: float, overlap: bool,
+                     args: list[str], num_instances: int) -> tuple[dict, float, float]:
+    """`num_instances` lined-up Python guests over an engine sleeping `step_s` per batch: (the
+    run, one batch's engine time, the host's share per token: TPOT / that time - 1)."""
+    engine = BenchEngine(step_s)
+    with Runtime(engine, with_overlap(config, overlap)) as runtime:
+        run = lined_up(runtime, engine, runtime.load_program(py_wasm), args, num_instances)
+    batch_s = run["engine_s"] / run["num_batches"]
+    return run, batch_s, run["inter_token_s"] / batch_s - 1
+
+
 def short_step_rows(py_wasm: bytes, config: RuntimeConfig, num_steps: int,
                     mode: str = "decode") -> tuple[list, dict]:
     """The tpot row's measure over a 1.0 ms engine (a graph-replayed step), with overlap: the
     host's share per token, TPOT / one batch's engine time - 1, at 1, 8 and 64 Python guests."""
     rows, figures = [], {}
     for num_instances in (1, 8, 64):
-        engine = BenchEngine(GRAPH_STEP_S)
-        with Runtime(engine, with_overlap(config, True)) as runtime:
-            run = lined_up(runtime, engine, runtime.load_program(py_wasm),
-                           [mode, str(num_steps)], num_instances)
-        batch_s = run["engine_s"] / run["num_batches"]
-        share = run["inter_token_s"] / batch_s - 1
+        run, batch_s, share = _per_token_share(py_wasm, config, GRAPH_STEP_S, True,
+                                               [mode, str(num_steps)], num_instances)
         figures[f"host_share_1ms_{num_instances}"] = share
         rows.append((f"1.0 ms engine, {num_instances} Python guests (overlap): TPOT",
                      f"{run['inter_token_s'] * 1e3:.3f} ms",
