@@ -9,8 +9,8 @@ from __future__ import annotations
 from engine.adapters.apply import LoraPass, StackedAdapters, stack_adapters
 from engine.adapters.peft import (CONFIG_FILE, TARGET_MODULES, WEIGHTS_FILE, AdapterError,
                                   AdapterSpec, LoraAdapter, load_adapter, read_adapter_spec)
-from engine.adapters.store import AdapterInfo, AdapterStore, check_adapter_name
+from engine.adapters.store import AdapterInfo, AdapterStore, check_adapter_name, scoped_name
 
 __all__ = ["AdapterError", "AdapterInfo", "AdapterSpec", "AdapterStore", "LoraAdapter", "LoraPass",
            "StackedAdapters", "CONFIG_FILE", "WEIGHTS_FILE", "TARGET_MODULES", "check_adapter_name",
-           "load_adapter", "read_adapter_spec", "stack_adapters"]
+           "load_adapter", "read_adapter_spec", "scoped_name", "stack_adapters"]

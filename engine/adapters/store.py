@@ -2,7 +2,10 @@
 
 `register(name, directory)` checks a PEFT adapter against the base model from its config and
 safetensors header (engine.adapters.peft) and remembers where it is; the tensors are read when a
-batch first names it. Resident adapters are evicted least recently used while their bytes
+batch first names it. An adapter may be registered in a scope (a server's tenant): its engine
+name (what ForwardRequest.adapter names) is then `scoped_name(scope, name)`, "scope/name",
+which no unscoped name can be; `resolve(name, scope)` finds the scope's own adapter first, then
+an unscoped one. Resident adapters are evicted least recently used while their bytes
 exceed `memory_bytes`, never one the batch being prepared names (a batch naming more than the
 budget holds runs, and the surplus goes at the next batch). The stacks of the last set of
 adapters a batch used (engine.adapters.apply) are kept for the next batch naming the same set,
@@ -26,9 +29,10 @@ from engine.batch import ForwardRequest
 from engine.engine_config import ModelConfig
 from engine.errors import RequestError
 
-__all__ = ["AdapterStore", "AdapterInfo", "ADAPTER_NAME", "check_adapter_name"]
+__all__ = ["AdapterStore", "AdapterInfo", "ADAPTER_NAME", "check_adapter_name", "scoped_name"]
 
 ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")   # no ':' ("<base>:<adapter>")
+SCOPE_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")                # a tenant's name; no '/'
 
 
 def check_adapter_name(name: object) -> str:
@@ -40,9 +44,23 @@ def check_adapter_name(name: object) -> str:
     return name
 
 
+def scoped_name(scope: str | None, name: str) -> str:
+    """The engine name of adapter `name` in `scope` (None: unscoped, the name itself); the name
+    checked as an adapter name, the scope as 1-128 letters, digits, '.', '_' or '-'
+    (AdapterError)."""
+    check_adapter_name(name)
+    if scope is None:
+        return name
+    if not isinstance(scope, str) or SCOPE_NAME.fullmatch(scope) is None:
+        raise AdapterError(name, f"scope {str(scope)[:80]!r} is not valid (1-128 letters, "
+                           f"digits, '.', '_' or '-')")
+    return f"{scope}/{name}"
+
+
 @dataclass(frozen=True)
 class AdapterInfo:
-    """A registered adapter: where its files are, what they declare, its resident size."""
+    """A registered adapter: its engine name (`scoped_name`), where its files are, what they
+    declare, its resident size."""
 
     name: str
     directory: Path
@@ -70,28 +88,50 @@ class AdapterStore:
         self._stacked: StackedAdapters | None = None
         self._lock = threading.Lock()
 
-    def register(self, name: str, directory: str | Path) -> AdapterInfo:
-        """Check the adapter in `directory` and register it as `name` (replacing one of that name;
-        its resident copy goes). AdapterError naming the tensor or setting at fault, or when it
-        alone exceeds the memory budget."""
-        check_adapter_name(name)
+    def register(self, name: str, directory: str | Path, scope: str | None = None) -> AdapterInfo:
+        """Check the adapter in `directory` and register it as `name` in `scope` (replacing one
+        of that name; its resident copy goes). AdapterError naming the tensor or setting at
+        fault, or when it alone exceeds the memory budget."""
+        key = scoped_name(scope, name)
         directory = Path(directory)
         spec = read_adapter_spec(name, directory, self.config)
         size = spec.resident_bytes(torch.empty((), dtype=self.dtype).element_size())
         if size > self.memory_bytes:
             raise AdapterError(name, f"needs {size / 2**20:.1f} MiB resident, more than the "
                                f"adapter memory budget of {self.memory_bytes / 2**20:.1f} MiB")
-        info = AdapterInfo(name, directory, spec, size)
+        info = AdapterInfo(key, directory, spec, size)
         with self._lock:
-            self._drop(name)
-            self._registered[name] = info
+            self._drop(key)
+            self._registered[key] = info
         return info
 
-    def unregister(self, name: str) -> bool:
-        """Forget `name` (and its resident copy); False when it was not registered."""
+    def unregister(self, name: str, scope: str | None = None) -> bool:
+        """Forget `name` of `scope` (and its resident copy); False when it was not registered."""
+        key = scoped_name(scope, name)
         with self._lock:
-            self._drop(name)
-            return self._registered.pop(name, None) is not None
+            self._drop(key)
+            return self._registered.pop(key, None) is not None
+
+    def resolve(self, name: str, scope: str | None = None) -> str | None:
+        """The engine name `name` means in `scope`: the scope's own adapter, else an unscoped
+        one, else None (also for a name that is not valid)."""
+        if not isinstance(name, str) or ADAPTER_NAME.fullmatch(name) is None:
+            return None
+        if scope is not None and SCOPE_NAME.fullmatch(scope) is not None \
+                and f"{scope}/{name}" in self._registered:
+            return f"{scope}/{name}"
+        return name if name in self._registered else None
+
+    def names_in(self, scope: str | None) -> tuple[str, ...]:
+        """The names `resolve` finds in `scope` (its own and the unscoped ones), sorted."""
+        prefix = None if scope is None else f"{scope}/"
+        names = set()
+        for key in list(self._registered):
+            if "/" not in key:
+                names.add(key)
+            elif prefix is not None and key.startswith(prefix):
+                names.add(key[len(prefix):])
+        return tuple(sorted(names))
 
     def __contains__(self, name: object) -> bool:
         return name in self._registered
@@ -101,7 +141,7 @@ class AdapterStore:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """Registered adapters, sorted."""
+        """Registered adapters' engine names, sorted."""
         return tuple(sorted(self._registered))
 
     @property

@@ -97,9 +97,10 @@ class AdapterPages:
 
 
 def available_names(ctx: BindingContext) -> Sequence[str]:
-    """The adapters the engine holds (none for an engine without adapters), sorted."""
+    """The adapters the instance may open (none for an engine without adapters), sorted: its
+    tenant's own (a server's uploads) and the unscoped ones (`pie run --adapter`)."""
     store = getattr(ctx.services.engine, "adapters", None)
-    return () if store is None else store.names
+    return () if store is None else store.names_in(ctx.tenant or None)
 
 
 INTERFACE = "pie:inferlet/adapters@0.1.0"
@@ -107,13 +108,15 @@ INTERFACE = "pie:inferlet/adapters@0.1.0"
 
 def open_adapter(ctx: BindingContext, name: str) -> int | str:
     """result<u32, string>: a handle on `name` (an int), or the err text when the engine has no
-    such adapter."""
+    such adapter for the instance's tenant (its own adapter of that name, else an unscoped
+    one; engine.adapters.AdapterStore.resolve)."""
     if len(name) > MAX_NAME_CHARS:
         return f"adapter names are at most {MAX_NAME_CHARS} characters"
     store = getattr(ctx.services.engine, "adapters", None)
-    if store is None or name not in store:
+    engine_name = None if store is None else store.resolve(name, ctx.tenant or None)
+    if engine_name is None:
         return f"no adapter named {name!r}"
-    return ctx.tables.adapters.open("adapters.open", name)
+    return ctx.tables.adapters.open("adapters.open", engine_name)
 
 
 def available(ctx: BindingContext) -> list[str]:

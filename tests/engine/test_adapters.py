@@ -341,6 +341,27 @@ def test_the_store_refuses_bad_names_and_oversized_adapters(tmp_path):
     assert store.unregister("a") and not store.unregister("a")
 
 
+def test_scoped_adapters_resolve_within_their_scope(tmp_path):
+    """A tenant's adapter ("scope/name") is found by its scope alone, before an unscoped one of
+    the same name; other scopes see only the unscoped ones."""
+    path = _tiny_adapter(tmp_path)
+    store = AdapterStore(TINY, torch.float32, torch.device("cpu"), memory_bytes=2**20)
+    store.register("shared", path)
+    info = store.register("mine", path, scope="alice")
+    assert info.name == "alice/mine" and "alice/mine" in store
+    store.register("shared", path, scope="alice")
+    assert store.resolve("mine", "alice") == "alice/mine"
+    assert store.resolve("shared", "alice") == "alice/shared"
+    assert store.resolve("shared", "bob") == "shared"
+    assert store.resolve("mine", "bob") is None and store.resolve("mine") is None
+    assert store.resolve("alice/mine", "bob") is None          # not a name: no reaching across
+    assert store.names_in("alice") == ("mine", "shared") and store.names_in("bob") == ("shared",)
+    assert store.prepare(_requests("alice/mine")) is not None
+    with pytest.raises(AdapterError, match="scope"):
+        store.register("x", path, scope="a/b")
+    assert store.unregister("mine", scope="alice") and store.resolve("mine", "alice") is None
+
+
 def test_the_store_fails_a_request_whose_adapter_files_went_bad(tmp_path):
     path = _tiny_adapter(tmp_path)
     store = AdapterStore(TINY, torch.float32, torch.device("cpu"), memory_bytes=2**20)

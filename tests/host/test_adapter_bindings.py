@@ -12,19 +12,27 @@ from tests.host.test_decode_loop import MODES, PAGE_SIZE, Setup, _sampler
 
 
 class _Store:
-    """The engine's adapter store as the binding sees it: names, membership."""
+    """The engine's adapter store as the binding sees it (engine.adapters.AdapterStore):
+    engine names, unscoped ("tone") or a tenant's ("t/mine"), resolved per tenant."""
 
     def __init__(self, *names: str) -> None:
         self.names = tuple(sorted(names))
 
-    def __contains__(self, name: object) -> bool:
-        return name in self.names
+    def resolve(self, name: str, scope: str | None = None) -> str | None:
+        if scope is not None and f"{scope}/{name}" in self.names:
+            return f"{scope}/{name}"
+        return name if name in self.names and "/" not in name else None
+
+    def names_in(self, scope: str | None) -> tuple[str, ...]:
+        return tuple(sorted({n for n in self.names if "/" not in n} | {
+            n.split("/", 1)[1] for n in self.names if n.startswith(f"{scope}/")}))
 
 
-def _setup(mode: str, prompt=(5, 6, 7, 8, 9)) -> Setup:
+def _setup(mode: str, prompt=(5, 6, 7, 8, 9), tenant: str = "t") -> Setup:
     setup = Setup(list(prompt), **MODES[mode])
-    setup.engine.adapters = _Store("tone", "code")
+    setup.engine.adapters = _Store("tone", "code", "t/mine", "u/theirs")
     setup.ctx.services.engine = setup.engine
+    setup.ctx.tenant = tenant
     return setup
 
 
@@ -48,7 +56,7 @@ def test_handles_are_per_name_and_bounded():
 def test_open_refuses_unknown_and_overlong_names():
     setup = _setup("no-overlap")
     try:
-        assert adapters.available(setup.ctx) == ["code", "tone"]
+        assert adapters.available(setup.ctx) == ["code", "mine", "tone"]
         assert isinstance(adapters.open_adapter(setup.ctx, "tone"), int)
         assert "no adapter named 'nope'" in adapters.open_adapter(setup.ctx, "nope")
         assert "at most" in adapters.open_adapter(setup.ctx, "x" * 100)
@@ -93,6 +101,20 @@ def test_an_unbound_sequence_and_a_forward_submit():
                                   kv_len - (num_pages - 1) * PAGE_SIZE, [0], [_sampler()], None)
         assert not isinstance(forward.get(setup.ctx, None, resource.rep), str)
         assert _requests_of(setup)[-1].adapter == "code"
+    finally:
+        setup.close()
+
+
+def test_a_tenant_opens_its_own_adapters_and_no_other_tenants():
+    setup = _setup("no-overlap")
+    try:
+        setup.start()
+        handle = adapters.open_adapter(setup.ctx, "mine")
+        assert "no adapter named 'theirs'" in adapters.open_adapter(setup.ctx, "theirs")
+        assert "no adapter" in adapters.open_adapter(setup.ctx, "u/theirs")
+        adapters.bind(setup.ctx, setup.sequence_id, handle)
+        setup.read_all(setup.submit(2))
+        assert {r.adapter for r in _requests_of(setup)} == {"t/mine"}   # the engine's name
     finally:
         setup.close()
 
