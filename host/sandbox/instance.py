@@ -39,7 +39,7 @@ from host.sandbox.programs import Program
 from host.sandbox.services import HostServices, Launch, ModelInfo
 from host.sandbox.spare_instances import SpareHandover
 from host.sandbox.traps import classify_trap
-from host.scheduling.types import SubmissionFuture
+from host.scheduling.items import SubmissionFuture
 
 __all__ = ["Instance", "HostServices", "Launch", "ModelInfo"]
 

@@ -1,15 +1,60 @@
-"""The scheduler's bookkeeping of one queued submission (`Item`, possibly split into chunks) and
-of one batch being formed (`Taken`). Used under the scheduler's lock only."""
+"""One queued submission's life: its future (`SubmissionFuture`), the scheduler's bookkeeping of it
+while it waits (`Item`, possibly split into chunks), the batch being formed (`Taken`), the engine
+call that runs a batch's passes (`run_forward`: one bad request fails alone) and its end
+(`resolve`: its `on_done` first, so that pages it pinned may be released, then its future).
+`Item` and `Taken` are used under the scheduler's lock only."""
 from __future__ import annotations
 
+import logging
 import time
-from typing import Callable, Hashable
+from concurrent.futures import Future, InvalidStateError
+from operator import attrgetter
+from typing import Callable, Hashable, Sequence
 
-from engine.batch import ForwardResult
+from engine.batch import ForwardBatch, ForwardResult
 from engine.chunking import split_request
-from host.scheduling.types import PRIORITIES, SubmissionFuture
+from engine.errors import RequestError
+from engine.protocol import EngineLike
+from host.scheduling.types import PRIORITIES
 
-__all__ = ["Item", "Taken", "owner_of", "rank_of"]
+__all__ = ["SubmissionFuture", "Item", "Taken", "owner_of", "rank_of", "run_forward",
+           "forward_after_error", "check_results", "resolve", "end_pin"]
+
+_log = logging.getLogger("host.scheduling.scheduler")
+_request_of = attrgetter("request")
+
+
+class SubmissionFuture(Future):
+    """The future of one submission, owned by `owner` (the first element of its queue key).
+
+    A consumer about to block on it calls `wait_started()` (`result()` / `exception()` do,
+    Instance.wait_future does): if it is not done yet, `awaited` turns True (its owner is
+    blocked on it: the adaptive policy expects the owner back after the batch that resolves it)
+    and `on_wait(self)` tells the scheduler the owner has blocked (its turn after the last
+    batch is over; the adaptive scheduler may run the batch on this very thread)."""
+
+    def __init__(self, owner: Hashable = None,
+                 on_wait: Callable[["SubmissionFuture"], None] | None = None) -> None:
+        super().__init__()
+        self.awaited = False
+        self.owner = owner
+        self._on_wait = on_wait
+
+    def wait_started(self) -> None:
+        if self.done():
+            return
+        self.awaited = True
+        if self._on_wait is not None:
+            self._on_wait(self)
+
+    def result(self, timeout: float | None = None):
+        self.wait_started()
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None):
+        self.wait_started()
+        return super().exception(timeout)
+
 
 
 class Item:
@@ -112,3 +157,81 @@ def rank_of(priority: str) -> int:
     if priority not in PRIORITIES:
         raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
     return PRIORITIES.index(priority)
+
+
+def run_forward(engine: EngineLike, items: Sequence[Item],
+                fed_from: Sequence[ForwardResult | None] | None = None) -> list:
+    """Run the passes: a result or an exception per item. A RequestError (the engine validates
+    before it computes) fails the pass it names alone and the others run again without it; any
+    other exception fails them all. `fed_from`: per item, None or the result whose token is its
+    input (ForwardBatch.fed_from)."""
+    try:                                               # the common case: all run at once
+        return _forward(engine, items, fed_from)
+    except Exception as error:                         # noqa: BLE001 -- an outcome
+        return forward_after_error(engine, items, fed_from, error)
+
+
+def forward_after_error(engine: EngineLike, items: Sequence[Item],
+                        fed_from: Sequence[ForwardResult | None] | None,
+                        error: Exception) -> list:
+    """run_forward's outcomes once the engine raised `error` for all of `items`."""
+    outcomes: dict[int, object] = {}
+    remaining = list(range(len(items)))
+    while isinstance(error, RequestError) and 0 <= error.request_index < len(remaining):
+        outcomes[remaining.pop(error.request_index)] = error
+        if not remaining:
+            break
+        try:
+            results = _forward(engine, [items[i] for i in remaining],
+                               None if fed_from is None else [fed_from[i] for i in remaining])
+        except Exception as next_error:                # noqa: BLE001 -- an outcome
+            error = next_error
+            continue
+        outcomes.update(zip(remaining, results))
+        remaining = []
+    outcomes.update((i, error) for i in remaining)
+    return [outcomes[i] for i in range(len(items))]
+
+
+def _forward(engine: EngineLike, items: Sequence[Item],
+             fed_from: Sequence[ForwardResult | None] | None) -> list:
+    """One engine call for `items`' passes: a result each (RuntimeError if the count differs)."""
+    batch = ForwardBatch(tuple(map(_request_of, items)),
+                         None if fed_from is None else tuple(fed_from))
+    return check_results(engine.forward(batch), len(items))
+
+
+def check_results(results: Sequence[ForwardResult], num_requests: int) -> list:
+    """The engine's results as a list (RuntimeError if there is not one per request)."""
+    if len(results) != num_requests:
+        raise RuntimeError(f"engine returned {len(results)} results for {num_requests} requests")
+    return results if isinstance(results, list) else list(results)
+
+
+def end_pin(on_done: Callable[[], None] | None) -> None:
+    """Call a pass's `on_done` (None: nothing); a failure is logged, never raised out."""
+    if on_done is not None:
+        try:
+            on_done()
+        except Exception:
+            _log.exception("scheduler: on_done callback failed")
+
+
+def resolve(item: Item, outcome: object) -> None:
+    """End a whole item: `on_done` (never raises out), then the future's result or exception
+    (a chained pass: its `on_outcome`)."""
+    end_pin(item.on_done)
+    if item.future is None:
+        if item.on_outcome is not None:
+            try:
+                item.on_outcome(outcome)
+            except Exception:
+                _log.exception("scheduler: on_outcome callback failed")
+        return
+    try:
+        if isinstance(outcome, BaseException):
+            item.future.set_exception(outcome)
+        else:
+            item.future.set_result(outcome)
+    except InvalidStateError:                  # the waiter cancelled it
+        pass

@@ -38,10 +38,9 @@ from typing import Hashable, Protocol
 from engine.batch import ForwardBatch, ForwardResult
 from engine.protocol import EngineLike
 from host.errors import Cancelled
-from host.scheduling.engine_calls import check_results, end_pin, forward_after_error, resolve
-from host.scheduling.engine_calls import run_forward
 from host.scheduling.helper_thread import HelperThread
-from host.scheduling.items import Item
+from host.scheduling.items import (Item, check_results, end_pin, forward_after_error, resolve,
+                                   run_forward)
 from host.scheduling.types import SchedulerPolicy
 from host.scheduling.work import PreparedForward
 

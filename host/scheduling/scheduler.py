@@ -16,7 +16,7 @@ guests' wakes deferred until the next batch has gone to the engine). Three threa
 Submitting never blocks; it returns a SubmissionFuture, or, for a chained pass (a host decode
 loop's next step), nothing: its `on_outcome` is called instead. An engine exception fails the
 futures of that batch and the scheduler goes on; a RequestError fails the pass it names alone
-(engine_calls.py). When more than one owner has work, no owner puts more than
+(items.py). When more than one owner has work, no owner puts more than
 max_tokens_per_owner tokens into a batch: a longer pass runs in chunks across batches (same
 results; its future resolves once the last chunk has run). An owner may be suspended
 (`suspend_owner`: its queues held, in their order, until `resume_owner`; host/suspensions.py),
@@ -37,13 +37,10 @@ from engine.batch import ForwardResult, TokenCopy
 from engine.protocol import EngineLike
 from host.errors import Cancelled
 from host.scheduling import policy as batch_policy
-from host.scheduling.engine_calls import resolve, run_forward
-from host.scheduling.items import Item, owner_of, rank_of
+from host.scheduling.items import Item, SubmissionFuture, owner_of, rank_of, resolve, run_forward
 from host.scheduling.lookahead import Lookahead
 from host.scheduling.policy import FairShares, FireView, take_batch
-from host.scheduling.types import (PRIORITIES, BatchCounts, SchedulerPolicy, SchedulerStats,
-                                   SubmissionFuture)
-from host.scheduling.wakes import DeferredWakes
+from host.scheduling.types import PRIORITIES, SchedulerPolicy, SchedulerStats
 from host.scheduling.work import PreparedCopy, PreparedForward
 
 __all__ = ["BatchScheduler", "SchedulerPolicy", "SchedulerStats", "SubmissionFuture", "PRIORITIES"]
@@ -54,6 +51,7 @@ _copies_of, _future_of = attrgetter("copies"), attrgetter("future")
 Batch = tuple[list[Item], list[Item]]      # (copy items, forward items), in run order
 _R = TypeVar("_R")
 _EXCLUSIVE_POLL_S = 0.005      # run_exclusive re-checks this often (a step's end notifies rarely)
+NUM_RECENT = 64                # batch sizes kept for SchedulerStats.recent_batch_sizes
 
 
 class BatchScheduler:
@@ -245,7 +243,7 @@ class BatchScheduler:
     def defer_wake(self, wake: Callable[[], None]) -> bool:
         """From a callback while its batch resolves: run `wake` (waking a guest) only once the
         next batch has gone to the engine, or right after this one when none follows at once
-        (host/scheduling/wakes.py). False, and nothing kept, outside a batch's resolution."""
+        (DeferredWakes). False, and nothing kept, outside a batch's resolution."""
         return self._wakes.defer(wake)
 
     def set_owner_group(self, owner_id: Hashable, group: Hashable) -> None:
@@ -629,3 +627,78 @@ class BatchScheduler:
                 del self._queues[parent.queue_key]
         self._finish([parent], [outcome])
         self._forget([parent])
+
+
+class BatchCounts:
+    """Counters of batches, passes, copies, cancellations and holds. Not thread-safe: the
+    scheduler updates and reads them under its own lock."""
+
+    def __init__(self) -> None:
+        self.num_batches = self.num_failed_batches = self.num_forwards = 0
+        self.num_copy_items = self.num_cancelled = 0
+        self.num_holds = self.num_hold_timeouts = 0
+        self._histogram: dict[int, int] = {}          # passes in a batch -> batches
+        self._recent: deque[int] = deque(maxlen=NUM_RECENT)
+
+    def record_batch(self, num_copy_items: int, num_forwards: int, failed: bool) -> None:
+        """A batch ran (`num_forwards` 0: copies only, not counted as a batch)."""
+        self.num_copy_items += num_copy_items
+        if num_forwards:
+            self.num_batches += 1
+            self.num_failed_batches += failed
+            self.num_forwards += num_forwards
+            self._histogram[num_forwards] = self._histogram.get(num_forwards, 0) + 1
+            self._recent.append(num_forwards)
+
+    def stats(self, num_pending: int, num_queues: int) -> SchedulerStats:
+        return SchedulerStats(
+            num_batches=self.num_batches, num_failed_batches=self.num_failed_batches,
+            num_forwards=self.num_forwards, num_copy_items=self.num_copy_items,
+            num_cancelled=self.num_cancelled, num_pending=num_pending, num_queues=num_queues,
+            max_batch_size=max(self._histogram, default=0),
+            batch_size_histogram=tuple(sorted(self._histogram.items())),
+            recent_batch_sizes=tuple(self._recent), num_holds=self.num_holds,
+            num_hold_timeouts=self.num_hold_timeouts)
+
+
+class DeferredWakes:
+    """Guest wake-ups held back while a batch resolves. A batch's future callbacks (a host
+    decode loop submitting its next pass) run on the thread that resolves the batch; a guest
+    woken there would compete with them, and with the next batch's forming, for the GIL. So a
+    wake asked for during the resolution waits until the scheduler runs it: right before the
+    next batch goes to the engine, or right after this one when none follows. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wakes: list[Callable[[], None]] = []
+        self._resolving: int | None = None     # the resolving thread's ident
+
+    def start_resolving(self) -> None:
+        """The calling thread resolves a batch until `stop_resolving`."""
+        self._resolving = threading.get_ident()
+
+    def stop_resolving(self) -> None:
+        self._resolving = None
+
+    def resolving_here(self) -> bool:
+        """Whether the calling thread is resolving a batch."""
+        return self._resolving == threading.get_ident()
+
+    def defer(self, wake: Callable[[], None]) -> bool:
+        """Keep `wake` for `run`, when called on the thread resolving a batch; else False (and
+        nothing kept): the caller wakes now."""
+        if not self.resolving_here():
+            return False
+        with self._lock:
+            self._wakes.append(wake)
+        return True
+
+    def run(self) -> None:
+        """Run (and forget) every wake kept so far."""
+        with self._lock:
+            wakes, self._wakes = self._wakes, []
+        for wake in wakes:
+            try:
+                wake()
+            except Exception:
+                _log.exception("scheduler: a deferred wake failed")

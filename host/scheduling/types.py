@@ -1,19 +1,15 @@
-"""The scheduler's value types: its policy (when batches fire), its statistics and the counters
-behind them, and the future a submission returns. See host/scheduling/scheduler.py for the rules."""
+"""The scheduler's value types: its policy (when batches fire) and its statistics. See
+host/scheduling/scheduler.py for the rules."""
 from __future__ import annotations
 
-from collections import deque
-from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Hashable
 
-__all__ = ["SchedulerPolicy", "SchedulerStats", "BatchCounts", "SubmissionFuture", "PRIORITIES",
-           "POLICY_KINDS", "MAX_CHAIN_STEPS", "CPU_CHAIN_STEPS"]
+__all__ = ["SchedulerPolicy", "SchedulerStats", "PRIORITIES", "POLICY_KINDS", "MAX_CHAIN_STEPS",
+           "CPU_CHAIN_STEPS"]
 
 PRIORITIES = ("high", "normal", "low")     # batch order
 POLICY_KINDS = ("adaptive", "k-or-t")
 MAX_CHAIN_STEPS = 64
-NUM_RECENT = 64        # batch sizes kept for SchedulerStats.recent_batch_sizes
 CPU_CHAIN_STEPS = MAX_CHAIN_STEPS   # chain_steps unset, no overlap: a chain ends when other work
                                     # is queued, so a longer bound costs no one a wait
 
@@ -105,67 +101,3 @@ class SchedulerStats:
     recent_batch_sizes: tuple[int, ...]
     num_holds: int = 0
     num_hold_timeouts: int = 0
-
-
-class BatchCounts:
-    """Counters of batches, passes, copies, cancellations and holds. Not thread-safe: the
-    scheduler updates and reads them under its own lock."""
-
-    def __init__(self) -> None:
-        self.num_batches = self.num_failed_batches = self.num_forwards = 0
-        self.num_copy_items = self.num_cancelled = 0
-        self.num_holds = self.num_hold_timeouts = 0
-        self._histogram: dict[int, int] = {}          # passes in a batch -> batches
-        self._recent: deque[int] = deque(maxlen=NUM_RECENT)
-
-    def record_batch(self, num_copy_items: int, num_forwards: int, failed: bool) -> None:
-        """A batch ran (`num_forwards` 0: copies only, not counted as a batch)."""
-        self.num_copy_items += num_copy_items
-        if num_forwards:
-            self.num_batches += 1
-            self.num_failed_batches += failed
-            self.num_forwards += num_forwards
-            self._histogram[num_forwards] = self._histogram.get(num_forwards, 0) + 1
-            self._recent.append(num_forwards)
-
-    def stats(self, num_pending: int, num_queues: int) -> SchedulerStats:
-        return SchedulerStats(
-            num_batches=self.num_batches, num_failed_batches=self.num_failed_batches,
-            num_forwards=self.num_forwards, num_copy_items=self.num_copy_items,
-            num_cancelled=self.num_cancelled, num_pending=num_pending, num_queues=num_queues,
-            max_batch_size=max(self._histogram, default=0),
-            batch_size_histogram=tuple(sorted(self._histogram.items())),
-            recent_batch_sizes=tuple(self._recent), num_holds=self.num_holds,
-            num_hold_timeouts=self.num_hold_timeouts)
-
-
-class SubmissionFuture(Future):
-    """The future of one submission, owned by `owner` (the first element of its queue key).
-
-    A consumer about to block on it calls `wait_started()` (`result()` / `exception()` do,
-    Instance.wait_future does): if it is not done yet, `awaited` turns True (its owner is
-    blocked on it: the adaptive policy expects the owner back after the batch that resolves it)
-    and `on_wait(self)` tells the scheduler the owner has blocked (its turn after the last
-    batch is over; the adaptive scheduler may run the batch on this very thread)."""
-
-    def __init__(self, owner: Hashable = None,
-                 on_wait: Callable[["SubmissionFuture"], None] | None = None) -> None:
-        super().__init__()
-        self.awaited = False
-        self.owner = owner
-        self._on_wait = on_wait
-
-    def wait_started(self) -> None:
-        if self.done():
-            return
-        self.awaited = True
-        if self._on_wait is not None:
-            self._on_wait(self)
-
-    def result(self, timeout: float | None = None):
-        self.wait_started()
-        return super().result(timeout)
-
-    def exception(self, timeout: float | None = None):
-        self.wait_started()
-        return super().exception(timeout)
