@@ -40,7 +40,13 @@ def log(ctx: BindingContext, message: str) -> None:
     ctx.log(f"log: {message[:MAX_LOG_CHARS]}")
 
 
+def suspended_ms(ctx: BindingContext) -> int:
+    """u64: the time this instance has spent suspended (host/kv/instance_pages.py's gate)."""
+    return ctx.tables.pages.suspended_ms()
+
+
 FUNCTIONS = {"version": version, "instance-id": instance_id, "arguments": arguments,
-             "get-model-info": get_model_info, "log": log}
+             "get-model-info": get_model_info, "log": log,
+             "suspended-ms": suspended_ms}
 METHODS: dict = {}
 RESOURCES: dict = {}

@@ -68,9 +68,10 @@ class SwapOut:
 class _Suspension:
     """The state of a suspended (or suspending) instance's pages."""
 
-    __slots__ = ("swapped", "data", "nbytes", "resident")
+    __slots__ = ("swapped", "data", "nbytes", "resident", "since")
 
     def __init__(self) -> None:
+        self.since = time.monotonic()     # the gate closed
         self.swapped: list[int] = []      # local ids swapped out, in `data`'s order
         self.data: object = None          # engine.read_pages' result; None: nothing swapped
         self.nbytes = 0
@@ -156,6 +157,7 @@ class InstancePages:
         self._gate = threading.Condition(self._lock)       # notified when the gate opens
         self._interrupted: str | None = None               # interrupt()'s reason
         self._reserve: list[int] = []      # pool pages handed over for the next take (hand_over)
+        self._suspended_s = 0.0            # time behind a closed gate, suspensions that ended
 
     @property
     def num_pages_held(self) -> int:
@@ -181,6 +183,21 @@ class InstancePages:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def suspended_ms(self) -> int:
+        """Milliseconds the gate has been closed (begin_suspend to swap_in / abort_suspend), the
+        current suspension included. Read without waiting at the gate."""
+        with self._lock:
+            suspension = self._suspension
+            now_s = 0.0 if suspension is None else time.monotonic() - suspension.since
+            return int((self._suspended_s + now_s) * 1000)
+
+    def _open_gate(self) -> None:
+        """Under the lock: end the suspension (its time counted) and wake the calls waiting."""
+        if self._suspension is not None:
+            self._suspended_s += time.monotonic() - self._suspension.since
+        self._suspension = None
+        self._gate.notify_all()
 
     def physical_ids(self) -> set[int]:
         """The distinct pool pages this instance holds references on (deferred releases too)."""
@@ -298,16 +315,14 @@ class InstancePages:
                 sequence.physical_ids = None
             if unused:
                 self.allocator.release(unused)
-            self._suspension = None
-            self._gate.notify_all()
+            self._open_gate()
             return suspension.nbytes
 
     def abort_suspend(self) -> None:
         """Open the gate of a suspension that did not swap out (nothing was moved)."""
         with self._lock:
             if self._suspension is not None and self._suspension.resident:
-                self._suspension = None
-                self._gate.notify_all()
+                self._open_gate()
 
     def hand_over(self, physical_ids: Sequence[int]) -> None:
         """Pool pages (one reference each) taken for this instance by the runtime's reclaim or

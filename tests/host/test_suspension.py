@@ -502,3 +502,23 @@ def test_waiting_instances_are_restored_oldest_suspension_first(components,  # n
     runtime.send(second, "")
     assert runtime.wait(second, timeout=5).value == "released"
     assert runtime.statistics().pages.num_free == 16
+
+
+def test_an_inferlet_reads_its_own_suspended_time(components, make_runtime):  # noqa: F811
+    """runtime.suspended-ms: positive for the instance that was suspended, 0 for the other."""
+    engine = FakeEngine(num_pages=16, page_size=4)
+    runtime = make_runtime(engine)
+    older_events, newer_events = Events(), Events()
+    older = launch(runtime, components, "suspended_clock", "x" * 4, on_event=older_events)
+    assert older_events.next() == ("message", "holding")
+    newer = launch(runtime, components, "suspended_clock", "x" * 10, on_event=newer_events)
+    assert newer_events.next() == ("message", "holding")
+    runtime.send(older, "x" * 4)                          # newer (10 > its fair 8) suspended
+    assert older_events.next() == ("message", "holding")
+    assert runtime.suspensions.is_suspended(newer)
+    time.sleep(0.05)                                      # suspended for at least this
+    runtime.send(older, "")
+    assert runtime.wait(older, timeout=5).value == "0"
+    assert _eventually(lambda: not runtime.suspensions.is_suspended(newer))
+    runtime.send(newer, "")
+    assert int(runtime.wait(newer, timeout=5).value) >= 50

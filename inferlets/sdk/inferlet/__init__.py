@@ -22,7 +22,7 @@ from inferlet.host_loop import HostLoop
 from inferlet.messaging import (Subscription, broadcast, receive, receive_json, send, send_json,
                                 store_delete, store_get, store_set, subscribe, try_receive)
 from inferlet.model import (ModelInfo, arguments, decode, encode, host_version, instance_id, log,
-                            model_info, render_chat, vocabulary)
+                            model_info, render_chat, suspended_ms, vocabulary)
 from inferlet.sampling import Sampler
 from inferlet.sharing import prefix_context, shared_system_context
 
@@ -34,5 +34,5 @@ __all__ = [
     "generate_parallel", "host_version", "instance_id", "list_exports", "log", "main",
     "model_info", "prefix_context", "receive", "receive_json", "release_export", "render_chat",
     "sampling", "send", "send_json", "shared_system_context", "store_delete", "store_get",
-    "store_set", "subscribe", "try_receive", "vocabulary",
+    "store_set", "subscribe", "suspended_ms", "try_receive", "vocabulary",
 ]

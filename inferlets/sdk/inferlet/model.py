@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from inferlet._wit import runtime, tokenize
 
 __all__ = ["ModelInfo", "model_info", "encode", "decode", "vocabulary", "render_chat",
-           "arguments", "instance_id", "host_version", "log"]
+           "arguments", "instance_id", "host_version", "log", "suspended_ms"]
 
 
 @dataclass(frozen=True)
@@ -72,3 +72,10 @@ def host_version() -> str:
 def log(message: str) -> None:
     """Write a line to the instance's log."""
     runtime.log(message)
+
+
+def suspended_ms() -> int:
+    """Milliseconds this instance has spent suspended so far (0 if never): when the KV pool ran
+    dry its pages were moved out, and its calls waited until they were back. Nothing else of a
+    suspension is visible to an inferlet."""
+    return runtime.suspended_ms()
