@@ -6,7 +6,8 @@ and the other instances never see it.
 """
 from __future__ import annotations
 
-__all__ = ["TrapError", "OutOfPagesError", "QuotaError", "Cancelled", "LimitError"]
+__all__ = ["TrapError", "OutOfPagesError", "QuotaError", "Cancelled", "LimitError",
+           "SpawnRefused"]
 
 
 class TrapError(Exception):
@@ -31,3 +32,8 @@ class LimitError(TrapError):
     client messages, its subscriptions, ...). The message names the call or store and the limit.
     Inside a WIT call it traps the calling instance; from a client (Runtime.send) it is the
     refusal of that one request."""
+
+
+class SpawnRefused(Exception):
+    """A child inferlet was not launched (children.spawn): an unknown program, or a limit
+    reached. The message names the program or the limit; the guest gets it as an err."""

@@ -39,6 +39,7 @@ from host.sandbox.linear_memory import LinearMemories
 from host.sandbox.programs import Program, ProgramCache, ProgramStats, make_engine
 from host.sandbox.spare_instances import SpareHandover, SpareInstances
 from host.sandbox.start_gate import start_gate_for
+from host.spawns import SpawnHooks, Spawns
 from host.bindings.tables import InstanceTables
 from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy, SchedulerStats
 from host.suspensions import Suspensions, SuspensionStats
@@ -105,6 +106,7 @@ class Runtime:
                                        config.suspend_deadline_s, self.pool_view)
         self.page_allocator.on_free = self.suspensions.wake
         self.hub = MessageHub(config.messages)
+        self.spawns = Spawns(self._launch, self.terminate, self.send)
         tokenizer = engine.tokenizer
         self.services = HostServices(
             wasm_engine=self.wasm_engine, linker=build_linker(self.wasm_engine, current),
@@ -115,7 +117,7 @@ class Runtime:
             version=_version(), epoch_tick_ms=config.epoch_tick_ms, current=current,
             threads=InstanceThreads(),
             counts_memory=self.linear_memories is not None,
-            guests=GuestActivity(start_gate_for(config.start_slots)))
+            guests=GuestActivity(start_gate_for(config.start_slots)), spawner=self.spawns)
         self._lock = threading.Lock()
         self._running: dict[str, Instance] = {}
         self._finished: dict[str, EndedInstance] = {}   # the newest, bounded
@@ -151,13 +153,26 @@ class Runtime:
                tenant: str = "default", limits: InstanceLimits | None = None,
                on_event: EventCallback | None = None) -> str:
         """Start an instance of `program` (a Program or the hash of a loaded one); returns its id.
-        `on_event` is called on the instance's thread for each message and once at the end."""
-        if self._closed.is_set():
-            raise RuntimeError("the runtime is closed")
+        `on_event` is called on the instance's thread for each message and once at the end.
+        The instance is the root of its own tree of children (host/spawns.py)."""
         if isinstance(program, str):
             program = self.programs.get(program)
         limits = limits or self.config.limits
-        args = tuple(str(arg) for arg in args)
+        return self._launch(program, tuple(str(arg) for arg in args), tenant, limits, on_event,
+                            lambda instance_id: self.spawns.add_root(instance_id, tenant,
+                                                                     program, limits))
+
+    def set_spawn_hooks(self, hooks: SpawnHooks | None) -> None:
+        """How children.spawn finds a program other than the parent's own, and who admits a
+        child (host/spawns.py). None: children of an instance's own program only."""
+        self.spawns.set_hooks(hooks)
+
+    def _launch(self, program: Program, args: tuple[str, ...], tenant: str,
+                limits: InstanceLimits, on_event: EventCallback | None,
+                before_start: Callable[[str], None]) -> str:
+        """Start an instance; `before_start(instance_id)` runs just before it may run."""
+        if self._closed.is_set():
+            raise RuntimeError("the runtime is closed")
         instance_id = uuid.uuid4().hex[:12]
         emit = self._emitter(instance_id, on_event)
         pages = InstancePages(
@@ -183,6 +198,7 @@ class Runtime:
         with self._lock:
             self._running[instance_id] = instance
             self._num_launched += 1
+        before_start(instance_id)
         instance.start()
         return instance_id
 
@@ -287,6 +303,7 @@ class Runtime:
     def _finish(self, instance: Instance, outcome: InstanceOutcome, emit: EventCallback) -> None:
         """Called once on the instance's thread after its Store is gone."""
         reason = f"instance {instance.instance_id} ended ({outcome.status})"
+        self.spawns.ended(instance.instance_id)       # its children end too, unless detached
         instance.tables.stop_loops()                  # no loop submits after the cancel below
         self.scheduler.cancel_owner(instance.instance_id)
         self.hub.close(instance.instance_id, reason)

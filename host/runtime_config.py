@@ -45,6 +45,13 @@ class InstanceLimits:
                     instance blocked there longer traps with "messaging.receive: no message
                     within N s (max_receive_wait_s)", so one whose client went quiet does not
                     hold its pages and thread for ever. None = no bound but max_blocking_s.
+    max_spawn_depth: how deep children may nest (children.spawn): a launched instance is at
+                    depth 0, its children at 1; a spawn that would pass it is refused naming
+                    it. 0 = no children.
+    max_children:   children one instance may have alive at once (its fan-out).
+    max_spawns:     children spawned in all by one tree of instances (a launched instance, its
+                    children, theirs, ...), alive or ended: what stops a fork bomb within a
+                    tenant's instance quota, and a loop of spawns in `pie run`.
     """
 
     memory_mb: int = 256
@@ -58,6 +65,9 @@ class InstanceLimits:
     page_quota: int | None = None
     max_blocking_s: float | None = None
     max_receive_wait_s: float | None = 300.0
+    max_spawn_depth: int = 4
+    max_children: int = 16
+    max_spawns: int = 256
 
     def __post_init__(self) -> None:
         if self.memory_mb <= 0 or self.memory_mb > 4096:
@@ -65,7 +75,9 @@ class InstanceLimits:
         for name, low, high in (("max_memories", 1, 16), ("max_tables", 1, 1024),
                                 ("max_table_elements", 1, 1 << 24),
                                 ("max_core_instances", 1, 10_000),
-                                ("max_log_chars", 1, 1 << 30), ("max_result_chars", 1, 1 << 30)):
+                                ("max_log_chars", 1, 1 << 30), ("max_result_chars", 1, 1 << 30),
+                                ("max_spawn_depth", 0, 64), ("max_children", 0, 4096),
+                                ("max_spawns", 0, 1_000_000)):
             value = getattr(self, name)
             if not isinstance(value, int) or not low <= value <= high:
                 raise ValueError(f"InstanceLimits.{name} must be in {low}..{high}, got {value!r}")

@@ -7,6 +7,7 @@
 - decode_loops: decode-stream resource rep -> a host-run decode loop (`decoding.py`)
 - samplers: sampler records already checked -> their engine SamplerSpec (`samplers.py`)
 - adapters: adapter handles -> engine adapter names, sequences -> their bound handle (`adapters.py`)
+- children: child resource reps -> the children it spawned (`children.py`)
 
 Only the instance's own thread touches `queues` and `futures` (its host calls run there); the
 runtime clears them with `clear()` once the instance has ended. `pages` is thread-safe by itself.
@@ -15,6 +16,7 @@ Every table is bounded: going past a bound traps the instance, naming the call a
 from __future__ import annotations
 
 from host.bindings.adapters import AdapterTable
+from host.bindings.children import ChildTable
 from host.bindings.decoding import DecodeLoopTable
 from host.bindings.forward import FutureTable
 from host.bindings.generations import GenerationTable
@@ -38,6 +40,7 @@ class InstanceTables:
         self.decode_loops = DecodeLoopTable()
         self.samplers = SamplerCache()
         self.adapters = AdapterTable()
+        self.children = ChildTable()
 
     def stop_loops(self) -> None:
         """Stop every decode loop, now and any added later, and wake a call waiting for the
@@ -53,3 +56,4 @@ class InstanceTables:
         self.futures.clear()
         self.queues.clear()
         self.adapters.clear()
+        self.children.clear()

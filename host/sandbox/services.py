@@ -12,7 +12,7 @@ from wasmtime.component import Linker
 from engine.protocol import EngineLike
 from host.messages.hub import InstanceChannel, MessageHub
 from host.runtime_config import InstanceLimits
-from host.sandbox.events import InstanceOutcome
+from host.sandbox.events import InstanceEvent, InstanceOutcome
 from host.sandbox.guest_activity import GuestActivity
 from host.sandbox.instance_threads import InstanceThreads
 from host.scheduling.scheduler import BatchScheduler
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from host.kv import InstancePages
     from host.sandbox.instance import Instance
 
-__all__ = ["HostServices", "InstanceTables", "Launch", "ModelInfo"]
+__all__ = ["HostServices", "InstanceTables", "Launch", "ModelInfo", "Spawner"]
 
 
 class InstanceTables(Protocol):
@@ -34,6 +34,26 @@ class InstanceTables(Protocol):
 
     def clear(self) -> None:
         """At the instance's end: every table emptied, every page reference back."""
+
+
+class Spawner(Protocol):
+    """What a binding may ask of the runtime about child inferlets (host/spawns.py implements
+    it): launch a child of the calling instance, message it, end it. Nothing else of the
+    runtime is reachable from a WIT call."""
+
+    def spawn(self, parent_id: str, program: str, args: tuple[str, ...], detached: bool,
+              on_event: Callable[[InstanceEvent], None]) -> str:
+        """Launch a child of `parent_id` ("" = the parent's own program, else a name or hash the
+        runtime's resolver knows for the parent's tenant); `on_event` gets its messages and its
+        end, on the child's thread. Returns the child's id; host.errors.SpawnRefused naming the
+        program or the limit."""
+
+    def send(self, child_id: str, message: str) -> bool:
+        """Deliver a message to the child's messaging.receive; False once it has ended.
+        host.errors.LimitError past its unread client messages' limit."""
+
+    def kill(self, child_id: str, reason: str) -> bool:
+        """End the child with status "terminated" and `reason`; False once it has ended."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +85,7 @@ class HostServices:
     threads: InstanceThreads         # each running instance's thread comes from here
     counts_memory: bool = False      # LinearMemories creates and counts every linear memory
     guests: GuestActivity = field(default_factory=GuestActivity)   # what the epoch ticker needs
+    spawner: Spawner | None = None   # child inferlets (children.spawn); None: none may be spawned
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ See docs/writing-inferlets.md for the whole API.
 from inferlet import drafting, sampling, speculative
 from inferlet.adapters import Adapter, available_adapters, open_adapter
 from inferlet.beam import Beam, beam_search
+from inferlet.children import Child, ChildError, spawn
 from inferlet.context import Context, list_exports, release_export
 from inferlet.entry import ArgumentParser, main
 from inferlet.errors import InferletError
@@ -28,6 +29,7 @@ from inferlet.sharing import prefix_context, shared_system_context
 
 __all__ = [
     "Adapter", "available_adapters", "open_adapter",
+    "Child", "ChildError", "spawn",
     "ArgumentParser", "Beam", "Context", "Generation", "HostLoop", "InferletError", "ModelInfo",
     "PromptLookupDrafter", "Sampler", "TokenLogprob", "drafting", "speculative", "wait_outputs",
     "Subscription", "arguments", "beam_search", "broadcast", "decode", "encode",

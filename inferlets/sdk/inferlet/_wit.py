@@ -7,6 +7,7 @@ bundles only the modules imported while the app module loads.
 from __future__ import annotations
 
 from componentize_py_types import Err
-from wit_world.imports import adapters, forward, kv, messaging, queue, runtime, tokenize
+from wit_world.imports import adapters, children, forward, kv, messaging, queue, runtime, tokenize
 
-__all__ = ["Err", "adapters", "forward", "kv", "messaging", "queue", "runtime", "tokenize"]
+__all__ = ["Err", "adapters", "children", "forward", "kv", "messaging", "queue", "runtime",
+           "tokenize"]
