@@ -7,7 +7,7 @@ and the other instances never see it.
 from __future__ import annotations
 
 __all__ = ["TrapError", "OutOfPagesError", "QuotaError", "Cancelled", "LimitError",
-           "SpawnRefused"]
+           "SpawnRefused", "OutboundRefused"]
 
 
 class TrapError(Exception):
@@ -37,3 +37,9 @@ class LimitError(TrapError):
 class SpawnRefused(Exception):
     """A child inferlet was not launched (children.spawn): an unknown program, or a limit
     reached. The message names the program or the limit; the guest gets it as an err."""
+
+
+class OutboundRefused(Exception):
+    """An outgoing HTTP request or MCP call was refused or failed (host/outbound/): a host
+    outside allow_hosts, a private address, a limit reached, a timeout, an unreachable server.
+    The message names the cause and the limit; the guest gets it as an err, not a trap."""

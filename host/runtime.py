@@ -29,6 +29,7 @@ from host.kv.contention import (Holder, PoolView, next_victim, reclaim_reason,
                                 tenant_shares)
 from host.kv.swap import SwapSpace
 from host.messages.hub import MessageHub
+from host.outbound import Outbound
 from host.runtime_config import InstanceLimits, RuntimeConfig
 from host.runtime_defaults import resolved_policy
 from host.sandbox.events import EndedInstance, InstanceEvent, InstanceOutcome
@@ -107,6 +108,7 @@ class Runtime:
         self.page_allocator.on_free = self.suspensions.wake
         self.hub = MessageHub(config.messages)
         self.spawns = Spawns(self._launch, self.terminate, self.send)
+        self.outbound = Outbound()            # the instances' HTTP requests and MCP calls
         tokenizer = engine.tokenizer
         self.services = HostServices(
             wasm_engine=self.wasm_engine, linker=build_linker(self.wasm_engine, current),
@@ -184,7 +186,8 @@ class Runtime:
             max_kv_len=self.engine.model_config.max_position)
         channel = self.hub.open(instance_id, tenant,
                                 lambda message: emit(InstanceEvent(instance_id, "message", message)))
-        launch = Launch(instance_id, tenant, args, limits, InstanceTables(pages), channel,
+        launch = Launch(instance_id, tenant, args, limits, InstanceTables(
+                            pages, self.outbound.for_instance(tenant, limits.outbound)), channel,
                         next(self._launch_counter),
                         lambda inst, outcome: self._finish(inst, outcome, emit))
         instance = self.spares.take(program, limits)
@@ -268,6 +271,7 @@ class Runtime:
             instance.wait(timeout)
         self._closed.set()
         self.suspensions.close()
+        self.outbound.close()
         self.spares.close(timeout)
         self.services.guests.wake()
         self.scheduler.close()

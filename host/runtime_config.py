@@ -9,13 +9,128 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from host.scheduling.types import SchedulerPolicy
 
-__all__ = ["InstanceLimits", "MessageLimits", "RuntimeConfig", "default_cache_dir"]
+__all__ = ["InstanceLimits", "McpServer", "MessageLimits", "OutboundLimits", "RuntimeConfig",
+           "default_cache_dir", "split_host_rule"]
+
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-.:")
 
 
 def default_cache_dir() -> Path:
     """`$PIE_CACHE_DIR`, else ~/.cache/pie."""
     configured = os.environ.get("PIE_CACHE_DIR")
     return Path(configured) if configured else Path.home() / ".cache" / "pie"
+
+
+@dataclass(frozen=True)
+class McpServer:
+    """An MCP server an instance may reach (host/outbound/mcp.py), named as the guest names it.
+
+    name:    the name `mcp.tools(name)` / `mcp.call(name, ...)` give.
+    url:     a streamable HTTP endpoint (http:// or https://), or "".
+    command: a stdio server: the program and its arguments, run by the host (the operator's
+             command, never the tenant's); exactly one of url, command.
+    """
+
+    name: str
+    url: str = ""
+    command: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "command", tuple(self.command))
+        if not self.name or not set(self.name) <= _NAME_CHARS or len(self.name) > 64:
+            raise ValueError(f"McpServer.name must be 1..64 letters, digits, '_-.', got "
+                             f"{self.name!r}")
+        if bool(self.url) == bool(self.command):
+            raise ValueError(f"MCP server {self.name!r}: give exactly one of url, command")
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"MCP server {self.name!r}: url must start with http:// or "
+                             f"https://, got {self.url!r}")
+        if any(not isinstance(part, str) or not part for part in self.command):
+            raise ValueError(f"MCP server {self.name!r}: command parts must be non-empty "
+                             f"strings, got {self.command!r}")
+
+
+@dataclass(frozen=True)
+class OutboundLimits:
+    """What one instance may reach outside the host: HTTP (host/outbound/) and MCP servers.
+    Nothing by default.
+
+    allow_hosts:    "HOST[:PORT]" (exactly that host) or ".SUFFIX[:PORT]" (the suffix's
+                    subdomains and itself); no port = 80 and 443. A name that resolves to a
+                    loopback, link-local, private or otherwise non-global address is refused;
+                    only an IP literal listed here (e.g. "127.0.0.1:8080") reaches one.
+    timeout_s:      longest one request may take, every redirect and the whole body included.
+    max_request_bytes: body of one request.
+    max_response_bytes: body of one response, read as it streams: a longer one is cut at the
+                    cap and the request fails naming it.
+    requests_per_minute: requests of one tenant in any 60 s (shared by its instances).
+    max_concurrent: requests of one instance in flight or answered but not yet read.
+    max_redirects:  redirects one request follows (each hop checked as the first).
+    mcp_servers:    the MCP servers the instance may call.
+    mcp_timeout_s:  longest an MCP call (or listing) may take, connecting included.
+    max_mcp_result_chars: characters of one MCP answer (the JSON text the guest gets).
+    """
+
+    allow_hosts: tuple[str, ...] = ()
+    timeout_s: float = 10.0
+    max_request_bytes: int = 1 << 20
+    max_response_bytes: int = 4 << 20
+    requests_per_minute: int = 120
+    max_concurrent: int = 8
+    max_redirects: int = 5
+    mcp_servers: tuple[McpServer, ...] = ()
+    mcp_timeout_s: float = 30.0
+    max_mcp_result_chars: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "allow_hosts", tuple(self.allow_hosts))
+        object.__setattr__(self, "mcp_servers", tuple(self.mcp_servers))
+        for rule in self.allow_hosts:
+            _check_host_rule(rule)
+        for name, low, high in (("max_request_bytes", 0, 1 << 30),
+                                ("max_response_bytes", 1, 1 << 30),
+                                ("requests_per_minute", 1, 1_000_000),
+                                ("max_concurrent", 1, 4096), ("max_redirects", 0, 64),
+                                ("max_mcp_result_chars", 1, 1 << 30)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ValueError(f"OutboundLimits.{name} must be in {low}..{high}, got {value!r}")
+        for name in ("timeout_s", "mcp_timeout_s"):
+            value = getattr(self, name)
+            if not 0 < value <= 3600:
+                raise ValueError(f"OutboundLimits.{name} must be in (0, 3600], got {value!r}")
+        names = [server.name for server in self.mcp_servers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"OutboundLimits.mcp_servers: a name is given twice in {names}")
+
+
+def _check_host_rule(rule: str) -> None:
+    """ValueError unless `rule` is HOST[:PORT] or .SUFFIX[:PORT] (IPv6: [ADDR][:PORT])."""
+    host, port = split_host_rule(rule)
+    if not host or not set(host.lstrip(".")) <= _HOST_CHARS or ".." in host \
+            or (port is not None and not 1 <= port <= 65535):
+        raise ValueError(f"allow_hosts: {rule!r} is not HOST[:PORT] or .SUFFIX[:PORT]")
+
+
+def split_host_rule(rule: str) -> tuple[str, int | None]:
+    """("host", port or None) of an allow_hosts entry, the host lowercased (ValueError when
+    the port is not a number)."""
+    if not isinstance(rule, str):
+        raise ValueError(f"allow_hosts: {rule!r} is not a string")
+    text = rule.strip().lower()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else (None if not rest else "x")
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host, port_text = text, None
+    if port_text is None:
+        return host, None
+    if not port_text.isdigit():
+        raise ValueError(f"allow_hosts: {rule!r}: the port must be a number")
+    return host, int(port_text)
 
 
 @dataclass(frozen=True)
@@ -45,6 +160,8 @@ class InstanceLimits:
                     instance blocked there longer traps with "messaging.receive: no message
                     within N s (max_receive_wait_s)", so one whose client went quiet does not
                     hold its pages and thread for ever. None = no bound but max_blocking_s.
+    outbound:       what it may reach outside the host (HTTP, MCP servers): OutboundLimits;
+                    nothing by default.
     max_spawn_depth: how deep children may nest (children.spawn): a launched instance is at
                     depth 0, its children at 1; a spawn that would pass it is refused naming
                     it. 0 = no children.
@@ -65,6 +182,7 @@ class InstanceLimits:
     page_quota: int | None = None
     max_blocking_s: float | None = None
     max_receive_wait_s: float | None = 300.0
+    outbound: OutboundLimits = field(default_factory=OutboundLimits)
     max_spawn_depth: int = 4
     max_children: int = 16
     max_spawns: int = 256
@@ -91,6 +209,8 @@ class InstanceLimits:
         if self.max_receive_wait_s is not None and not self.max_receive_wait_s > 0:
             raise ValueError(f"InstanceLimits.max_receive_wait_s must be > 0 or None, "
                              f"got {self.max_receive_wait_s}")
+        if not isinstance(self.outbound, OutboundLimits):
+            raise ValueError(f"InstanceLimits.outbound must be OutboundLimits, got {self.outbound!r}")
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,16 @@ from typing import Any, Callable
 from wasmtime import Engine, WasmtimeError
 from wasmtime.component import Linker, ResourceType
 
-from host.bindings import (adapters, children, forward, kv, messaging, queue, runtime,
-                           tokenize)
+from host.bindings import (adapters, children, forward, http, kv, mcp, messaging, queue,
+                           runtime, tokenize)
 from host.sandbox.wasm import gil_calls
 from host.sandbox.wasm.fast_calls import add_host_function
 from host.errors import TrapError
 
 __all__ = ["build_linker", "provided_items", "INTERFACE_MODULES"]
 
-INTERFACE_MODULES = (runtime, queue, kv, forward, tokenize, messaging, adapters, children)
+INTERFACE_MODULES = (runtime, queue, kv, forward, tokenize, messaging, adapters, children,
+                     http, mcp)
 _log = logging.getLogger("pie.bindings")
 
 

@@ -8,6 +8,8 @@
 - samplers: sampler records already checked -> their engine SamplerSpec (`samplers.py`)
 - adapters: adapter handles -> engine adapter names, sequences -> their bound handle (`adapters.py`)
 - children: child resource reps -> the children it spawned (`children.py`)
+- outbound: pending-response reps -> its HTTP requests, and its MCP calls (host/outbound/;
+  `http.py`, `mcp.py`); tables built without one may reach nothing
 
 Only the instance's own thread touches `queues` and `futures` (its host calls run there); the
 runtime clears them with `clear()` once the instance has ended. `pages` is thread-safe by itself.
@@ -23,6 +25,8 @@ from host.bindings.generations import GenerationTable
 from host.bindings.queue import QueueTable
 from host.bindings.samplers import SamplerCache
 from host.kv import InstancePages
+from host.outbound import InstanceOutbound, Outbound
+from host.runtime_config import OutboundLimits
 
 __all__ = ["InstanceTables"]
 
@@ -32,7 +36,7 @@ class InstanceTables:
     kept beside its binding. Built by the runtime; the sandbox holds it as `InstanceTables`
     (host/sandbox/services.py)."""
 
-    def __init__(self, pages: InstancePages) -> None:
+    def __init__(self, pages: InstancePages, outbound: InstanceOutbound | None = None) -> None:
         self.queues = QueueTable()
         self.futures = FutureTable()
         self.pages = pages
@@ -41,6 +45,7 @@ class InstanceTables:
         self.samplers = SamplerCache()
         self.adapters = AdapterTable()
         self.children = ChildTable()
+        self.outbound = outbound or Outbound().for_instance("", OutboundLimits())
 
     def stop_loops(self) -> None:
         """Stop every decode loop, now and any added later, and wake a call waiting for the
@@ -57,3 +62,4 @@ class InstanceTables:
         self.queues.clear()
         self.adapters.clear()
         self.children.clear()
+        self.outbound.clear()

@@ -10,7 +10,7 @@
 
 See docs/writing-inferlets.md for the whole API.
 """
-from inferlet import drafting, sampling, speculative
+from inferlet import drafting, http, mcp, sampling, speculative
 from inferlet.adapters import Adapter, available_adapters, open_adapter
 from inferlet.beam import Beam, beam_search
 from inferlet.children import Child, ChildError, spawn
@@ -30,6 +30,7 @@ from inferlet.sharing import prefix_context, shared_system_context
 __all__ = [
     "Adapter", "available_adapters", "open_adapter",
     "Child", "ChildError", "spawn",
+    "http", "mcp",
     "ArgumentParser", "Beam", "Context", "Generation", "HostLoop", "InferletError", "ModelInfo",
     "PromptLookupDrafter", "Sampler", "TokenLogprob", "drafting", "speculative", "wait_outputs",
     "Subscription", "arguments", "beam_search", "broadcast", "decode", "encode",

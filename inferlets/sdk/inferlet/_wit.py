@@ -7,7 +7,8 @@ bundles only the modules imported while the app module loads.
 from __future__ import annotations
 
 from componentize_py_types import Err
-from wit_world.imports import adapters, children, forward, kv, messaging, queue, runtime, tokenize
+from wit_world.imports import (adapters, children, forward, http, kv, mcp, messaging, queue,
+                               runtime, tokenize)
 
-__all__ = ["Err", "adapters", "children", "forward", "kv", "messaging", "queue", "runtime",
-           "tokenize"]
+__all__ = ["Err", "adapters", "children", "forward", "http", "kv", "mcp", "messaging", "queue",
+           "runtime", "tokenize"]
