@@ -26,14 +26,14 @@ import ctypes
 import operator
 from typing import Any, Callable
 
-from wasmtime import WasmtimeError
+from wasmtime import StoreContext, WasmtimeError
 from wasmtime import _ffi as ffi
 from wasmtime.component import ResourceHost, _linker
 from wasmtime.component._types import (F32, F64, S8, S16, S32, S64, U8, U16, U32, U64, FuncType,
                                        ListType, OptionType, Record, RecordType, ResultType,
                                        ValType, VariantType)
 
-from host.sandbox.wasm.wasmtime_fix import case_classes, lower_variant
+from host.sandbox.wasm.wasmtime_fix import case_classes, host_error, lower_variant
 from host.sandbox.wasm.wit_codec import HostResource, descriptor, is_resource, load_codec
 
 __all__ = ["add_host_function", "freeze_type", "host_call", "Signature"]
@@ -251,8 +251,10 @@ class _HostEntry:
 
 def host_call(idx, context, ty_raw, args, nargs, results, nresults):  # type: ignore
     """The body of every pie host function (the C callback below calls it): find the function,
-    convert its arguments, call it, convert its result."""
-    def run(store: Any) -> None:
+    convert its arguments, call it, convert its result. An exception becomes the error Wasmtime
+    gets (wasmtime_fix.host_error: one that is no WasmtimeError is re-raised on this thread)."""
+    store = StoreContext(context)
+    try:
         entry: _HostEntry = _linker.FUNCTIONS.get(idx or 0)
         signature = entry.signature(ty_raw, store)
         result_type = signature.result_type
@@ -262,7 +264,11 @@ def host_call(idx, context, ty_raw, args, nargs, results, nresults):  # type: ig
         value = entry.func(store, *signature.lift(store, context, args))
         if result_type is not None:
             signature.lower(store, context, value, results)
-    return _linker.catch_exceptions(context, run)
+    except Exception as exc:  # noqa: BLE001 -- handed to Wasmtime, re-raised on this thread
+        return host_error(exc)
+    finally:
+        store._invalidate()
+    return 0
 
 
 # The C callback registered for every host function (bench/host_overhead.py times host calls by

@@ -24,7 +24,7 @@ from wasmtime import StoreContext, WasmtimeError
 from wasmtime.component import _enter, _linker, _types
 
 __all__ = ["FIXED_VERSION", "apply", "is_applied", "case_classes", "lower_variant",
-           "require_pinned_version"]
+           "host_error", "require_pinned_version"]
 
 FIXED_VERSION = "50.0.1"
 
@@ -43,19 +43,22 @@ _APPLY_LOCK = threading.Lock()
 def _catch_exceptions(store_raw: Any, func: Callable[[StoreContext], None]) -> int:
     """Run a host function; keep a Python exception on this thread, hand Wasmtime an error."""
     store = StoreContext(store_raw)
-    exception: WasmtimeError | None = None
     try:
         func(store)
-    except WasmtimeError as exc:
-        exception = exc
     except Exception as exc:  # noqa: BLE001 -- re-raised on this same thread by the caller
-        _STATE.last_exception = exc
-        exception = WasmtimeError("python exception")
+        return host_error(exc)
     finally:
         store._invalidate()
-    if exception is None:
-        return 0
-    return ctypes.cast(exception._consume(), ctypes.c_void_p).value  # type: ignore[return-value]
+    return 0
+
+
+def host_error(exc: Exception) -> int:
+    """What a host function hands Wasmtime for `exc`: a WasmtimeError as is, any other exception
+    kept on this thread (re-raised there once the call returns) behind a generic error."""
+    if not isinstance(exc, WasmtimeError):
+        _STATE.last_exception = exc
+        exc = WasmtimeError("python exception")
+    return ctypes.cast(exc._consume(), ctypes.c_void_p).value  # type: ignore[return-value]
 
 
 def _maybe_raise_last_exn() -> None:
