@@ -2,6 +2,7 @@
 
     async with connect("ws://127.0.0.1:8080/ws", token) as client:
         program = await client.upload(wasm_bytes)           # sha256 hex; no-op if already there
+        await client.upload_adapter("tone", "path/to/peft")   # the tenant's LoRA adapter "tone"
         instance = await client.launch(program, ["--n", "3"])
         async for event in instance.events():               # message ... then one final event
             print(event.kind, event.data)
@@ -18,6 +19,7 @@ import json
 import math
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 import msgpack
@@ -219,6 +221,39 @@ class PieClient:
         ("log: ...") and its stdout / stderr ("stdout: ..."), the newest kept (1 MiB of characters while it
         runs, 16 KiB once ended, by default)."""
         return (await self.request("logs", instance_id=instance_id))["lines"]
+
+    async def upload_adapter(self, name: str, directory: str | Path,
+                             chunk_bytes: int | None = None) -> dict[str, Any]:
+        """Upload the LoRA adapter in `directory` (PEFT: adapter_config.json +
+        adapter_model.safetensors) as this tenant's adapter `name`, replacing one of that name.
+        Returns it as list_adapters does; PieError naming the cause (the tensor at fault, the
+        quota) when the server refuses it."""
+        directory = Path(directory)
+        config = (directory / "adapter_config.json").read_text(encoding="utf-8")
+        weights = directory / "adapter_model.safetensors"
+        size = weights.stat().st_size
+        digest = hashlib.sha256()
+        with open(weights, "rb") as file:
+            for block in iter(lambda: file.read(1 << 20), b""):
+                digest.update(block)
+        begin = await self.request("upload_adapter", name=name, config=config,
+                                   sha256=digest.hexdigest(), size=size)
+        step = min(chunk_bytes or begin["max_chunk_bytes"], begin["max_chunk_bytes"])
+        with open(weights, "rb") as file:
+            for chunk in iter(lambda: file.read(step), b""):
+                await self.request("upload_chunk", upload_id=begin["upload_id"],
+                                   data=chunk if self.binary else _b64(chunk))
+        answer = await self.request("upload_end", upload_id=begin["upload_id"])
+        return {k: v for k, v in answer.items() if k not in ("type", "id")}
+
+    async def list_adapters(self) -> list[dict[str, Any]]:
+        """The tenant's adapters: [{"name", "sha256", "size", "rank", "alpha",
+        "target_modules"}], by name."""
+        return (await self.request("list_adapters"))["adapters"]
+
+    async def delete_adapter(self, name: str) -> None:
+        """Delete the tenant's adapter `name` (PieError when it has none)."""
+        await self.request("delete_adapter", name=name)
 
     async def model_info(self) -> dict[str, Any]:
         answer = await self.request("model_info")

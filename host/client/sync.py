@@ -96,6 +96,16 @@ class SyncClient:
     def model_info(self) -> dict[str, Any]:
         return self._call(self._client.model_info)
 
+    def upload_adapter(self, name: str, directory: Any) -> dict[str, Any]:
+        """PieClient.upload_adapter: the tenant's LoRA adapter `name` from a PEFT directory."""
+        return self._call(self._client.upload_adapter, name, directory)
+
+    def list_adapters(self) -> list[dict[str, Any]]:
+        return self._call(self._client.list_adapters)
+
+    def delete_adapter(self, name: str) -> None:
+        self._call(self._client.delete_adapter, name)
+
     def close(self) -> None:
         if self._stop is not None and self._thread.is_alive():
             trio.from_thread.run_sync(self._stop.set, trio_token=self._token)

@@ -5,7 +5,8 @@ encoding of the frame it answers. Every message has a `type`; a client message m
 (int) that the server copies into its reply or error. See docs/server.md for the whole exchange.
 
 Client -> server: auth, upload_begin, upload_chunk, upload_end, launch, send, terminate,
-list_programs, list_instances, logs, model_info.
+list_programs, list_instances, logs, model_info, upload_adapter (then upload_chunk / upload_end
+carry its weights), list_adapters, delete_adapter.
 Server -> client: a reply (`ok` with fields per request), `error` (names the problem), and
 `event` (instance_id, kind in message/result/error/trap/terminated, data).
 """
@@ -23,7 +24,8 @@ from cattrs.v import format_exception, transform_error
 
 __all__ = ["ProtocolError", "JsonNestingError", "loads_bounded", "is_unicode", "MAX_NESTING",
            "Auth", "UploadBegin", "UploadChunk", "UploadEnd", "Launch", "Send",
-           "Terminate", "ListPrograms", "ListInstances", "Logs", "GetModelInfo", "ClientMessage",
+           "Terminate", "ListPrograms", "ListInstances", "Logs", "GetModelInfo", "UploadAdapter",
+           "ListAdapters", "DeleteAdapter", "ClientMessage",
            "CLIENT_MESSAGES", "decode_message", "encode_message", "error_message",
            "event_message", "reply_message", "EVENT_KINDS"]
 
@@ -148,14 +150,40 @@ class GetModelInfo:
     id: int | None = None
 
 
+@dataclass(frozen=True)
+class UploadAdapter:
+    """Start uploading the tenant's LoRA adapter `name`: `config` the adapter_config.json text,
+    then `size` bytes of adapter_model.safetensors whose sha256 (hex) is `sha256`, sent as an
+    upload's chunks (upload_chunk, upload_end)."""
+
+    name: str
+    config: str
+    sha256: str
+    size: int
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class ListAdapters:
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class DeleteAdapter:
+    name: str
+    id: int | None = None
+
+
 ClientMessage = Union[Auth, UploadBegin, UploadChunk, UploadEnd, Launch, Send, Terminate,
-                      ListPrograms, ListInstances, Logs, GetModelInfo]
+                      ListPrograms, ListInstances, Logs, GetModelInfo, UploadAdapter,
+                      ListAdapters, DeleteAdapter]
 
 CLIENT_MESSAGES: dict[str, type] = {
     "auth": Auth, "upload_begin": UploadBegin, "upload_chunk": UploadChunk,
     "upload_end": UploadEnd, "launch": Launch, "send": Send, "terminate": Terminate,
     "list_programs": ListPrograms, "list_instances": ListInstances, "logs": Logs,
-    "model_info": GetModelInfo,
+    "model_info": GetModelInfo, "upload_adapter": UploadAdapter,
+    "list_adapters": ListAdapters, "delete_adapter": DeleteAdapter,
 }
 
 

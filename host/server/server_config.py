@@ -201,6 +201,7 @@ class TenantConfig:
     max_instances: int = 16    # concurrent instances
     max_kv_pages: int = 4096   # KV pages held by all its instances together
     max_program_bytes: int = 256 * 1024 * 1024  # stored programs, all together
+    max_adapter_bytes: int = 256 * 1024 * 1024  # stored LoRA adapters' files, all together
     kv_share_pages: int | None = None  # guaranteed KV pages; None = an equal part of the rest
     # KV pages the built-in's shared chat prefixes may hold (0: off; None: the default below)
     prefix_cache_pages: int | None = None
@@ -223,7 +224,8 @@ class TenantConfig:
         if bool(self.token) == bool(self.token_env):
             raise ValueError(f"tenant {self.name!r}: give exactly one of token, token_env")
         _positive(f"tenant {self.name!r}", max_instances=self.max_instances,
-                  max_kv_pages=self.max_kv_pages, max_program_bytes=self.max_program_bytes)
+                  max_kv_pages=self.max_kv_pages, max_program_bytes=self.max_program_bytes,
+                  max_adapter_bytes=self.max_adapter_bytes)
 
     @property
     def resolved_prefix_cache_pages(self) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 from host.errors import LimitError
+from host.server.adapters import AdapterUploadError, StoredAdapter
 from host.server.metrics import ServerMetrics
 from host.server.sinks import EventSink
 from host.server.uploads import UploadStore, StoredProgram, UnknownProgramError
@@ -62,8 +63,9 @@ class PieService:
     def __init__(self, runtime: Any, store: UploadStore, metrics: ServerMetrics, *,
                  limits: Any, max_upload_bytes: int, model: dict[str, Any],
                  max_backlog_bytes: int = 16 * 1024 * 1024,
-                 max_tenant_upload_bytes: int = 256 * 1024 * 1024) -> None:
+                 max_tenant_upload_bytes: int = 256 * 1024 * 1024, adapters: Any = None) -> None:
         self.runtime = runtime
+        self.adapters = adapters                # host.server.adapters.TenantAdapters, or None
         self._model = dict(model)
         self.store = store
         self.metrics = metrics
@@ -148,6 +150,37 @@ class PieService:
 
     def list_programs(self, tenant: Tenant) -> list[StoredProgram]:
         return self.store.list(tenant.name)
+
+    # ---- adapters ---------------------------------------------------------------------------
+
+    def _tenant_adapters(self) -> Any:
+        if self.adapters is None:
+            raise ServiceError("this server's engine takes no LoRA adapters")
+        return self.adapters
+
+    async def add_adapter(self, tenant: Tenant, name: str, config: bytes, weights: Any,
+                          weights_sha256: str) -> StoredAdapter:
+        """Check and keep the tenant's adapter `name` (host/server/adapters.py: TenantAdapters.add);
+        `weights` the uploaded safetensors file, its sha256 checked."""
+        adapters = self._tenant_adapters()
+        try:
+            return await trio.to_thread.run_sync(partial(
+                adapters.add, tenant.name, tenant.max_adapter_bytes, name, config, weights,
+                weights_sha256))
+        except AdapterUploadError as error:
+            raise ServiceError(str(error)) from None
+
+    async def list_adapters(self, tenant: Tenant) -> list[StoredAdapter]:
+        if self.adapters is None:
+            return []
+        return await trio.to_thread.run_sync(self.adapters.list, tenant.name)
+
+    async def delete_adapter(self, tenant: Tenant, name: str) -> None:
+        adapters = self._tenant_adapters()
+        try:
+            await trio.to_thread.run_sync(adapters.delete, tenant.name, name)
+        except AdapterUploadError as error:
+            raise ServiceError(str(error)) from None
 
     # ---- instances --------------------------------------------------------------------------
 

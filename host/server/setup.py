@@ -18,6 +18,7 @@ from host.progress import progress
 from host.server.metrics import RuntimeFigures, ServerMetrics
 from host.server.server_config import ServerConfig
 from host.server.service import PieService
+from host.server.spawning import server_spawn_hooks
 from host.server.tenants import TenantRegistry, resolve_kv_shares
 from host.server.uploads import UploadStore
 
@@ -110,6 +111,18 @@ def model_info(config: ServerConfig, engine: Any, default_model: bool = True) ->
             "max_position": engine.model_config.max_position}
 
 
+def _tenant_adapters(engine: Any, data_dir: Path) -> Any:
+    """The tenants' adapters under data_dir/adapters, those stored before registered with the
+    engine; None for an engine without adapters (a test's fake)."""
+    store = getattr(engine, "adapters", None)
+    if store is None:
+        return None
+    from host.server.adapters import TenantAdapters
+    adapters = TenantAdapters(Path(data_dir) / "adapters", store, engine.model_config)
+    adapters.restore()
+    return adapters
+
+
 async def build_context(config: ServerConfig, engine: Any = None) -> ServerContext:
     """Everything `build_app` needs, started in the running trio loop."""
     loaded_here = engine is None
@@ -119,14 +132,19 @@ async def build_context(config: ServerConfig, engine: Any = None) -> ServerConte
     runtime = await trio.to_thread.run_sync(build_runtime, config, engine, model["name"])
     data_dir = config.server.resolved_data_dir()
     store = UploadStore(data_dir)
+    adapters = await trio.to_thread.run_sync(_tenant_adapters, engine, data_dir)
     tenants = TenantRegistry(config.tenants)
     metrics = ServerMetrics(partial(runtime_figures, runtime))
     service = PieService(runtime, store, metrics, limits=runtime.config.limits,
                          max_upload_bytes=config.server.max_upload_bytes,
                          model=model,
                          max_backlog_bytes=config.server.max_client_backlog_bytes,
-                         max_tenant_upload_bytes=config.server.max_tenant_upload_bytes)
+                         max_tenant_upload_bytes=config.server.max_tenant_upload_bytes,
+                         adapters=adapters)
     service.start()
+    if hasattr(runtime, "set_spawn_hooks"):        # children.spawn: the tenant's uploads, quotas
+        runtime.set_spawn_hooks(server_spawn_hooks(service, tenants,
+                                                   trio.lowlevel.current_trio_token()))
     openai = None
     if config.server.openai:
         from host.server.openai import OpenAIFrontend

@@ -7,6 +7,7 @@ own (the runtime namespaces exports/topics/store by the `tenant` given at launch
   (default max_kv_pages // max_instances) and the runtime holds it to that; the reservations of a
   tenant's live instances never sum past max_kv_pages, so neither do the pages they hold;
 - max_program_bytes: bytes of stored programs;
+- max_adapter_bytes: bytes of stored LoRA adapters (host/server/adapters.py);
 - prefix_cache_pages: the most KV pages the built-in OpenAI inferlet's shared chat prefixes hold
   for the tenant (persistent exports, so also within kv_share_pages); 0 turns the sharing off;
 - kv_share_pages: the tenant's guaranteed share of the pool (`resolve_kv_shares`): its instances
@@ -48,6 +49,7 @@ class Tenant:
     max_program_bytes: int
     prefix_cache_pages: int = 0      # the built-in's shared chat prefixes (TenantConfig)
     max_receive_wait_s: float | None = None   # its instances' InstanceLimits (None: the server's)
+    max_adapter_bytes: int = 256 * 1024 * 1024   # stored LoRA adapters (TenantConfig)
 
     @property
     def default_kv_pages(self) -> int:
@@ -61,7 +63,8 @@ class TenantRegistry:
     def __init__(self, tenants: tuple[TenantConfig, ...]) -> None:
         self._by_token = [(t.resolved_token().encode(),
                            Tenant(t.name, t.max_instances, t.max_kv_pages, t.max_program_bytes,
-                                  t.resolved_prefix_cache_pages, t.max_receive_wait_s))
+                                  t.resolved_prefix_cache_pages, t.max_receive_wait_s,
+                                  t.max_adapter_bytes))
                           for t in tenants]
 
     def authenticate(self, token: str) -> Tenant | None:

@@ -128,6 +128,11 @@ class PendingUpload:
     def hexdigest(self) -> str:
         return self._hasher.hexdigest()
 
+    @property
+    def file(self) -> BinaryIO:
+        """The file the bytes went to (read it from its start)."""
+        return self._file
+
     def read_all(self) -> bytes:
         """Every byte received so far."""
         self._file.seek(0)

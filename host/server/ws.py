@@ -1,4 +1,5 @@
-"""One websocket connection: authenticate, upload, launch, send, terminate, list, logs, model info.
+"""One websocket connection: authenticate, upload, launch, send, terminate, list, logs, model info,
+LoRA adapters (upload, list, delete).
 
 Frames are read one at a time and answered in order (an answer carries the request's `id`).
 Instance events arrive on the connection's event channel and are written by a second task; a
@@ -19,6 +20,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from host.server import protocol as p
 from host.server.service import PieService, ServiceError
 from host.server.sinks import EventSink
+from engine.adapters import AdapterError, check_adapter_name
+from host.server.adapters import MAX_CONFIG_BYTES
 from host.server.uploads import PendingUpload, is_sha256
 from host.server.tenants import Tenant, TenantRegistry
 
@@ -41,6 +44,7 @@ class Connection:
         self.tenant: Tenant | None = None
         self.binary = False
         self._uploads: dict[str, PendingUpload] = {}
+        self._adapter_uploads: dict[str, tuple[str, bytes]] = {}   # upload id -> (name, config)
         self._upload_ids = itertools.count(1)
         self._handles: list = []
         self._send_lock = trio.Lock()
@@ -179,6 +183,7 @@ class Connection:
     def _drop_upload(self, upload_id: str) -> PendingUpload:
         """Forget an upload: its file is closed, its bytes no longer count for the tenant."""
         upload = self._uploads.pop(upload_id)
+        self._adapter_uploads.pop(upload_id, None)
         upload.close()
         self.service.release_upload(upload.tenant, upload.size)
         return upload
@@ -207,6 +212,11 @@ class Connection:
             if digest != upload.sha256:
                 raise ServiceError(f"upload {request.upload_id}: sha256 mismatch: declared "
                                    f"{upload.sha256}, received bytes hash to {digest}")
+            adapter = self._adapter_uploads.get(request.upload_id)
+            if adapter is not None:
+                stored = await self.service.add_adapter(tenant, *adapter, upload.file, digest)
+                await self._send(p.reply_message(request.id, **stored.as_dict()))
+                return
             data = await trio.to_thread.run_sync(upload.read_all)
         finally:
             self._drop_upload(request.upload_id)
@@ -247,3 +257,47 @@ class Connection:
 
     async def _on_GetModelInfo(self, tenant: Tenant, request: p.GetModelInfo) -> None:
         await self._send(p.reply_message(request.id, **self.service.model_info()))
+
+    async def _on_UploadAdapter(self, tenant: Tenant, request: p.UploadAdapter) -> None:
+        """Begin an adapter upload: its config now, its weights as the upload's chunks; checked
+        and kept at upload_end (PieService.add_adapter)."""
+        adapters = self.service.adapters
+        if adapters is None:
+            raise ServiceError("upload_adapter: this server's engine takes no LoRA adapters")
+        try:
+            check_adapter_name(request.name)
+        except AdapterError as error:
+            raise ServiceError(f"upload_adapter: {error}") from None
+        if not is_sha256(request.sha256):
+            raise ServiceError(f"upload_adapter: sha256 must be 64 lower-case hex digits, "
+                               f"got {request.sha256!r}")
+        config = request.config.encode("utf-8")
+        if not 0 < len(config) <= MAX_CONFIG_BYTES:
+            raise ServiceError(f"upload_adapter: config of {len(config)} bytes out of range "
+                               f"(1..{MAX_CONFIG_BYTES})")
+        limit = tenant.max_adapter_bytes - len(config)
+        if not 0 < request.size <= limit:
+            raise ServiceError(f"upload_adapter: size {request.size} out of range (1..{limit} "
+                               f"bytes: the tenant's max_adapter_bytes less the config)")
+        if len(self._uploads) >= MAX_UPLOADS_PER_CONNECTION:
+            raise ServiceError(f"upload_adapter: at most {MAX_UPLOADS_PER_CONNECTION} uploads "
+                               f"in progress per connection")
+        upload_id = f"u{next(self._upload_ids)}"
+        self.service.reserve_upload(tenant, request.size)
+        try:
+            file = adapters.begin()
+        except OSError as exc:
+            self.service.release_upload(tenant.name, request.size)
+            raise ServiceError(f"upload_adapter: cannot spill the upload to disk: {exc}") from None
+        self._uploads[upload_id] = PendingUpload(tenant.name, request.sha256, request.size, file)
+        self._adapter_uploads[upload_id] = (request.name, config)
+        await self._send(p.reply_message(request.id, upload_id=upload_id,
+                                         max_chunk_bytes=self.max_chunk_bytes))
+
+    async def _on_ListAdapters(self, tenant: Tenant, request: p.ListAdapters) -> None:
+        adapters = await self.service.list_adapters(tenant)
+        await self._send(p.reply_message(request.id, adapters=[a.as_dict() for a in adapters]))
+
+    async def _on_DeleteAdapter(self, tenant: Tenant, request: p.DeleteAdapter) -> None:
+        await self.service.delete_adapter(tenant, request.name)
+        await self._send(p.reply_message(request.id))

@@ -8,7 +8,7 @@ validated and normalised by host/server/openai/schema.py:
      "presence_penalty", "frequency_penalty", "logit_bias": [[id, bias]], "logprobs": int | null,
      "response_format": {"schema"} | null, "tools": [{"name", "description", "parameters"}],
      "tool_choice": "none" | "auto" | "required" | {"name"}, "seed", "stop", "n", "stream",
-     "prefix_cache_pages"}
+     "adapter": str | null, "prefix_cache_pages"}
 
 While generating with "stream" it sends one message per text delta: {"index": i, "delta": text}.
 Its result is {"choices": [{"index", "text", "finish_reason", "logprobs", "tool_calls", "offset"}],
@@ -18,6 +18,8 @@ template's text up to the first non-system message's content: the system prompt,
 template adds) is shared between the tenant's requests, to the token: kept as a persistent
 export named by its tokens' hash (inferlet.prefix_context), at most MAX_PREFIX_EXPORTS of them,
 each of at most prefix_cache_pages / MAX_PREFIX_EXPORTS pages (the tenant's setting; 0: off).
+A request naming one of the tenant's LoRA adapters ("adapter") runs every pass with it and shares
+no prefix (an export's KV was computed without the adapter, or with another one).
 Every request decodes on host loops (the SDK's default; a streamed one reads them one token
 at a time and sends each delta, so its guest wakes once per token but no pass waits for it).
 Measured against stepping token by token (bench/load.py vs vLLM, 32 streaming clients, 2 vCPUs):
@@ -33,8 +35,8 @@ matches the function's parameters; with "auto" a <tool_call> block in the answer
 import json
 
 import inferlet
-from inferlet import (Sampler, decode, encode, generate_parallel, model_info, prefix_context,
-                      render_chat, send_json)
+from inferlet import (Context, Sampler, decode, encode, generate_parallel, model_info,
+                      prefix_context, render_chat, send_json)
 
 MAX_PREFIX_EXPORTS = 4     # chat prefixes a tenant keeps computed (inferlet.prefix_context)
 _FINISH_REASONS = {"length": "length", "stop_token": "stop", "stop_string": "stop"}
@@ -157,10 +159,15 @@ def _num_shared(request: dict, prompt_ids: list) -> int:
     return max(0, min(common - 1, len(prompt_ids) - 1, max_pages * page_size))
 
 
-def _contexts(prompt_ids: list, num_choices: int, num_shared: int) -> list:
+def _contexts(prompt_ids: list, num_choices: int, num_shared: int, adapter) -> list:
     """One context per choice; forks share the prompt's KV, computed once (its first
-    `num_shared` tokens' once per tenant while their export lasts)."""
-    ctx = prefix_context(prompt_ids, num_shared, MAX_PREFIX_EXPORTS)
+    `num_shared` tokens' once per tenant while their export lasts; with an `adapter` nothing
+    is shared: every pass of the context and its forks runs with it)."""
+    if adapter is None:
+        ctx = prefix_context(prompt_ids, num_shared, MAX_PREFIX_EXPORTS)
+    else:
+        ctx = Context(adapter=adapter)
+        ctx.fill(prompt_ids)
     if num_choices == 1:
         return [ctx]
     forks = [ctx.fork() for _ in range(num_choices)]
@@ -186,8 +193,9 @@ def main(args: list) -> str:
     num_choices = request["n"]
     prompts = _prompts(request)
     prompt_ids = [encode(p) for p in prompts]
-    num_shared = _num_shared(request, prompt_ids[0])
-    contexts = [c for ids in prompt_ids for c in _contexts(ids, num_choices, num_shared)]
+    adapter = request.get("adapter")
+    num_shared = 0 if adapter else _num_shared(request, prompt_ids[0])
+    contexts = [c for ids in prompt_ids for c in _contexts(ids, num_choices, num_shared, adapter)]
     call_schema = _call_schema(request)
     fmt = request.get("response_format")
     schema = call_schema or (fmt["schema"] if fmt else None)

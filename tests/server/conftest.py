@@ -73,7 +73,7 @@ def model_server(tmp_path_factory: pytest.TempPathFactory):
         "engine": {"num_pages": 256, "page_size": 16, "max_batch_tokens": 1024},
         "tenants": [{"name": "alice", "token": TOKENS["alice"]},
                     {"name": "tiny", "token": TOKENS["tiny"], "max_instances": 1,
-                     "prefix_cache_pages": 0},
+                     "prefix_cache_pages": 0, "max_adapter_bytes": 6 * 2**20},
                     {"name": "carol", "token": TOKENS["carol"], "prefix_cache_pages": 0}]})
     server = ServerThread(config).start()
     yield server

@@ -4,7 +4,8 @@ Each request is authenticated with its bearer token (the tenant's API token: Ope
 their api_key this way), counted against that tenant's quotas, and served by one instance of the
 built-in inferlet (inferlets/builtin/openai_completions.py), launched like any other instance, so
 concurrent requests share the engine's batches. Streaming answers are Server-Sent Events; a client
-that goes away mid-stream has its instance terminated (its pages return to the pool).
+that goes away mid-stream has its instance terminated (its pages return to the pool). A tenant's
+LoRA adapters (uploaded over the websocket) are models "<id>:<adapter>", listed in /v1/models.
 """
 from __future__ import annotations
 
@@ -118,23 +119,36 @@ class OpenAIFrontend:
         tenant = self._tenant(request)
         if tenant is None:
             return _error(401, "invalid or missing bearer token", "authentication_error")
-        return JSONResponse({"object": "list", "data": [self._model_object(tenant)]})
+        adapters = sorted(await self._adapter_names(tenant))
+        return JSONResponse({"object": "list", "data": [
+            self._model_object(tenant), *(self._model_object(tenant, a) for a in adapters)]})
 
-    def _model_object(self, tenant: Tenant) -> dict[str, Any]:
+    async def _adapter_names(self, tenant: Tenant) -> frozenset[str]:
+        """The names of the tenant's LoRA adapters."""
+        return frozenset(a.name for a in await self.service.list_adapters(tenant))
+
+    def _model_object(self, tenant: Tenant, adapter: str | None = None) -> dict[str, Any]:
         """The model as OpenAI lists it, with vLLM's `max_model_len`: the context one request
-        of this tenant may use (what `_context_limits` enforces)."""
-        return {"id": self.model, "object": "model", "created": 0, "owned_by": "pie",
-                "max_model_len": self._context_limits(tenant).max_sequence_tokens}
+        of this tenant may use (what `_context_limits` enforces); an adapter as vLLM lists a
+        LoRA: "<id>:<adapter>", its `parent` the base model."""
+        model = {"id": self.model if adapter is None else f"{self.model}:{adapter}",
+                 "object": "model", "created": 0, "owned_by": "pie" if adapter is None
+                 else tenant.name, "root": self.model, "parent": None if adapter is None
+                 else self.model, "max_model_len": self._context_limits(tenant).max_sequence_tokens}
+        return model
 
     async def model_by_id(self, request: Request) -> Response:
         tenant = self._tenant(request)
         if tenant is None:
             return _error(401, "invalid or missing bearer token", "authentication_error")
         model = request.path_params["model"]
-        if model not in self.limits.model_ids:
-            return _error(404, f"The model '{model}' does not exist", param="model",
-                          code="model_not_found")
-        return JSONResponse(self._model_object(tenant))
+        if model in self.limits.model_ids:
+            return JSONResponse(self._model_object(tenant))
+        base, colon, adapter = model.rpartition(":")
+        if colon and base in self.limits.model_ids and adapter in await self._adapter_names(tenant):
+            return JSONResponse(self._model_object(tenant, adapter))
+        return _error(404, f"The model '{model}' does not exist", param="model",
+                      code="model_not_found")
 
     async def not_found(self, request: Request) -> Response:
         return _error(404, f"no such endpoint: {request.method} {request.url.path}",
@@ -155,9 +169,12 @@ class OpenAIFrontend:
         except ValueError as exc:     # not JSON, or nested past MAX_BODY_NESTING (JsonNestingError)
             return _error(400, f"the request body is not valid JSON: {exc}")
         context = self._context_limits(tenant)
+        model = body.get("model") if isinstance(body, dict) else None
+        adapters = await self._adapter_names(tenant) if isinstance(model, str) \
+            and model not in self.limits.model_ids and ":" in model else frozenset()
         try:
-            parsed = parse_request(body, mode, replace(self.limits,
-                                                       max_context=context.max_sequence_tokens))
+            parsed = parse_request(body, mode, replace(
+                self.limits, max_context=context.max_sequence_tokens, adapters=adapters))
         except RequestError as exc:
             kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
             return _error(exc.status, str(exc), kind, exc.param, exc.code)
@@ -174,7 +191,8 @@ class OpenAIFrontend:
             return _error(503 if "shutting down" in str(exc) else 429, str(exc),
                           "server_error" if "shutting down" in str(exc) else "rate_limit_error")
         meta = (mode, f"{'chatcmpl' if mode == 'chat' else 'cmpl'}-{handle.instance_id}",
-                self.model, int(time.time()))
+                self.model if parsed["adapter"] is None else f"{self.model}:{parsed['adapter']}",
+                int(time.time()))
         if parsed["stream"]:
             return StreamingResponse(self._stream(handle, receive, parsed, meta),
                                      media_type="text/event-stream")

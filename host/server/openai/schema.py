@@ -2,7 +2,9 @@
 
 `parse_request` turns a JSON body into the normalised request the built-in inferlet reads (see
 inferlets/builtin/openai_completions.py), or raises `RequestError` naming the field (`param`)
-and the HTTP status (400; 404 for an unknown model). The ranges are OpenAI's. Fields not listed
+and the HTTP status (400; 404 for an unknown model or adapter). `model` is the served model's
+id (or an alias), or "<id>:<adapter>" for one of the tenant's LoRA adapters (`ApiLimits.adapters`):
+the request's "adapter" is then that name, else None. The ranges are OpenAI's. Fields not listed
 here (user, ...) are accepted and ignored, as OpenAI clients send many. Tools and message
 histories are checked in host/server/openai/tools.py.
 """
@@ -33,6 +35,7 @@ class ApiLimits:
     listed_id: str
     max_context: int
     vocab_size: int
+    adapters: frozenset[str] = frozenset()   # the tenant's LoRA adapters ("<id>:<adapter>")
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
@@ -136,13 +139,23 @@ def _response_format(body: dict) -> dict[str, Any] | None:
                        f"{kind!r}", "response_format.type")
 
 
-def _check_model(body: dict, limits: ApiLimits) -> None:
+def _check_model(body: dict, limits: ApiLimits) -> str | None:
+    """The adapter `model` names ("<id>:<adapter>"), None for the base model; RequestError 404
+    naming an unknown model or adapter."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise RequestError("'model' must be a non-empty string", "model")
-    if model not in limits.model_ids:
-        raise RequestError(f"The model '{model}' does not exist; this server serves "
-                           f"'{limits.listed_id}'", "model", 404, "model_not_found")
+    if model in limits.model_ids:
+        return None
+    base, colon, adapter = model.rpartition(":")
+    if colon and base in limits.model_ids:
+        if adapter not in limits.adapters:
+            raise RequestError(f"The adapter '{adapter[:100]}' of model '{base}' does not exist: "
+                               f"upload it first (upload_adapter)", "model", 404,
+                               "model_not_found")
+        return adapter
+    raise RequestError(f"The model '{model}' does not exist; this server serves "
+                       f"'{limits.listed_id}'", "model", 404, "model_not_found")
 
 
 def _max_tokens(body: dict, default: int, limits: ApiLimits) -> int:
@@ -182,8 +195,8 @@ def parse_request(body: Any, mode: str, limits: ApiLimits) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     _check_unicode(body)
-    _check_model(body, limits)
-    request: dict[str, Any] = {"mode": mode}
+    adapter = _check_model(body, limits)
+    request: dict[str, Any] = {"mode": mode, "adapter": adapter}
     if mode == "chat":
         request["messages"] = parse_messages(body.get("messages"))
         request.update(parse_tools(body))
