@@ -161,6 +161,7 @@ def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
         program = _load_program(runtime, wasm_path)
         if program is None:
             return EXIT_ERROR
+        runtime.set_spawn_hooks(_own_program_hooks(program, namespace.program.stem))
         return _run_instance(runtime, program, inferlet_args, limits, lines=namespace.lines,
                              forward_stdin=namespace.stdin, show_logs=namespace.logs)
 
@@ -232,6 +233,18 @@ def _load_engine(namespace: argparse.Namespace):
         model = namespace.model or "the default model"
         print(f"pie run: cannot load {model}: {err}", file=sys.stderr)
         return None
+
+
+def _own_program_hooks(program, name: str):
+    """`pie run`'s SpawnHooks: children.spawn finds the running program by its name (the file's
+    stem) or its hash, and no other."""
+    from host.runtime import SpawnHooks
+
+    def resolve(tenant: str, wanted: str):
+        if wanted not in (name, program.hash):
+            raise LookupError(f"`pie run` runs one program: {name!r} ({program.hash[:16]}...)")
+        return program
+    return SpawnHooks(resolve=resolve)
 
 
 def _load_program(runtime, wasm_path: Path):

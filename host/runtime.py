@@ -46,7 +46,7 @@ from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy, Scheduler
 from host.suspensions import Suspensions, SuspensionStats
 
 __all__ = ["Runtime", "RuntimeStats", "InstanceInfo", "InstanceEvent", "InstanceOutcome",
-           "SuspensionStats"]
+           "SpawnHooks", "SuspensionStats"]
 
 _log = logging.getLogger("pie.runtime")
 _RECLAIM_WAIT_S = 5.0

@@ -9,6 +9,8 @@ generate N            stream N generated tokens' text (one message per delta); r
 forge                 free a page id it does not own (the host traps it)
 log                   write "from inferlet.log" with inferlet.log and "from print" with print;
                       result "logged"
+spawn P ARGS...       a child of program P ("self": this one) with ARGS; result "child: <its
+                      result>" or "refused: <why>"
 """
 import inferlet
 from inferlet import _wit
@@ -58,4 +60,10 @@ def main(args: list[str]) -> str:
             send(delta)
             text += delta
         return text
+    if command == "spawn":
+        program = "" if args[1] == "self" else args[1]
+        try:
+            return "child: " + inferlet.spawn(program, args[2:]).result()
+        except inferlet.ChildError as exc:
+            return f"refused: {exc}"
     raise InferletError(f"unknown command {command!r}")
