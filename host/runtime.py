@@ -43,6 +43,7 @@ from host.sandbox.start_gate import start_gate_for
 from host.spawns import SpawnHooks, Spawns
 from host.bindings.tables import InstanceTables
 from host.scheduling.scheduler import BatchScheduler, SchedulerPolicy, SchedulerStats
+from host.restore_costs import measure_restore_costs
 from host.suspensions import Suspensions, SuspensionStats
 
 __all__ = ["Runtime", "RuntimeStats", "InstanceInfo", "InstanceEvent", "InstanceOutcome",
@@ -101,10 +102,15 @@ class Runtime:
                              f"{sum(self._kv_shares.values())} pages, more than the pool of "
                              f"{engine.num_pages}")
         self.exports = ExportRegistry(self.page_allocator, page_limit=self.export_page_limit)
+        # swap or recompute (measured while the engine is idle: before the scheduler runs)
+        self.restore_costs = measure_restore_costs(
+            engine, self.page_allocator, config.restore if config.swap_mb else "swap")
+        _log.info("runtime: %s", self.restore_costs.describe())
         self.scheduler = BatchScheduler(engine, policy)
         self.swap = SwapSpace(config.swap_mb << 20, self._swap_limit)
         self.suspensions = Suspensions(engine, self.scheduler, self.page_allocator, self.swap,
-                                       config.suspend_deadline_s, self.pool_view)
+                                       config.suspend_deadline_s, self.pool_view,
+                                       self.restore_costs)
         self.page_allocator.on_free = self.suspensions.wake
         self.hub = MessageHub(config.messages)
         self.spawns = Spawns(self._launch, self.terminate, self.send)

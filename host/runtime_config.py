@@ -305,6 +305,10 @@ class RuntimeConfig:
                    full"). 0 = no suspension: the contention policy terminates, as before.
     suspend_deadline_s: longest an instance may stay suspended waiting for pages; past it, it
                    is terminated naming the deadline.
+    restore:       how a suspended instance's pages come back: "auto" (swapped, or recomputed by
+                   a prefill when every page can be and that is cheaper on this device, measured
+                   when the runtime starts: host/restore_costs.py), "swap" (always copied),
+                   "recompute" (recomputed whenever every page can be).
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -325,6 +329,7 @@ class RuntimeConfig:
     max_spare_instances: int = 64
     swap_mb: int = 4096
     suspend_deadline_s: float = 600.0
+    restore: str = "auto"
     model_name: str | None = None
 
     def __post_init__(self) -> None:
@@ -365,6 +370,9 @@ class RuntimeConfig:
         if not 0 < self.suspend_deadline_s <= 86_400:
             raise ValueError(f"RuntimeConfig.suspend_deadline_s must be in (0, 86400], "
                              f"got {self.suspend_deadline_s!r}")
+        if self.restore not in ("auto", "swap", "recompute"):
+            raise ValueError(f"RuntimeConfig.restore must be 'auto', 'swap' or 'recompute', "
+                             f"got {self.restore!r}")
         if not isinstance(self.max_spare_instances, int) \
                 or not 0 <= self.max_spare_instances <= 4096:
             raise ValueError(f"RuntimeConfig.max_spare_instances must be an int in 0..4096, "

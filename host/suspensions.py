@@ -5,17 +5,23 @@ A suspension (`Suspensions.suspend`, on the thread of the instance that needs pa
 1. the victim's page table closes its gate (host/kv/instance_pages.py: its calls that would reach
    the pool or the engine wait; its host decode loops end quietly);
 2. its submissions in flight drain (they run as usual);
-3. with the engine held (`BatchScheduler.run_exclusive`), the pages it alone references are
-   charged to its tenant in the swap space (host/kv/swap.py, `EngineLike.kv_page_nbytes` each),
-   copied to host memory (`EngineLike.read_pages`) and returned to the pool; its scheduler
-   queues are held (`BatchScheduler.suspend_owner`).
-A refused charge ("swap space full") undoes step 1 and the caller terminates the victim instead.
+3. with the engine held (`BatchScheduler.run_exclusive`), the pages it alone references leave
+   the pool: swapped (charged to its tenant in the swap space, host/kv/swap.py,
+   `EngineLike.kv_page_nbytes` each, and copied to host memory, `EngineLike.read_pages`) or,
+   when every one of them can be recomputed from the tokens that wrote them
+   (host/kv/page_log.py) and that is cheaper on this device (host/restore_costs.py), released
+   with nothing copied, to be recomputed by a prefill on restore; its scheduler queues are
+   held (`BatchScheduler.suspend_owner`). An instance that has opened a LoRA adapter is always
+   swapped (its passes' K/V depend on the adapter).
+A refused charge ("swap space full") recomputes the victim instead when it can be; otherwise it
+undoes step 1 and the caller terminates the victim.
 
 A restore (the `pie-restore` thread, woken whenever pages return to the pool, and every
 _TICK_S while anything is suspended): the suspended instances in host/kv/contention.py's
 `restore_order`; the head is restored once the pool holds its pages (and, for an instance that
 suspended itself asking for pages, those too): fresh pages allocated, written back with the
-engine held (`EngineLike.write_pages`), its local ids remapped, the pages it asked for handed
+engine held (`EngineLike.write_pages`, or the recompute passes through `EngineLike.forward`; a
+failed recompute ends the instance), its local ids remapped, the pages it asked for handed
 to it (InstancePages.hand_over), its queues released, its gate opened. Nothing behind the
 head is restored before it. A suspension longer than `deadline_s` ends the instance
 ("suspended ... (suspend_deadline_s)").
@@ -33,6 +39,7 @@ from host.errors import OutOfPagesError
 from host.kv import InstancePages, PageAllocator
 from host.kv.contention import PoolView, Suspended, restore_order
 from host.kv.swap import SwapSpace
+from host.restore_costs import RestoreCosts
 from host.scheduling.scheduler import BatchScheduler
 
 __all__ = ["Suspensions", "SuspensionStats", "Suspendable"]
@@ -62,7 +69,8 @@ class SuspensionStats:
     num_suspensions: int = 0
     num_restores: int = 0
     num_swapped_pages: int = 0          # pages copied out, in all
-    num_restored_pages: int = 0         # pages copied back, in all
+    num_restored_pages: int = 0         # pages back in the pool by restores, in all
+    num_recomputed_pages: int = 0       # of those, pages recomputed by a prefill (not copied)
     num_pages_in_swap: int = 0          # now
     swap_bytes: int = 0                 # host bytes held now
     swap_capacity_bytes: int = 0
@@ -75,7 +83,7 @@ class _Record:
     """One suspension (under Suspensions._lock)."""
 
     __slots__ = ("instance", "tenant", "since", "num_asked", "num_pages", "nbytes", "ready",
-                 "ended", "terminating")
+                 "ended", "terminating", "recompute", "num_recomputed")
 
     def __init__(self, instance: Suspendable, num_asked: int) -> None:
         self.instance = instance
@@ -87,6 +95,8 @@ class _Record:
         self.ready = False              # swapped out: the restorer may take it
         self.ended = False
         self.terminating = False
+        self.recompute = False          # its pages are recomputed on restore, not copied
+        self.num_recomputed = 0         # pages holding tokens to recompute
 
 
 class Suspensions:
@@ -94,8 +104,10 @@ class Suspensions:
     Thread-safe; `close` stops the thread."""
 
     def __init__(self, engine: EngineLike, scheduler: BatchScheduler, allocator: PageAllocator,
-                 swap: SwapSpace, deadline_s: float, pool_view: Callable[[], PoolView]) -> None:
+                 swap: SwapSpace, deadline_s: float, pool_view: Callable[[], PoolView],
+                 costs: RestoreCosts = RestoreCosts(0.0, 0.0, "swap")) -> None:
         self.engine = engine
+        self.costs = costs
         self.scheduler = scheduler
         self.allocator = allocator
         self.swap = swap
@@ -135,8 +147,13 @@ class Suspensions:
                     record.nbytes = nbytes
                 return refused
 
+        adapters = getattr(instance.tables, "adapters", None)
+        choose = (None if self.costs.mode == "swap"
+                  or adapters is not None and adapters.num_opened
+                  else self.costs.recompute_cheaper)
         swapped = self.scheduler.run_exclusive(
-            lambda: pages.swap_out(self.engine.read_pages, charge, self.engine.kv_page_nbytes))
+            lambda: pages.swap_out(self.engine.read_pages, charge, self.engine.kv_page_nbytes,
+                                   choose))
         if swapped.refused is not None:
             pages.abort_suspend()
             with self._lock:
@@ -147,12 +164,14 @@ class Suspensions:
         self.scheduler.suspend_owner(instance.instance_id)
         with self._lock:
             record.num_pages = swapped.num_pages
+            record.recompute, record.num_recomputed = swapped.recompute, swapped.num_recomputed
             record.ready = True
             s = self._stats
             by_tenant = dict(s.tenant_suspensions)
             by_tenant[record.tenant] = by_tenant.get(record.tenant, 0) + 1
+            num_swapped = 0 if swapped.recompute else swapped.num_pages
             self._stats = replace(s, num_suspensions=s.num_suspensions + 1,
-                                  num_swapped_pages=s.num_swapped_pages + swapped.num_pages,
+                                  num_swapped_pages=s.num_swapped_pages + num_swapped,
                                   tenant_suspensions=tuple(sorted(by_tenant.items())))
             ended = record.ended              # it ended meanwhile: forget ran before the hold
         if ended:
@@ -183,7 +202,8 @@ class Suspensions:
         with self._lock:
             swap = self.swap.statistics()
             return replace(self._stats, num_suspended=len(self._records),
-                           num_pages_in_swap=sum(r.num_pages for r in self._records.values()),
+                           num_pages_in_swap=sum(r.num_pages for r in self._records.values()
+                                                 if not r.recompute),
                            swap_bytes=swap.used_bytes)
 
     def close(self) -> None:
@@ -230,18 +250,34 @@ class Suspensions:
             except OutOfPagesError:                # taken meanwhile
                 return num_restored
             pages.hand_over(physical_ids[num_swapped:])   # what it asked for: its retry's
-            self.scheduler.run_exclusive(
-                lambda: pages.swap_in(physical_ids[:num_swapped], self.engine.write_pages))
+            try:
+                self.scheduler.run_exclusive(lambda: pages.swap_in(
+                    physical_ids[:num_swapped], self.engine.write_pages, self.engine.forward))
+            except Exception as error:                    # noqa: BLE001 -- its KV is lost
+                self._end_failed(record, error)
+                continue
             instance_id = record.instance.instance_id
             with self._lock:
                 if self._records.get(instance_id) is record:
                     del self._records[instance_id]
                     self._end(record)
                     s = self._stats
-                    self._stats = replace(s, num_restores=s.num_restores + 1,
-                                          num_restored_pages=s.num_restored_pages + num_swapped)
+                    num_recomputed = record.num_recomputed if record.recompute else 0
+                    self._stats = replace(
+                        s, num_restores=s.num_restores + 1,
+                        num_restored_pages=s.num_restored_pages + num_swapped,
+                        num_recomputed_pages=s.num_recomputed_pages + num_recomputed)
             self.scheduler.resume_owner(instance_id)
             num_restored += 1
+
+    def _end_failed(self, record: _Record, error: Exception) -> None:
+        """A restore's recompute failed: the instance's pages hold nothing it wrote; end it."""
+        _log.error("suspensions: restoring instance %s failed: %s",
+                   record.instance.instance_id, error)
+        with self._lock:
+            record.terminating = True
+        record.instance.terminate(f"its KV pages could not be recomputed after a suspension: "
+                                  f"{error}", status="trap")
 
     def _end_overdue(self, now: float) -> None:
         """Terminate the instances suspended longer than the deadline (once each)."""

@@ -57,6 +57,11 @@ class AdapterTable:
     def bound(self, sequence_id: int) -> int | None:
         return self._bound.get(sequence_id)
 
+    @property
+    def num_opened(self) -> int:
+        """Adapters the instance has opened so far (its passes' K/V may depend on them)."""
+        return len(self._names)
+
     def adapter_of(self, sequence_id: int) -> str | None:
         """The engine name of the adapter `sequence_id` is bound to, or None."""
         handle = self._bound.get(sequence_id)

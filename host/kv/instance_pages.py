@@ -30,16 +30,17 @@ import time
 from collections import deque
 from typing import Callable, Literal, Sequence, TypeVar, overload
 
-from engine.batch import ForwardRequest, SamplerSpec, TokenCopy
+from engine.batch import ForwardBatch, ForwardRequest, SamplerSpec, TokenCopy
 from engine.paging import kv_len as paged_kv_len
 from host.errors import Cancelled, OutOfPagesError, QuotaError, TrapError
 from host.kv.allocator import PageAllocator
 from host.kv.exports import ExportRegistry
+from host.kv.page_log import PageLogs, RecomputePlan
 from host.kv.masks import (MaskRow, check_mask_rows, fold_hidden, hidden_intervals,
                            mask_page_slots)
 from host.scheduling.work import PreparedCopy, PreparedForward
 
-__all__ = ["InstancePages", "LocalPage", "PageSequence", "ReclaimHook", "SwapOut",
+__all__ = ["InstancePages", "LocalPage", "PageSequence", "ReclaimHook", "SwapOut", "Forward",
            "MAX_EXPORT_NAME_CHARS", "MAX_SEQUENCES", "SWAPPED"]
 
 ReclaimHook = Callable[[int], bool]   # num_pages_needed -> freed any
@@ -51,29 +52,37 @@ SWAPPED = -1                   # LocalPage.physical_id of a page swapped out (su
 ReadPages = Callable[[list[int]], object]          # engine.read_pages: physical ids -> data
 WritePages = Callable[[list[int], object], None]   # engine.write_pages
 ChargeSwap = Callable[[int], str | None]           # bytes -> None, or why they are refused
+ChooseRecompute = Callable[[int, int], bool]       # (pages, tokens) -> recompute (else swap)
+Forward = Callable[[ForwardBatch], object]         # engine.forward
 
 
 class SwapOut:
-    """What `swap_out` did: the pages copied out and their bytes in host memory, or `refused`
-    (the swap space's reason) with nothing changed."""
+    """What `swap_out` did: the pages released and their bytes in host memory (0 when they are
+    to be recomputed: `num_recomputed` of them hold tokens to recompute), or `refused` (the
+    swap space's reason) with nothing changed."""
 
-    __slots__ = ("num_pages", "nbytes", "refused")
+    __slots__ = ("num_pages", "nbytes", "refused", "recompute", "num_recomputed")
 
-    def __init__(self, num_pages: int, nbytes: int, refused: str | None = None) -> None:
+    def __init__(self, num_pages: int, nbytes: int, refused: str | None = None,
+                 plan: RecomputePlan | None = None) -> None:
         self.num_pages = num_pages
         self.nbytes = nbytes
         self.refused = refused
+        self.recompute = plan is not None
+        self.num_recomputed = 0 if plan is None else sum(
+            len(group.own) for wave in plan.waves for group in wave)
 
 
 class _Suspension:
     """The state of a suspended (or suspending) instance's pages."""
 
-    __slots__ = ("swapped", "data", "nbytes", "resident", "since")
+    __slots__ = ("swapped", "data", "nbytes", "resident", "since", "plan")
 
     def __init__(self) -> None:
         self.since = time.monotonic()     # the gate closed
         self.swapped: list[int] = []      # local ids swapped out, in `data`'s order
         self.data: object = None          # engine.read_pages' result; None: nothing swapped
+        self.plan: RecomputePlan | None = None    # set: the pages are recomputed, not copied
         self.nbytes = 0
         self.resident = True              # False once swap_out has run
 
@@ -101,11 +110,12 @@ class LocalPage:
 class PageSequence:
     """A host-kept list of local page ids, with its physical ids cached for passes."""
 
-    __slots__ = ("page_ids", "physical_ids")
+    __slots__ = ("page_ids", "physical_ids", "layout")
 
     def __init__(self) -> None:
         self.page_ids: list[int] = []                     # local ids, in order
         self.physical_ids: tuple[int, ...] | None = None  # cache; None = stale
+        self.layout = 0           # bumped when pages leave it (an append keeps every prefix)
 
 
 class InstancePages:
@@ -158,6 +168,7 @@ class InstancePages:
         self._interrupted: str | None = None               # interrupt()'s reason
         self._reserve: list[int] = []      # pool pages handed over for the next take (hand_over)
         self._suspended_s = 0.0            # time behind a closed gate, suspensions that ended
+        self._logs = PageLogs(page_size, self._is_read_only)   # what wrote each page
 
     @property
     def num_pages_held(self) -> int:
@@ -192,6 +203,10 @@ class InstancePages:
             now_s = 0.0 if suspension is None else time.monotonic() - suspension.since
             return int((self._suspended_s + now_s) * 1000)
 
+    def _is_read_only(self, page_id: int) -> bool:
+        page = self._pages.get(page_id)
+        return page is not None and page.read_only
+
     def _open_gate(self) -> None:
         """Under the lock: end the suspension (its time counted) and wake the calls waiting."""
         if self._suspension is not None:
@@ -223,6 +238,7 @@ class InstancePages:
             self._suspension = None               # its host copy is dropped with it
             self._gate.notify_all()
             self._pages.clear()
+            self._logs.clear()
             self._sequences.clear()
             self._deferred.clear()
             self._pins_in_flight.clear()
@@ -256,13 +272,17 @@ class InstancePages:
                 self._pins_done.wait(remaining)
             return not self._closed and self._suspension is not None
 
-    def swap_out(self, read_pages: ReadPages, charge: ChargeSwap, page_nbytes: int) -> SwapOut:
-        """After wait_drained, with the engine held (BatchScheduler.run_exclusive): charge
-        `page_nbytes` for every page this instance alone references (allocator refcount 1: not
-        shared, exported or imported) with `charge`, then copy them to host memory with
-        `read_pages` (physical ids, in local id order), mark those local ids swapped and return
-        their pool pages. A refused charge changes nothing and nothing is read (SwapOut.refused
-        says why; the gate stays closed: call abort_suspend)."""
+    def swap_out(self, read_pages: ReadPages, charge: ChargeSwap, page_nbytes: int,
+                 choose_recompute: ChooseRecompute | None = None) -> SwapOut:
+        """After wait_drained, with the engine held (BatchScheduler.run_exclusive): the pages
+        this instance alone references (allocator refcount 1: not shared, exported or imported)
+        leave the pool. Either copied: `page_nbytes` each charged with `charge`, then copied to
+        host memory with `read_pages` (physical ids, in local id order); or, when every one of
+        them is recomputable (host/kv/page_log.py) and `choose_recompute(pages, tokens)` says
+        so, or the swap space refuses them, released with their record kept, to be recomputed
+        by swap_in. Either way their local ids are marked swapped and their pool pages
+        returned. A refused charge with no recompute possible changes nothing and nothing is
+        read (SwapOut.refused says why; the gate stays closed: call abort_suspend)."""
         with self._lock:
             suspension = self._suspension
             if suspension is None or not suspension.resident or self._closed:
@@ -272,11 +292,21 @@ class InstancePages:
             local_ids = [pid for pid, page in sorted(self._pages.items())
                          if self.allocator.refcount(page.physical_id) == 1]
             physical_ids = [self._pages[pid].physical_id for pid in local_ids]
+            plan = (None if choose_recompute is None
+                    else self._logs.plan(local_ids, self._pages.__contains__))
             nbytes = len(local_ids) * page_nbytes
-            refused = charge(nbytes)
-            if refused is not None:
-                return SwapOut(0, 0, refused)
-            data = read_pages(physical_ids) if physical_ids else None
+            if plan is None or not choose_recompute(len(local_ids), plan.num_tokens):
+                refused = charge(nbytes)
+                if refused is not None and plan is None:
+                    return SwapOut(0, 0, refused)
+                if refused is None:
+                    plan = None               # charged: copied
+            data = None
+            if plan is not None:
+                nbytes = 0
+            elif physical_ids:
+                data = read_pages(physical_ids)
+            suspension.plan = plan
             for page_id in local_ids:
                 self._pages[page_id].physical_id = SWAPPED
             for sequence in self._sequences.values():
@@ -286,14 +316,18 @@ class InstancePages:
             physical_ids += self._reserve          # handed over, unused: back too
             self._reserve = []
             self.allocator.release(physical_ids)
-            return SwapOut(len(local_ids), nbytes)
+            return SwapOut(len(local_ids), nbytes, plan=plan)
 
-    def swap_in(self, physical_ids: Sequence[int], write_pages: WritePages) -> int:
+    def swap_in(self, physical_ids: Sequence[int], write_pages: WritePages,
+                forward: Forward | None = None) -> int:
         """End a suspension, with the engine held: put the swapped pages into `physical_ids`
         (fresh pool pages, one reference each, as many as num_swapped_pages) with
-        `write_pages`, remap their local ids and open the gate. Pages the instance dropped
+        `write_pages`, or, for pages released to be recomputed, remap them and run the plan's
+        prefill passes with `forward`; then open the gate. Pages the instance dropped
         while suspended are written but returned at once. Returns the bytes freed in host
-        memory. Released meanwhile: the pages go back to the pool, 0."""
+        memory. Released meanwhile: the pages go back to the pool, 0. When `forward` raises,
+        the gate stays closed (the pages remapped, released with the instance): the caller
+        ends the instance."""
         with self._lock:
             suspension = self._suspension
             if self._closed or suspension is None:
@@ -315,8 +349,23 @@ class InstancePages:
                 sequence.physical_ids = None
             if unused:
                 self.allocator.release(unused)
+            if suspension.plan is not None:
+                self._recompute(suspension.plan, forward)
             self._open_gate()
             return suspension.nbytes
+
+    def _recompute(self, plan: RecomputePlan, forward: Forward | None) -> None:
+        """Under the lock, the pages remapped: run the plan's passes, wave by wave (a pass
+        whose pages were dropped meanwhile is skipped)."""
+        if forward is None:
+            raise ValueError(f"instance {self.instance_id}: swap_in of recomputed pages "
+                             f"needs forward")
+        pages = self._pages
+        for wave in plan.waves:
+            requests = tuple(group.request(lambda pid: pages[pid].physical_id) for group in wave
+                             if all(pid in pages for pid in group.prefix + group.own))
+            if requests:
+                forward(ForwardBatch(requests))
 
     def abort_suspend(self) -> None:
         """Open the gate of a suspension that did not swap out (nothing was moved)."""
@@ -381,6 +430,7 @@ class InstancePages:
                 if any(pid in dropped for pid in sequence.page_ids):
                     sequence.page_ids = [pid for pid in sequence.page_ids if pid not in dropped]
                     sequence.physical_ids = None
+                    sequence.layout += 1
             for page_id in page_ids:
                 self._drop_local(page_id)
 
@@ -393,8 +443,11 @@ class InstancePages:
             self._check_quota(call, len(page_ids))
             pages = [self._pages[pid] for pid in page_ids]
             self.allocator.retain([page.physical_id for page in pages])
-            return [self._add_local(page.physical_id, page.read_only, page.mask_row)
-                    for page in pages]
+            new_ids = [self._add_local(page.physical_id, page.read_only, page.mask_row)
+                       for page in pages]
+            for src_id, dst_id in zip(page_ids, new_ids):
+                self._logs.share(src_id, dst_id)
+            return new_ids
 
     def mask_tokens(self, page_id: int, offset: int, num_tokens: int, masked: bool) -> None:
         """Hide / show slots of a page for later passes that read it through this id."""
@@ -428,6 +481,7 @@ class InstancePages:
         copies = self._copy_on_write(cow_ids, new_ids, [self.page_size])
         copies.append(TokenCopy(src.physical_id, self._pages[dst_page_id].physical_id,
                                 src_offset, dst_offset, num_tokens))
+        self._logs.dirty(dst_page_id)
         return PreparedCopy(tuple(copies), on_done)
 
     # ---------------------------------------------------------------- exports
@@ -454,7 +508,10 @@ class InstancePages:
             if not self._within_quota(len(physical_ids)):
                 self.allocator.release(physical_ids)
                 self._check_quota(call, len(physical_ids))     # raises QuotaError
-            return [self._add_local(pid, read_only=True) for pid in physical_ids]
+            new_ids = [self._add_local(pid, read_only=True) for pid in physical_ids]
+            for page_id in new_ids:
+                self._logs.dirty(page_id)      # another instance's passes wrote it
+            return new_ids
 
     def list_exports(self) -> list[str]:
         return self.exports.names(self.tenant)
@@ -496,6 +553,7 @@ class InstancePages:
                                 f"{sequence_id} of {size} pages")
             del sequence.page_ids[index:index + count]
             sequence.physical_ids = None
+            sequence.layout += 1
 
     def sequence_pages(self, sequence_id: int) -> list[int]:
         with self._lock:
@@ -514,21 +572,22 @@ class InstancePages:
                 last_page_len: int, output_indices: Sequence[int],
                 samplers: Sequence[SamplerSpec], mask: Sequence[Sequence[int]] | None = None, *,
                 call: str = "forward.submit", reclaim: Literal[True] = True, grow: bool = False,
-                general: bool = True, pinned: bool = True) -> PreparedForward: ...
+                general: bool = True, pinned: bool = True, fed: bool = False
+                ) -> PreparedForward: ...
 
     @overload
     def prepare(self, sequence_id: int, token_ids: Sequence[int], positions: Sequence[int],
                 last_page_len: int, output_indices: Sequence[int],
                 samplers: Sequence[SamplerSpec], mask: Sequence[Sequence[int]] | None = None, *,
                 call: str = "forward.submit", reclaim: Literal[False], grow: bool = False,
-                general: bool = True, pinned: bool = True
+                general: bool = True, pinned: bool = True, fed: bool = False
                 ) -> tuple[PreparedForward, int | None] | None: ...
 
     def prepare(self, sequence_id: int, token_ids: Sequence[int], positions: Sequence[int],
                 last_page_len: int, output_indices: Sequence[int],
                 samplers: Sequence[SamplerSpec], mask: Sequence[Sequence[int]] | None = None, *,
                 call: str = "forward.submit", reclaim: bool = True, grow: bool = False,
-                general: bool = True, pinned: bool = True
+                general: bool = True, pinned: bool = True, fed: bool = False
                 ) -> PreparedForward | tuple[PreparedForward, int | None] | None:
         """Check a pass over a sequence and translate it to an engine request; TrapError (naming
         `call`) when the guest's arguments are wrong.
@@ -551,6 +610,8 @@ class InstancePages:
         `grow`: a new page of the instance (within its quota) joins the end of the sequence
         first. `pinned` False: the early route takes no pin of its own (a chained step: the
         chain's first pass holds one); the general route always pins.
+        `fed`: the input token is a placeholder the engine replaces with an earlier pass's
+        output (ForwardBatch.fed_from): the pages it writes cannot be recomputed.
         """
         decode_step = (mask is None and len(token_ids) == len(positions) == len(samplers)
                        == len(output_indices) == 1 and output_indices[0] == 0)
@@ -576,12 +637,12 @@ class InstancePages:
                 return None
             try:
                 prepared = (self._decode_step(sequence, token_ids[0], positions[0],
-                                              last_page_len, samplers[0], pinned)
+                                              last_page_len, samplers[0], pinned, fed)
                             if decode_step else None)
                 if prepared is None and general:
                     prepared = self._prepare_general(call, sequence_id, token_ids, positions,
                                                      last_page_len, output_indices, samplers,
-                                                     mask)
+                                                     mask, fed)
             except NeedPages:
                 prepared = None
             except TrapError:
@@ -622,11 +683,11 @@ class InstancePages:
             self._drop_local(page_id)
 
     def _decode_step(self, sequence: PageSequence, token_id: int, position: int,
-                     last_page_len: int, sampler: SamplerSpec, pinned: bool = True
-                     ) -> PreparedForward | None:
+                     last_page_len: int, sampler: SamplerSpec, pinned: bool = True,
+                     fed: bool = False) -> PreparedForward | None:
         """Under the lock: the early route of a decode step: a valid shape, no hidden slots, a
         tail page of this instance alone. None: anything else (the general route checks,
-        copies or traps)."""
+        copies or traps). The step is recorded (host/kv/page_log.py)."""
         page_ids, page_size = sequence.page_ids, self.page_size
         if (not page_ids or not 1 <= last_page_len <= page_size or self._num_masked_pages
                 or (self.vocab_size is not None and token_id >= self.vocab_size)):
@@ -637,6 +698,11 @@ class InstancePages:
         tail = self._pages[page_ids[-1]]
         if tail.read_only or self.allocator.refcount(tail.physical_id) > 1:
             return None                   # the general route traps (read-only) or copies it
+        if fed:
+            self._logs.dirty(page_ids[-1])
+        else:
+            self._logs.note_step(sequence, page_ids, sequence.layout, token_id, position,
+                                 last_page_len)
         return PreparedForward(ForwardRequest.decode_step(
             token_id, position, self._physical_ids(sequence), last_page_len, sampler), (),
             self._pin() if pinned else None)
@@ -644,9 +710,10 @@ class InstancePages:
     def _prepare_general(self, call: str, sequence_id: int, token_ids: Sequence[int],
                          positions: Sequence[int], last_page_len: int,
                          output_indices: Sequence[int], samplers: Sequence[SamplerSpec],
-                         mask: Sequence[Sequence[int]] | None) -> PreparedForward:
+                         mask: Sequence[Sequence[int]] | None, fed: bool = False
+                         ) -> PreparedForward:
         """Under the lock: the general route of prepare. NeedPages when a copy-on-write lacks
-        pages (nothing changed then)."""
+        pages (nothing changed then). The pass is recorded (host/kv/page_log.py)."""
         sequence = self._sequence(call, sequence_id)
         num_tokens = len(token_ids)
         kv_len = self._check_pass_shape(call, sequence, token_ids, positions, last_page_len,
@@ -671,6 +738,8 @@ class InstancePages:
                                hidden_intervals(masks, self.page_size, kv_len))
         request = ForwardRequest(tuple(token_ids), tuple(positions), self._physical_ids(sequence),
                                  last_page_len, tuple(output_indices), tuple(samplers), rows)
+        self._logs.note_pass(sequence, sequence.page_ids, sequence.layout, first_slot,
+                             token_ids, positions, plain=rows is None and not fed)
         return PreparedForward(request, tuple(copies), on_done)
 
     def _physical_ids(self, sequence: PageSequence) -> tuple[int, ...]:
@@ -725,6 +794,7 @@ class InstancePages:
     def _drop_local(self, page_id: int) -> None:
         """Under the lock: drop a local id and return its reference."""
         page = self._pages.pop(page_id)
+        self._logs.drop(page_id)
         if page.mask_row is not None:
             self._num_masked_pages -= 1
         if page.physical_id != SWAPPED:   # a swapped one's host copy is skipped by swap_in

@@ -46,10 +46,11 @@ class DecodePages(Protocol):
     def prepare(self, sequence_id: int, token_ids: Sequence[int], positions: Sequence[int],
                 last_page_len: int, output_indices: Sequence[int],
                 samplers: Sequence[SamplerSpec], *, call: str, reclaim: Literal[False],
-                grow: bool, general: bool, pinned: bool
+                grow: bool, general: bool, pinned: bool, fed: bool = False
                 ) -> tuple[PreparedForward, int | None] | None:
-        """The loop's next pass, without reclaim (`grow`: a new page first): (the pass, the new
-        page's local id or None), or None when it cannot be had now."""
+        """The loop's next pass, without reclaim (`grow`: a new page first; `fed`: its token is
+        fed from the pass before it): (the pass, the new page's local id or None), or None when
+        it cannot be had now."""
 
     def undo_grow(self, sequence_id: int, page_id: int) -> None:
         """Give back the page a pass prepared ahead added, when its output does not count."""
@@ -148,7 +149,7 @@ class DecodeLoop:
                     or len(self._outputs) + 2 > MAX_UNREAD_OUTPUTS):
                 return None
             try:
-                step = self._prepare_step(0, kv_len, general=False)
+                step = self._prepare_step(0, kv_len, general=False, fed=True)
             except TrapError:
                 return None                       # the chained pass traps, in order
             if step is None:
@@ -187,16 +188,18 @@ class DecodeLoop:
             return step[0]
 
     def _prepare_step(self, token_id: int, kv_len: int, general: bool = True,
-                      pinned: bool = True) -> tuple[PreparedForward, int | None] | None:
+                      pinned: bool = True, fed: bool = False
+                      ) -> tuple[PreparedForward, int | None] | None:
         """Under the lock: the pass of `token_id` that makes the KV `kv_len` long (a new page
         first when the last is full); the loop's position and pages advance. None: no page
-        without reclaim, or (general False) the common route declined; TrapError. `pinned`:
-        as DecodePages.prepare."""
+        without reclaim, or (general False) the common route declined; TrapError. `pinned`,
+        `fed` (the token a placeholder the engine feeds): as DecodePages.prepare."""
         grow = kv_len > self._num_pages * self._page_size
         last_page_len = kv_len - (self._num_pages - (not grow)) * self._page_size
         step = self._pages.prepare(self._sequence_id, (token_id,), (self._position + 1,),
                                    last_page_len, (0,), (self._sampler,), call=_CALL,
-                                   reclaim=False, grow=grow, general=general, pinned=pinned)
+                                   reclaim=False, grow=grow, general=general, pinned=pinned,
+                                   fed=fed)
         if step is None:
             return None
         if step[1] is not None:

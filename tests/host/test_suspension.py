@@ -290,7 +290,8 @@ def test_an_oversubscribed_pool_completes_everyone_with_unconstrained_outputs(
 def test_a_victim_over_its_fair_share_is_suspended_then_restored(components,  # noqa: F811
                                                                   make_runtime):
     """Was test_runtime's termination of the instance over its fair share: the new policy
-    serves it (suspended while the older needs the pages, restored once they are back)."""
+    serves it (suspended while the older needs the pages, restored once they are back).
+    Its pages copied (restore="swap", make_runtime's default)."""
     engine = FakeEngine(num_pages=16, page_size=4)
     runtime = make_runtime(engine)
     older_events, newer_events = Events(), Events()
@@ -423,7 +424,8 @@ def test_metrics_show_suspensions():
     from host.server.metrics import RuntimeFigures, ServerMetrics, trap_cause
     stats = SuspensionStats(num_suspended=2, num_suspensions=5, num_restores=3,
                             num_swapped_pages=40, num_restored_pages=24, num_pages_in_swap=16,
-                            swap_bytes=16384, suspended_s=1.5, num_deadline_terminations=1)
+                            swap_bytes=16384, suspended_s=1.5, num_deadline_terminations=1,
+                            num_recomputed_pages=7)
     figures = RuntimeFigures(num_running_instances=4, num_pages_used=8, num_pages_free=8,
                              num_pages_exported=0, queue_depth=0, num_batches=1,
                              batch_size_counts={1: 1}, num_output_tokens=1, num_input_tokens=1,
@@ -431,7 +433,8 @@ def test_metrics_show_suspensions():
     text = ServerMetrics(lambda: figures).render().decode()
     for line in ("pie_suspensions_total 5.0", "pie_restores_total 3.0",
                  "pie_swapped_pages_total 40.0", "pie_suspended_seconds_total 1.5",
-                 "pie_instances_suspended 2.0", "pie_swap_bytes 16384.0"):
+                 "pie_instances_suspended 2.0", "pie_swap_bytes 16384.0",
+                 "pie_recomputed_pages_total 7.0"):
         assert line in text, line
     assert trap_cause("suspended for more than 600 s waiting for KV pages "
                       "(suspend_deadline_s)") == "suspend_deadline"
