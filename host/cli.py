@@ -12,6 +12,7 @@ than 2 s (building, compiling, loading, warming: host/progress.py).
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import threading
 import time
@@ -73,6 +74,16 @@ def _add_run_parser(subparsers) -> None:
                         metavar="NAME=PATH",
                         help="a LoRA adapter (a PEFT directory: adapter_config.json + "
                              "adapter_model.safetensors) the inferlet may open as NAME; repeatable")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                        help="a host the inferlet may send HTTP requests to (.SUFFIX: it and its "
+                             "subdomains; no port: 80 and 443; a name resolving to a private or "
+                             "loopback address is refused: give the IP, e.g. 127.0.0.1:8080); "
+                             "repeatable; default none")
+    parser.add_argument("--mcp", action="append", default=[], type=_mcp_arg,
+                        metavar="NAME=COMMAND|URL",
+                        help="an MCP server the inferlet may call as NAME: a command run over "
+                             "stdio (split as a shell would), or an http(s) URL (streamable "
+                             "HTTP); repeatable")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="compiled components and builds (default: $PIE_CACHE_DIR or ~/.cache/pie)")
     parser.add_argument("--lines", action="store_true",
@@ -122,11 +133,16 @@ def _run_build(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
 
 def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
     """Build if needed, load the model and the component, run one instance to its end."""
-    from host.runtime_config import InstanceLimits, RuntimeConfig, default_cache_dir
+    from host.runtime_config import (InstanceLimits, OutboundLimits, RuntimeConfig,
+                                     default_cache_dir)
     try:
+        outbound = OutboundLimits(
+            allow_hosts=tuple(namespace.allow_host),
+            mcp_servers=tuple(_mcp_server(name, target) for name, target in namespace.mcp))
         limits = InstanceLimits(memory_mb=namespace.memory_mb, max_idle_s=namespace.max_idle_s,
                                 page_quota=namespace.page_quota,
-                                max_receive_wait_s=namespace.max_receive_wait_s)
+                                max_receive_wait_s=namespace.max_receive_wait_s,
+                                outbound=outbound)
         RuntimeConfig(swap_mb=namespace.swap_mb)          # checked before the model loads
     except ValueError as err:
         print(f"pie run: {err}", file=sys.stderr)
@@ -181,6 +197,23 @@ def _program_path(program: Path, cache_dir: Path) -> Path | None:
         print(f"pie run: {err}", file=sys.stderr)
         return None
     return path
+
+
+def _mcp_arg(text: str) -> tuple[str, str]:
+    """argparse type: NAME=COMMAND or NAME=URL -> (name, command or url)."""
+    name, sep, target = text.partition("=")
+    if not sep or not name or not target.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=COMMAND or NAME=URL, got {text!r}")
+    return name, target
+
+
+def _mcp_server(name: str, target: str):
+    """The McpServer of `--mcp NAME=TARGET`: a URL, else a command line split as a shell would
+    (ValueError when invalid)."""
+    from host.runtime_config import McpServer
+    if target.startswith(("http://", "https://")):
+        return McpServer(name, url=target)
+    return McpServer(name, command=tuple(shlex.split(target)))
 
 
 def _adapter_arg(text: str) -> tuple[str, Path]:

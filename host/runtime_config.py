@@ -108,7 +108,7 @@ class OutboundLimits:
 def _check_host_rule(rule: str) -> None:
     """ValueError unless `rule` is HOST[:PORT] or .SUFFIX[:PORT] (IPv6: [ADDR][:PORT])."""
     host, port = split_host_rule(rule)
-    if not host or not set(host.lstrip(".")) <= _HOST_CHARS or ".." in host \
+    if not host.lstrip(".") or not set(host.lstrip(".")) <= _HOST_CHARS or ".." in host \
             or (port is not None and not 1 <= port <= 65535):
         raise ValueError(f"allow_hosts: {rule!r} is not HOST[:PORT] or .SUFFIX[:PORT]")
 
@@ -210,7 +210,8 @@ class InstanceLimits:
             raise ValueError(f"InstanceLimits.max_receive_wait_s must be > 0 or None, "
                              f"got {self.max_receive_wait_s}")
         if not isinstance(self.outbound, OutboundLimits):
-            raise ValueError(f"InstanceLimits.outbound must be OutboundLimits, got {self.outbound!r}")
+            raise ValueError(f"InstanceLimits.outbound must be OutboundLimits, "
+                             f"got {self.outbound!r}")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any
 import cattrs
 from cattrs.v import format_exception, transform_error
 
-from host.runtime_config import RuntimeConfig
+from host.runtime_config import OutboundLimits, RuntimeConfig
 
 __all__ = ["ConfigError", "ServerSection", "ModelSection", "EngineSection", "SchedulerSection",
            "LimitsSection", "TenantConfig", "ServerConfig", "load_config", "parse_config"]
@@ -206,6 +206,9 @@ class TenantConfig:
     # KV pages the built-in's shared chat prefixes may hold (0: off; None: the default below)
     prefix_cache_pages: int | None = None
     max_receive_wait_s: float | None = None   # its instances' wait in a receive (None: [limits])
+    # what its instances may reach outside the host ([tenants.outbound]: allow_hosts, limits,
+    # [[tenants.outbound.mcp_servers]]); nothing by default
+    outbound: OutboundLimits = field(default_factory=OutboundLimits)
 
     def __post_init__(self) -> None:
         if self.max_receive_wait_s is not None and not self.max_receive_wait_s > 0:
@@ -282,6 +285,13 @@ def _strict_converter() -> cattrs.Converter:
     converter.register_structure_hook(float, exact(float, (int, float)))
     converter.register_structure_hook(bool, exact(bool, (bool,)))
     converter.register_structure_hook(str, exact(str, (str,)))
+
+    def string_tuple(value: Any, _: type) -> tuple[str, ...]:
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"expected a list of strings, got {type(value).__name__} {value!r}")
+        return tuple(converter.structure(item, str) for item in value)
+
+    converter.register_structure_hook_func(lambda kind: kind == tuple[str, ...], string_tuple)
     return converter
 
 

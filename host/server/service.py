@@ -197,7 +197,7 @@ class PieService:
         handle = InstanceHandle(f"r{next(self._keys)}", tenant.name, sha256, sink, pages)
         self.quotas.add(tenant, handle.key, pages)
         self._handles[handle.key] = handle
-        limits = replace(self.limits, page_quota=pages)
+        limits = replace(self.limits, page_quota=pages, outbound=tenant.outbound)
         if tenant.max_receive_wait_s is not None:
             limits = replace(limits, max_receive_wait_s=tenant.max_receive_wait_s)
         try:

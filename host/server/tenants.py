@@ -18,8 +18,9 @@ own (the runtime namespaces exports/topics/store by the `tenant` given at launch
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from host.runtime_config import OutboundLimits
 from host.server.server_config import TenantConfig
 
 __all__ = ["Tenant", "TenantRegistry", "QuotaExceeded", "QuotaBook", "resolve_kv_shares"]
@@ -50,6 +51,7 @@ class Tenant:
     prefix_cache_pages: int = 0      # the built-in's shared chat prefixes (TenantConfig)
     max_receive_wait_s: float | None = None   # its instances' InstanceLimits (None: the server's)
     max_adapter_bytes: int = 256 * 1024 * 1024   # stored LoRA adapters (TenantConfig)
+    outbound: OutboundLimits = field(default_factory=OutboundLimits)   # its instances' HTTP, MCP
 
     @property
     def default_kv_pages(self) -> int:
@@ -64,7 +66,7 @@ class TenantRegistry:
         self._by_token = [(t.resolved_token().encode(),
                            Tenant(t.name, t.max_instances, t.max_kv_pages, t.max_program_bytes,
                                   t.resolved_prefix_cache_pages, t.max_receive_wait_s,
-                                  t.max_adapter_bytes))
+                                  t.max_adapter_bytes, t.outbound))
                           for t in tenants]
 
     def authenticate(self, token: str) -> Tenant | None:

@@ -15,6 +15,12 @@ observations, one line each, are appended as the next user turn. Tools:
   {"type": "tool_call", "id": N, "name": "search", "arguments": {"query": <the turn's text>}}
   (N counts the episode's calls from 0); the client answers each with {"id": N, "content": TEXT},
   in any order. Every call of a turn is sent before the first answer is read.
+- `http`: each call is a real request, GET --tool-url?q=<the turn's text, first 100 characters>
+  (inferlet.http; the host must allow its host: `pie run --allow-host 127.0.0.1:8080`); the
+  server answers {"results": [TEXT, ...]} and the first result is the observation. A turn's
+  requests are all in flight at once (the host's max_concurrent bounds them); a refused or
+  failed request ends the run with its error, which names the limit. tests/host/servers/
+  tool_server.py is such a server (`/search`).
 With --system-export NAME the system prompt's KV is imported from the export NAME when it exists
 (no prefill) and exported there (persistent) otherwise.
 Returns JSON: {turns, observations, answer, num_generated, num_context_tokens, imported,
@@ -22,12 +28,14 @@ calls_per_turn}.
 """
 import json
 import time
+from urllib.parse import quote
 
 import inferlet
 
 SYSTEM = ("You are an agent that solves tasks step by step. Each turn write one short Thought "
           "and one Action: search(query). You then get an Observation.")
-TOOLS = ("simulated", "client")
+TOOLS = ("simulated", "client", "http")
+MAX_QUERY_CHARS = 100
 MAX_CALLS = 4096
 
 
@@ -75,15 +83,30 @@ def run_on_client(call_ids: list[int], query: str) -> list[str]:
     return [f"Observation {call_id + 1}: {contents[call_id]}" for call_id in call_ids]
 
 
+def run_http(call_ids: list[int], query: str, url: str) -> list[str]:
+    """GET `url`?q=query for every call of `call_ids`, all in flight at once; the first result
+    of each answer is its observation."""
+    pending = [inferlet.http.start("GET", f"{url}?q={quote(query[:MAX_QUERY_CHARS])}")
+               for _ in call_ids]
+    observations = []
+    for call_id, request in zip(call_ids, pending):
+        answer = request.result().raise_for_status().json()
+        results = answer.get("results") if isinstance(answer, dict) else None
+        first = results[0] if isinstance(results, list) and results else "(no result)"
+        observations.append(f"Observation {call_id + 1}: {str(first)[:200]}")
+    return observations
+
+
 @inferlet.main
 def main(args: list[str]) -> dict:
-    parser = inferlet.ArgumentParser(prog="react", description="A ReAct agent with a simulated tool.")
+    parser = inferlet.ArgumentParser(prog="react", description="A ReAct agent with a tool.")
     parser.add_argument("--task", default="Find the tallest mountain in Europe.")
     parser.add_argument("--system", default=SYSTEM)
     parser.add_argument("--num-calls", type=int, default=3, help="tool calls before the answer")
     parser.add_argument("--calls-per-turn", type=int, default=1, help="concurrent calls a turn")
     parser.add_argument("--tool", choices=TOOLS, default="simulated")
     parser.add_argument("--delay-ms", type=float, default=100.0, help="simulated tool latency")
+    parser.add_argument("--tool-url", default="", help="the http tool's search URL")
     parser.add_argument("--turn-tokens", type=int, default=16)
     parser.add_argument("--system-export", default="", help="export name of the system prompt")
     parser.add_argument("--release", action="store_true", help="release the export at the end")
@@ -91,6 +114,8 @@ def main(args: list[str]) -> dict:
     if not 0 <= opts.num_calls <= MAX_CALLS or opts.delay_ms < 0 or opts.calls_per_turn < 1:
         raise inferlet.InferletError(f"--num-calls must be in [0, {MAX_CALLS}], --delay-ms >= 0 "
                                      f"and --calls-per-turn >= 1")
+    if opts.tool == "http" and not opts.tool_url:
+        raise inferlet.InferletError("--tool http needs --tool-url")
 
     ctx, imported = inferlet.shared_system_context(opts.system, opts.system_export)
     ctx.fill_user(opts.task)
@@ -102,6 +127,8 @@ def main(args: list[str]) -> dict:
         call_ids = list(range(len(observations), len(observations) + num_turn_calls))
         if opts.tool == "client":
             turn_observations = run_on_client(call_ids, generation.text)
+        elif opts.tool == "http":
+            turn_observations = run_http(call_ids, generation.text, opts.tool_url)
         else:
             turn_observations = run_simulated(call_ids, opts.delay_ms / 1000)
         observations += turn_observations

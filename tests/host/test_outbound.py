@@ -103,7 +103,8 @@ def test_get_and_post_reach_an_allowed_server(server, outbound):
     handle = outbound.for_instance("t", _limits(server))
     answer = _fetch(handle, server.url("/search?q=rome"))
     assert isinstance(answer, HttpResponse) and answer.status == 200
-    assert b'"query": "rome"' in answer.body and ("content-type", "application/json") in answer.headers
+    assert b'"query": "rome"' in answer.body
+    assert ("content-type", "application/json") in answer.headers
     echo = _fetch(handle, server.url("/echo"), "POST", b"payload", (("X-Tool", "1"),))
     assert b'"body": "payload"' in echo.body and b'"x-tool": "1"' in echo.body
     assert handle.num_in_flight == 0
@@ -243,3 +244,16 @@ def test_a_server_that_cannot_start_is_an_err(outbound):
                             mcp_timeout_s=10.0)
     with pytest.raises(OutboundRefused, match="MCP server 'gone'"):
         outbound.for_instance("t", limits).mcp_tools("mcp.tools", "gone").result(30)
+
+
+def test_pie_run_allows_what_its_options_name():
+    from host.cli import _mcp_server, build_parser
+    namespace = build_parser().parse_args([
+        "run", "app.py", "--allow-host", "127.0.0.1:8080", "--allow-host", ".example.com",
+        "--mcp", "calc=python calc.py --quiet", "--mcp", "web=https://mcp.example.com/mcp"])
+    assert namespace.allow_host == ["127.0.0.1:8080", ".example.com"]
+    servers = [_mcp_server(name, target) for name, target in namespace.mcp]
+    assert servers == [McpServer("calc", command=("python", "calc.py", "--quiet")),
+                       McpServer("web", url="https://mcp.example.com/mcp")]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "app.py", "--mcp", "calc"])

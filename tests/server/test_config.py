@@ -48,6 +48,14 @@ TENANT = {"name": "a", "token": "t"}
      "prefix_cache_pages must be in 0..4096 (max_kv_pages), got -1"),
     ({"tenants": [{**TENANT, "max_kv_pages": 64, "prefix_cache_pages": 65}]},
      "prefix_cache_pages must be in 0..64 (max_kv_pages), got 65"),
+    ({"tenants": [{**TENANT, "outbound": {"allow_hosts": "api.example.com"}}]},
+     "expected a list of strings, got str 'api.example.com' @ pie.toml.tenants[0].outbound"),
+    ({"tenants": [{**TENANT, "outbound": {"allow_hosts": ["http://a.com"]}}]},
+     "allow_hosts: 'http://a.com'"),
+    ({"tenants": [{**TENANT, "outbound": {"requests_per_minute": 0}}]},
+     "OutboundLimits.requests_per_minute must be in 1..1000000, got 0"),
+    ({"tenants": [{**TENANT, "outbound": {"mcp_servers": [{"name": "c"}]}}]},
+     "MCP server 'c': give exactly one of url, command"),
 ])
 def test_invalid_configs_are_named(data: dict, expected: str) -> None:
     with pytest.raises(ConfigError) as error:
@@ -201,3 +209,17 @@ def test_build_runtime_gives_inferlets_the_served_name() -> None:
         assert runtime.services.model_info.name == "SmolLM2-135M-Instruct"
     finally:
         runtime.close()
+
+
+def test_a_tenant_s_outbound_section_reaches_its_instances_limits() -> None:
+    from host.server.tenants import TenantRegistry
+    config = parse_config({"tenants": [
+        {**TENANT, "outbound": {"allow_hosts": ["api.example.com", "127.0.0.1:8080"],
+                                "requests_per_minute": 30,
+                                "mcp_servers": [{"name": "calc", "command": ["python", "c.py"]}]}},
+        {"name": "b", "token": "u"}]})
+    alice, bob = TenantRegistry(config.tenants).all()
+    assert alice.outbound.allow_hosts == ("api.example.com", "127.0.0.1:8080")
+    assert alice.outbound.requests_per_minute == 30
+    assert alice.outbound.mcp_servers[0].command == ("python", "c.py")
+    assert bob.outbound.allow_hosts == () and bob.outbound.mcp_servers == ()   # nothing by default
