@@ -19,7 +19,8 @@ KERNEL_SOURCES = ["engine/quant/module.c", "engine/quant/pool.c", "engine/quant/
                   "engine/quant/decoder.c", "engine/quant/decoder_py.c",
                   "engine/quant/interleaved.c", "engine/quant/interleaved_avx2.c",
                   "engine/quant/decode_attention_avx2.c", "engine/quant/kernels_avx512.c",
-                  "engine/quant/decode_attention_avx512.c"]
+                  "engine/quant/decode_attention_avx512.c", "engine/quant/prefill_attention.c",
+                  "engine/quant/prefill_attention_avx512.c"]
 BUILD_ERRORS = (CCompilerError, CompileError, ExecError, PlatformError, OSError)
 
 
@@ -51,6 +52,7 @@ def extensions() -> list[Extension]:
     return [Extension("engine.quant._kernels", sources=KERNEL_SOURCES,
                       depends=["engine/quant/formats.h", "engine/quant/pool.h", "engine/quant/norm.h",
                                "engine/quant/decode_attention.h", "engine/quant/matmul.h",
+                               "engine/quant/prefill_attention.h",
                                "engine/quant/decoder.h", "engine/quant/fast_exp.h"],
                       extra_compile_args=["-O3", "-std=c11", "-pthread"],
                       extra_link_args=["-pthread"]),

@@ -91,7 +91,8 @@ class Engine:
             choice.attention_backend, num_qo_heads=model_config.num_heads,
             num_kv_heads=model_config.num_kv_heads, head_dim=model_config.head_dim,
             page_size=self.page_size, device=self.device,
-            c_decode=self.model.planner is not None)
+            c_decode=self.model.planner is not None,
+            kernel_threads=self.model.planner and self.model.planner.kernel_threads)
         self.decode_graphs = self._capture_decode_graphs() if graphs else None
         self.sampler = make_sampler(self.device, seed)   # fused FlashInfer sampling on CUDA
         self.grammar = GrammarCompiler(tokenizer, model_config.vocab_size) if tokenizer else None

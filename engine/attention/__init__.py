@@ -7,7 +7,7 @@ name; a new backend (e.g. FlashInfer on CUDA) registers one more branch here.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -38,9 +38,12 @@ class AttentionBackend(Protocol):
 
 def make_attention_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                            page_size: int, device: str | torch.device = "cpu",
-                           c_decode: bool = False) -> AttentionBackend:
+                           c_decode: bool = False,
+                           kernel_threads: Callable[[], int] | None = None) -> AttentionBackend:
     """Build the backend `name` ("auto" = the best one available for `device`). `c_decode`: the
-    torch backend runs plain decode batches on engine.quant's C kernel (quantized CPU mode)."""
+    torch backend runs plain decode batches (and, at the avx512-vnni level, long prompts) on
+    engine.quant's C kernels (quantized CPU mode); `kernel_threads`: their thread count at the
+    time of a call (default torch's)."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"attention backend must be one of {BACKEND_NAMES}, got {name!r}")
     device_type = torch.device(device).type
@@ -53,4 +56,5 @@ def make_attention_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, h
         else:
             return FlashInferAttention(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
                                        head_dim=head_dim, page_size=page_size, device=device)
-    return TorchPagedAttention(num_qo_heads, num_kv_heads, head_dim, page_size, device, c_decode)
+    return TorchPagedAttention(num_qo_heads, num_kv_heads, head_dim, page_size, device, c_decode,
+                               kernel_threads)

@@ -13,11 +13,14 @@ GQA: the G = num_qo_heads / num_kv_heads query heads sharing a KV head are folde
 rows of that KV head ([B, Hkv, G * q, D]), so K and V are never repeated.
 With `c_decode` (the quantized CPU engine, float32 or float16 pool), a batch of plain decode
 steps (one new token per request, no custom mask) runs each layer as one call of engine.quant's C
-kernel (append + attention straight from the pages) instead of ~8 torch ops.
+kernel (append + attention straight from the pages) instead of ~8 torch ops, and where that
+kernel level is avx512-vnni, a long request without a custom mask runs on engine.quant's C
+prefill kernel (on the kernels' threads, `kernel_threads`) instead of SDPA.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -51,6 +54,7 @@ class _LongRequest:
     kv_rows: torch.Tensor       # [kv_len] K rows in the slot view
     kv_rows_v: torch.Tensor     # [kv_len] V rows
     mask: torch.Tensor | None   # [q_len, kv_len] bool; None: plain causal with q_len == kv_len
+    c_attention: quant_kernels.PrefillAttention | None = None   # causal, on the C kernel
 
 
 def _kv_rows(table: PageTable, request_ids: np.ndarray, max_kv: int) -> torch.Tensor:
@@ -73,10 +77,15 @@ class TorchPagedAttention:
     name = "torch"
 
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-                 device: str | torch.device = "cpu", c_decode: bool = False) -> None:
+                 device: str | torch.device = "cpu", c_decode: bool = False,
+                 kernel_threads: Callable[[], int] | None = None) -> None:
         self.device = torch.device(device)       # where the pool lives; plan moves indices there
         self.c_decode = (c_decode and self.device.type == "cpu" and head_dim % 8 == 0
                          and quant_kernels.available())
+        # the C prefill kernel beats torch's SDPA where its AVX-512 loops run (docs/performance)
+        self.c_prefill = (self.c_decode and head_dim % 16 == 0
+                          and quant_kernels.best_level() == "avx512-vnni")
+        self._kernel_threads = kernel_threads or torch.get_num_threads
         self._c_indices: tuple[torch.Tensor, ...] | None = None   # append, kv rows, kv lens
         self._c_attention: quant_kernels.DecodeAttention | None = None   # made at layer 0
         self._pending_kv: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -153,13 +162,15 @@ class TorchPagedAttention:
         start, end = int(table.qo_indptr[b]), int(table.qo_indptr[b + 1])
         kv_len = int(table.kv_lens[b])
         kv_rows = _kv_rows(table, np.array([b]), kv_len)[0]               # [kv_len]
-        mask = table.request_mask(b)
+        mask = custom_mask = table.request_mask(b)
         if mask is None and kv_len != end - start:
             query_slots = torch.arange(kv_len - (end - start), kv_len).unsqueeze(1)
             mask = torch.arange(kv_len).unsqueeze(0) <= query_slots       # [q_len, kv_len]
+        c_attention = (quant_kernels.PrefillAttention(kv_rows, end - start, self.page_size)
+                       if self.c_prefill and custom_mask is None else None)
         return _LongRequest(start, end, kv_rows.to(self.device),
                             (kv_rows + self.page_size).to(self.device),
-                            None if mask is None else mask.to(self.device))
+                            None if mask is None else mask.to(self.device), c_attention)
 
     # ---- per layer ---------------------------------------------------------------------------
     def append_kv(self, kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -260,6 +271,11 @@ class TorchPagedAttention:
 
     def _run_long(self, q: torch.Tensor, slot_view: torch.Tensor, request: _LongRequest,
                   out: torch.Tensor) -> None:
+        if (request.c_attention is not None and q.dtype == torch.float32
+                and slot_view.dtype in quant_kernels.KERNEL_KV_DTYPES):
+            request.c_attention(q[request.start:request.end], slot_view,
+                                out[request.start:request.end], self._kernel_threads())
+            return
         k, v = self._as_query_dtype(q, slot_view.index_select(0, request.kv_rows),
                                     slot_view.index_select(0, request.kv_rows_v))
         # k, v: [kv_len, Hkv, D]

@@ -19,7 +19,8 @@ from engine.quant.tensor import INTERLEAVED_ROWS, QuantizedTensor
 __all__ = ["available", "unavailable_reason", "levels", "best_level", "level_reason",
            "cpu_features", "LEVELS", "LEVEL_ENV", "require", "level_index",
            "matmul", "dequantize", "dequantize_rows", "interleave", "PreparedMatmul",
-           "add_rms_norm", "PreparedRmsNorm", "DecodeAttention", "KERNEL_KV_DTYPES"]
+           "add_rms_norm", "PreparedRmsNorm", "DecodeAttention", "PrefillAttention",
+           "KERNEL_KV_DTYPES"]
 
 KERNEL_KV_DTYPES = (torch.float32, torch.float16)     # KV pools the C decode attention reads
 LOOKUP_CHUNK_IDS = 64           # dequantize_rows of an interleaved matrix: ids a round
@@ -201,6 +202,53 @@ class DecodeAttention:
                    self.append_rows.data_ptr(), self.kv_rows.data_ptr(), self.kv_lens.data_ptr(),
                    num_requests, self.kv_rows.shape[1], self.page_size, num_q_heads,
                    num_kv_heads, head_dim, head_dim ** -0.5, out.data_ptr(), level_index(level),
+                   num_threads)
+        return out
+
+
+class PrefillAttention:
+    """One request's causal attention over its paged context, its rows checked once (plan) and
+    reused by every layer: the num_tokens new tokens are the last of the kv_rows.shape[0] context
+    slots, their K / V already written (V rows: + page_size); token t attends to slots 0 ..
+    kv_len - num_tokens + t. kv_rows [kv_len] int64: rows of a slot view (a KV layer's pages,
+    2 * page_size rows each). ValueError for anything out of range (the C side reads raw
+    addresses)."""
+
+    def __init__(self, kv_rows: torch.Tensor, num_tokens: int, page_size: int) -> None:
+        self._call = require().prefill_attention
+        self.kv_rows = kv_rows.to(torch.int64).contiguous()             # [kv_len]
+        self.num_tokens, self.page_size = int(num_tokens), int(page_size)
+        kv_len = self.kv_rows.shape[0] if self.kv_rows.dim() == 1 else -1
+        if not 0 < self.num_tokens <= kv_len or self.page_size <= 0:
+            raise ValueError(f"PrefillAttention: {self.num_tokens} tokens need a context of at "
+                             f"least as many rows [kv_len] (got {tuple(self.kv_rows.shape)})")
+        rows = self.kv_rows.numpy()
+        self._lowest, self._highest = int(rows.min()), int(rows.max())
+
+    def __call__(self, q: torch.Tensor, slot_view: torch.Tensor, out: torch.Tensor,
+                 num_threads: int = 1, level: str | None = None) -> torch.Tensor:
+        """q [num_tokens, Hq, D] float32 (heads and D contiguous, any token stride); slot_view
+        [num_rows, Hkv, D] float32 or float16 (KERNEL_KV_DTYPES) contiguous; out [num_tokens,
+        Hq, D] float32 (heads and D contiguous), written and returned. D a multiple of 16."""
+        num_tokens, num_q_heads, head_dim = q.shape
+        num_rows, num_kv_heads = slot_view.shape[0], slot_view.shape[1]
+        for name, tensor in (("q", q), ("out", out)):
+            if (tensor.dtype != torch.float32 or tensor.shape != (self.num_tokens, num_q_heads,
+                                                                   head_dim)
+                    or tensor.stride()[1:] != (head_dim, 1) or tensor.device.type != "cpu"):
+                raise ValueError(f"PrefillAttention: {name} must be CPU float32 "
+                                 f"[{self.num_tokens}, Hq, D] with contiguous heads")
+        if (slot_view.dtype not in KERNEL_KV_DTYPES or not slot_view.is_contiguous()
+                or slot_view.dim() != 3 or slot_view.shape[2] != head_dim or head_dim % 16
+                or num_q_heads % num_kv_heads or self._lowest < 0
+                or self._highest + self.page_size >= num_rows):
+            raise ValueError(f"PrefillAttention: slot_view must be contiguous float32 / float16 "
+                             f"[num_rows, Hkv, D] (D a multiple of 16, Hq of Hkv) holding rows "
+                             f"{self._lowest}..{self._highest + self.page_size}")
+        self._call(q.data_ptr(), q.stride(0), slot_view.data_ptr(),
+                   slot_view.dtype == torch.float16, self.kv_rows.data_ptr(), self.num_tokens,
+                   self.kv_rows.shape[0], self.page_size, num_q_heads, num_kv_heads, head_dim,
+                   head_dim ** -0.5, out.data_ptr(), out.stride(0), level_index(level),
                    num_threads)
         return out
 

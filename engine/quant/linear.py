@@ -64,6 +64,11 @@ class BatchPlanner:
             torch.set_num_threads(num_threads)
             self.num_kernel_threads = None
 
+    def kernel_threads(self) -> int:
+        """The thread count of the block kernels (and engine.quant's other C kernels) now:
+        kernels_own_the_threads()'s, else torch's."""
+        return self.num_kernel_threads or torch.get_num_threads()
+
     def threads_for(self, num_tokens: int) -> ContextManager[None]:
         """kernels_own_the_threads() for a pass of num_tokens rows short enough for some block
         kernel; a no-op context for a longer one (its GEMMs want torch's threads)."""

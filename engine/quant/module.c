@@ -10,6 +10,7 @@
 #include "formats.h"
 #include "matmul.h"
 #include "decode_attention.h"
+#include "prefill_attention.h"
 #include "norm.h"
 #include "pool.h"
 
@@ -188,6 +189,40 @@ static PyObject *py_decode_attention(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* prefill_attention(q, q_stride, slots, kv_half, kv_rows, num_tokens, kv_len, page_size,
+ * num_q_heads, num_kv_heads, head_dim, scale, out, out_stride, level, num_threads):
+ * see prefill_attention.h (engine/quant/kernels.py's PrefillAttention checks the tensors) */
+static PyObject *py_prefill_attention(PyObject *self, PyObject *args) {
+    unsigned long long q, slots, kv_rows, out;
+    long long q_stride, num_tokens, kv_len, page_size, out_stride;
+    int kv_half, num_q_heads, num_kv_heads, head_dim, level, num_threads;
+    float scale;
+    if (!PyArg_ParseTuple(args, "KLKpKLLLiiifKLii", &q, &q_stride, &slots, &kv_half, &kv_rows,
+                          &num_tokens, &kv_len, &page_size, &num_q_heads, &num_kv_heads,
+                          &head_dim, &scale, &out, &out_stride, &level, &num_threads))
+        return NULL;
+    if (num_tokens < 0 || kv_len < num_tokens || page_size <= 0 || num_kv_heads <= 0
+            || head_dim <= 0 || head_dim % 16 || head_dim > 1024 || num_q_heads % num_kv_heads)
+        return PyErr_Format(PyExc_ValueError, "prefill_attention: bad shape (tokens %lld, "
+                            "kv_len %lld, heads %d/%d, head_dim %d)", num_tokens, kv_len,
+                            num_q_heads, num_kv_heads, head_dim);
+    if (!level_supported(level))
+        return PyErr_Format(PyExc_ValueError, "prefill_attention: level %d not supported", level);
+    prefill_request request = {
+        .q = (const float *)(uintptr_t)q, .q_stride = q_stride,
+        .slots = (const void *)(uintptr_t)slots, .kv_half = kv_half,
+        .kv_rows = (const int64_t *)(uintptr_t)kv_rows, .num_tokens = num_tokens,
+        .kv_len = kv_len, .page_size = page_size, .num_q_heads = num_q_heads,
+        .num_kv_heads = num_kv_heads, .head_dim = head_dim, .scale = scale,
+        .out = (float *)(uintptr_t)out, .out_stride = out_stride};
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = prefill_attention(&request, level, num_threads);
+    Py_END_ALLOW_THREADS
+    if (status != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 /* row_bytes(qtype, k) -> bytes of one row of k values, 0 when unsupported */
 static PyObject *py_row_bytes(PyObject *self, PyObject *args) {
     int qtype;
@@ -203,6 +238,8 @@ static PyMethodDef methods[] = {
     {"levels", py_levels, METH_NOARGS, "kernel levels this CPU supports, slowest first"},
     {"cpu_features", py_cpu_features, METH_NOARGS, "what CPUID / XGETBV report for the levels"},
     {"decode_attention", py_decode_attention, METH_VARARGS, "paged attention of decode steps"},
+    {"prefill_attention", py_prefill_attention, METH_VARARGS,
+     "causal attention of one long prompt"},
     {"rms_norm", py_rms_norm, METH_VARARGS, "out = rms_norm(x (+= delta)) * weight, float32 rows"},
     {"decoder_new", py_decoder_new, METH_VARARGS, "a fused decoder from a table of weights"},
     {"decoder_run", py_decoder_run, METH_VARARGS, "every decoder layer of a decode pass"},
