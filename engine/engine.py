@@ -101,7 +101,7 @@ class Engine:
                                      config.adapter_memory_mb * 2**20)
         self._stats = EngineStats()
         release_freed_memory()
-        self.kernel_summary = kernel_summary(self.dtype_choice, self.model)
+        self.kernel_summary = kernel_summary(self.dtype_choice, self.model, self.attention)
         _log.info("engine: %s", self.kernel_summary)
         _log.info("engine: %s", self.decode_paths)
 
@@ -261,8 +261,9 @@ class Engine:
         )
 
 
-def kernel_summary(choice: DtypeChoice, model: LlamaModel) -> str:
-    """One line: the dtype, which kernels run and why (logged once at load)."""
+def kernel_summary(choice: DtypeChoice, model: LlamaModel, attention: object = None) -> str:
+    """One line: the dtype, which kernels run and why (logged once at load); `attention`: the
+    backend, whose C prefill kernel the line names when it runs one."""
     capability = torch.backends.cpu.get_cpu_capability()
     planner = model.planner
     if planner is None:
@@ -274,7 +275,8 @@ def kernel_summary(choice: DtypeChoice, model: LlamaModel) -> str:
             f"{str(choice.kv_cache_dtype).removeprefix('torch.')} "
             f"KV cache ({choice.reason}; CPU capability {capability}); "
             f"batches of up to {'/'.join(map(str, limits))} rows use them, larger ones dequantize "
-            f"+ GEMM (crossover measured at load){_fused_summary(model)}")
+            f"+ GEMM (crossover measured at load){_fused_summary(model)}"
+            f"{_prefill_summary(attention)}")
 
 
 def _fused_summary(model: LlamaModel) -> str:
@@ -282,6 +284,12 @@ def _fused_summary(model: LlamaModel) -> str:
     if fused is None:
         return "; decode runs layer by layer (some projection is not GGUF blocks)"
     return f"; decode passes of up to {fused.max_rows} requests run every layer in one C call"
+
+
+def _prefill_summary(attention: object) -> str:
+    if getattr(attention, "c_prefill", False):
+        return "; long prompts attend on the C prefill kernel (its avx512-vnni loops)"
+    return "; long prompts attend with torch's SDPA (the C prefill kernel runs at avx512-vnni)"
 
 
 def load_engine(path: str | Path, *, progress: bool = True, seed: int | None = None,
