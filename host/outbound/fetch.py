@@ -146,6 +146,7 @@ async def _read_capped(response: httpx.Response, cap: int) -> bytes:
     async for chunk in response.aiter_raw(_CHUNK_BYTES):
         size += len(chunk)
         if size > cap:
+            chunks.clear()          # the error's traceback keeps this frame: drop the bytes now
             raise OutboundRefused(f"the response passed max_response_bytes {cap}; cut there")
         chunks.append(chunk)
     return b"".join(chunks)

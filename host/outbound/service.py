@@ -85,6 +85,8 @@ class Outbound:
             pass
         loop.call_soon_threadsafe(loop.stop)
         thread.join(_CLOSE_S)
+        if not thread.is_alive():
+            loop.close()
 
     async def _with_parts(self, make: Any) -> Any:
         if self._client is None:
@@ -100,6 +102,7 @@ class Outbound:
             await self._mcp.close()
         if self._client is not None:
             await self._client.aclose()
+        await asyncio.get_running_loop().shutdown_asyncgens()
 
     def _started(self) -> asyncio.AbstractEventLoop:
         with self._lock:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,23 @@ def test_a_huge_response_stops_at_the_cap(server, outbound):
     assert "passed max_response_bytes 262144" in answer
     # the host read about the cap, not the endless body: a few 64 KiB chunks, then it hung up
     assert server.num_streamed_chunks - before < 64
+
+
+def test_a_huge_response_costs_the_host_about_the_cap(server, outbound):
+    """An endless body read to a 1 MiB cap: the host's allocations peak near the cap, and what
+    it kept is released once the refusal is taken."""
+    handle = outbound.for_instance("t", _limits(server, max_response_bytes=1 << 20))
+    _fetch(handle, server.url("/search"))                    # the loop and client exist first
+    tracemalloc.start()
+    try:
+        baseline, _ = tracemalloc.get_traced_memory()
+        answer = _fetch(handle, server.url("/huge"))
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "passed max_response_bytes 1048576" in answer
+    assert peak - baseline < 8 << 20
+    assert current - baseline < 1 << 20
 
 
 def test_requests_in_flight_per_instance_are_bounded(server, outbound):
