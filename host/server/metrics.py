@@ -23,6 +23,7 @@ __all__ = ["RuntimeFigures", "TokenRate", "ServerMetrics", "trap_cause", "CONTEN
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _TRAP_CAUSES = (  # (cause label, words that identify it in a trap message), first match wins
+    ("replica_lost", ("replica lost:",)),       # host/cluster/front.py: its replica died
     ("suspend_deadline", ("suspend_deadline_s",)),
     ("swap_full", ("swap space full",)),
     ("out_of_pages", ("out of kv pages",)),

@@ -1,0 +1,239 @@
+"""EngineReplica: one engine and today's Runtime around it (pages, instances, scheduler, compiled
+programs, message hub), run as a Ray actor by `cluster.py`, one per GPU (per process on a CPU).
+
+Every call but the read-only ones names the replica's epoch, its life as the directory counts
+them: a call of an earlier life fails fast with StaleEpochError (the instances it named ended
+with that life). Instance events wait in an `EventBuffer` per front until that front takes them
+(`next_events`, a long poll); a front that stops reading has its instances' message events
+refused once `max_buffered_bytes` wait, and such an instance is terminated (its final event
+still goes out). Exports are reported to the front with the events whenever they changed.
+An export can be read out (`read_export`: its pages' bytes, for Ray's object store) and
+written into another replica as a persistent mirror of the same name (`write_export`),
+charged to the tenant's export share there.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from engine.protocol import EngineLike
+from host.cluster.errors import ClusterError, StaleEpochError
+from host.cluster.event_buffer import EventBuffer, ReplicaEvent
+from host.cluster.placement import ReplicaLoad
+from host.runtime import Runtime, RuntimeStats
+from host.runtime_config import InstanceLimits, RuntimeConfig
+from host.sandbox.events import InstanceEvent
+from host.sandbox.programs import ProgramError
+
+__all__ = ["ReplicaSpec", "EngineReplica", "EventBatch", "ReplicaFigures", "ExportCopy",
+           "MIRROR_OWNER"]
+
+MIRROR_OWNER = "pie.mirror"      # the owner id of an export copied in from another replica
+_MAX_EVENTS_PER_BATCH = 4096
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What a replica is built from. `engine_factory()` makes its engine in the replica's
+    process; `torch_threads`: torch's intra-op threads there (None: torch's default)."""
+
+    replica_id: str
+    engine_factory: Callable[[], EngineLike]
+    runtime_config: RuntimeConfig = field(default_factory=RuntimeConfig)
+    torch_threads: int | None = 1
+    max_buffered_bytes: int = 16 << 20
+
+    def __post_init__(self) -> None:
+        if (not isinstance(self.replica_id, str) or not self.replica_id.isalnum()
+                or len(self.replica_id) > 32):
+            raise ValueError(f"ReplicaSpec.replica_id must be 1-32 letters or digits, "
+                             f"got {self.replica_id!r}")
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError(f"ReplicaSpec.torch_threads must be >= 1, got {self.torch_threads}")
+        if self.max_buffered_bytes <= 0:
+            raise ValueError(f"ReplicaSpec.max_buffered_bytes must be positive, "
+                             f"got {self.max_buffered_bytes}")
+
+
+@dataclass(frozen=True)
+class EventBatch:
+    """One long poll's answer: events in order, the replica's load, and its exports ((tenant,
+    name) -> pages) when they changed since the previous batch (else None)."""
+
+    events: tuple[ReplicaEvent, ...]
+    load: ReplicaLoad
+    exports: dict[tuple[str, str], int] | None
+
+
+@dataclass(frozen=True)
+class ReplicaFigures:
+    """What /metrics shows of one replica."""
+
+    replica_id: str
+    epoch: int
+    stats: RuntimeStats
+    num_pages_exported: int
+    num_spare_instances: int
+    num_lingering: int
+
+
+@dataclass(frozen=True)
+class ExportCopy:
+    """An export's pages read out of one replica: the engine's bytes of them (its read_pages
+    value) and how many pages they are."""
+
+    num_pages: int
+    data: Any
+
+
+class EngineReplica:
+    """One engine's runtime behind Ray calls. `join(replica_id) -> epoch` registers this life
+    (the directory's `join`; None: epoch 1, for a replica without a directory)."""
+
+    def __init__(self, spec: ReplicaSpec, join: Callable[[str], int] | None = None) -> None:
+        if spec.torch_threads is not None:
+            import torch
+            torch.set_num_threads(spec.torch_threads)
+        self.replica_id = spec.replica_id
+        self.runtime = Runtime(spec.engine_factory(), spec.runtime_config)
+        self._events = EventBuffer(spec.max_buffered_bytes)
+        self._lock = threading.Lock()
+        self._reported: dict[str, dict[tuple[str, str], int]] = {}   # front -> exports it saw
+        self.epoch = 1 if join is None else join(spec.replica_id)
+
+    # ---- calls of the front -----------------------------------------------------------------
+    def ping(self) -> int:
+        """The replica's epoch (a call that answers once the replica is up)."""
+        return self.epoch
+
+    def load_program(self, epoch: int, wasm_bytes: bytes) -> str:
+        """Validate and compile a program; its hash. ClusterError naming why it is refused."""
+        self._check(epoch)
+        try:
+            return self.runtime.load_program(wasm_bytes).hash
+        except ProgramError as exc:
+            raise ClusterError(f"not a valid inferlet component: {exc}") from None
+
+    def launch(self, epoch: int, front_id: str, program_hash: str, wasm_bytes: bytes | None,
+               args: tuple[str, ...], tenant: str, limits: InstanceLimits) -> str:
+        """Start an instance for `front_id` (its events wait for that front); its local id.
+        `wasm_bytes`: the program's bytes when this replica may not hold it yet."""
+        self._check(epoch)
+        if wasm_bytes is not None:
+            program_hash = self.load_program(epoch, wasm_bytes)
+        try:
+            program = self.runtime.programs.get(program_hash)
+        except ProgramError as exc:
+            raise ClusterError(f"replica {self.replica_id}: {exc}") from None
+        return self.runtime.launch(program, args, tenant=tenant, limits=limits,
+                                   on_event=lambda event: self._on_event(front_id, event))
+
+    def send(self, epoch: int, local_id: str, message: str) -> bool:
+        self._check(epoch)
+        return self.runtime.send(local_id, message)
+
+    def terminate(self, epoch: int, local_id: str, reason: str) -> bool:
+        self._check(epoch)
+        try:
+            return self.runtime.terminate(local_id, reason)
+        except KeyError:
+            return False
+
+    def instance_log(self, epoch: int, local_id: str) -> tuple[str, ...]:
+        self._check(epoch)
+        return self.runtime.instance_log(local_id)
+
+    def waiting_for_client(self, epoch: int, local_id: str) -> bool:
+        self._check(epoch)
+        return self.runtime.hub.waiting_for_client(local_id)
+
+    def next_events(self, epoch: int, front_id: str, max_wait_s: float) -> EventBatch:
+        """The front's events (waiting up to `max_wait_s` for one), the load, changed exports."""
+        self._check(epoch)
+        events = self._events.take(front_id, min(max(max_wait_s, 0.0), 5.0),
+                                   _MAX_EVENTS_PER_BATCH)
+        exports = self.exports()
+        with self._lock:
+            changed = self._reported.get(front_id) != exports
+            self._reported[front_id] = exports
+        return EventBatch(tuple(events), self.load(), exports if changed else None)
+
+    # ---- exports across replicas ------------------------------------------------------------
+    def read_export(self, epoch: int, tenant: str, name: str) -> ExportCopy:
+        """The pages of the tenant's export `name`, read out with the engine held. ClusterError
+        when there is no such export here."""
+        self._check(epoch)
+        page_ids = self.runtime.exports.acquire(tenant, name)
+        if page_ids is None:
+            raise ClusterError(f"export {name!r} of tenant {tenant!r} is not on replica "
+                               f"{self.replica_id}")
+        try:
+            data = self.runtime.scheduler.run_exclusive(
+                lambda: self.runtime.engine.read_pages(page_ids))
+        finally:
+            self.runtime.page_allocator.release(page_ids)
+        return ExportCopy(len(page_ids), data)
+
+    def write_export(self, epoch: int, tenant: str, name: str, copy: ExportCopy) -> str | None:
+        """Register `copy` here as the tenant's persistent export `name` (a mirror), on pages
+        of this pool counted against the tenant's export share. None, or why it was refused."""
+        self._check(epoch)
+        if self.runtime.exports.get(tenant, name) is not None:
+            return None                                   # already here
+        try:
+            page_ids = self.runtime.page_allocator.allocate(copy.num_pages)
+        except Exception as exc:  # noqa: BLE001 -- OutOfPagesError: the reason goes back
+            return f"mirror of export {name!r} on replica {self.replica_id}: {exc}"
+        try:
+            self.runtime.scheduler.run_exclusive(
+                lambda: self.runtime.engine.write_pages(page_ids, copy.data))
+            return self.runtime.exports.publish(tenant, name, page_ids, owner_id=MIRROR_OWNER,
+                                                persistent=True)
+        finally:
+            self.runtime.page_allocator.release(page_ids)   # the export holds its own refs
+
+    def exports(self) -> dict[tuple[str, str], int]:
+        """Every export here: (tenant, name) -> pages."""
+        registry = self.runtime.exports
+        held = {}
+        for tenant in registry.namespaces():
+            for name in registry.names(tenant):
+                info = registry.get(tenant, name)
+                if info is not None:
+                    held[(tenant, name)] = len(info.page_ids)
+        return held
+
+    # ---- figures ----------------------------------------------------------------------------
+    def load(self) -> ReplicaLoad:
+        stats = self.runtime.statistics()
+        return ReplicaLoad(self.replica_id, stats.num_running, stats.scheduler.num_pending,
+                           stats.pages.num_free)
+
+    def figures(self) -> ReplicaFigures:
+        runtime = self.runtime
+        return ReplicaFigures(self.replica_id, self.epoch, runtime.statistics(),
+                              runtime.exports.num_pages(), runtime.spares.num_ready,
+                              runtime.num_lingering())
+
+    def close(self) -> None:
+        """Terminate every instance (their final events go out), then close the runtime."""
+        self.runtime.close()
+        self._events.close()
+
+    # ---- internal ---------------------------------------------------------------------------
+    def _check(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            raise StaleEpochError(f"replica {self.replica_id} is at epoch {self.epoch}; a call "
+                                  f"of epoch {epoch} names what ended with that life")
+
+    def _on_event(self, front_id: str, event: InstanceEvent) -> None:
+        """On the instance's thread: queue the event for its front; a front not reading has the
+        instance terminated (its final event is always queued)."""
+        crossing = ReplicaEvent(event.instance_id, event.kind, event.data, time.time())
+        if self._events.put(front_id, crossing, event.is_final):
+            return
+        self.runtime.terminate(event.instance_id, (
+            f"front not reading: over {self._events.max_bytes} bytes of events waiting on "
+            f"replica {self.replica_id}"))

@@ -1,0 +1,79 @@
+"""A local Ray cluster per test module (Ray starts in seconds; one per module keeps CI short), and
+clusters of fake-engine replicas on it. Every cluster made is stopped at its test's end."""
+from __future__ import annotations
+
+import os
+import queue
+from functools import partial
+from pathlib import Path
+
+import pytest
+import ray
+
+from host.cluster.cluster import ClusterConfig, start_cluster, stop_cluster
+from host.cluster.directory import TenantQuota
+from host.cluster.front import ClusterFront
+from host.cluster.placement import PlacementPolicy
+from host.cluster.replica import ReplicaSpec
+from host.runtime_config import InstanceLimits, RuntimeConfig
+from tests.host.fake_engine import FakeEngine
+
+REPO_DIR = Path(__file__).resolve().parents[2]
+NUM_PAGES = 64
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """Ray on this machine: 4 logical CPUs, a small object store, no dashboard."""
+    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=80 << 20,
+             log_to_driver=False, namespace="pie-test",
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO_DIR),
+                                       "OMP_NUM_THREADS": "1"}})
+    yield ray
+    ray.shutdown()
+
+
+class Events:
+    """One instance's events; `next()` waits for the next one."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue = queue.Queue()
+
+    def __call__(self, event) -> None:
+        self.queue.put((event.kind, event.data))
+
+    def next(self, timeout: float = 20.0) -> tuple[str, str]:
+        return self.queue.get(timeout=timeout)
+
+
+@pytest.fixture
+def make_front(ray_cluster, tmp_path_factory):
+    """make_front(num_replicas=2, quotas=(), policy=PlacementPolicy(), batch_delay_s=0.002)
+    -> a ClusterFront over fresh fake-engine replicas (64 pages of 4 tokens each), closed and
+    its actors killed after the test."""
+    made = []
+    cache_dir = tmp_path_factory.mktemp("pie-cluster-cache")
+
+    def make(num_replicas: int = 2, quotas=(), policy: PlacementPolicy = PlacementPolicy(),
+             batch_delay_s: float = 0.002) -> ClusterFront:
+        config = ClusterConfig(num_replicas=num_replicas, num_cpus=0, detached=False,
+                               name_prefix=f"t{len(made)}-{os.getpid()}", namespace="pie-test",
+                               max_restarts=2)
+        runtime_config = RuntimeConfig(cache_dir=cache_dir, limits=InstanceLimits(max_idle_s=20.0))
+        engine = partial(FakeEngine, num_pages=NUM_PAGES, page_size=4,
+                         batch_delay_s=batch_delay_s, keep_log=False)
+        handles = start_cluster(config, lambda rid: ReplicaSpec(rid, engine, runtime_config),
+                                quotas=tuple(quotas))
+        front = ClusterFront(handles.directory, handles.replicas, config=runtime_config,
+                             policy=policy, poll_s=0.2,
+                             on_close=partial(stop_cluster, handles))
+        front.handles = handles
+        made.append(front)
+        return front
+
+    yield make
+    for front in made:
+        front.close()
+
+
+__all__ = ["Events", "NUM_PAGES", "TenantQuota"]
