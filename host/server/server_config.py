@@ -176,16 +176,24 @@ class SchedulerSection:
 
 @dataclass(frozen=True)
 class LimitsSection:
-    """Limits of every instance: memory, the longest compute without a host call, and the
-    longest wait in a receive (a tenant's own max_receive_wait_s overrides the last)."""
+    """Limits of every instance: memory, the longest compute without a host call, the
+    longest wait in a receive (a tenant's own max_receive_wait_s overrides it), and its child
+    inferlets (InstanceLimits.max_spawn_depth / max_children / max_spawns)."""
 
     memory_mb: int = 256
     max_idle_s: float = 10.0
     max_receive_wait_s: float = 300.0
+    max_spawn_depth: int = 4
+    max_children: int = 16
+    max_spawns: int = 256
 
     def __post_init__(self) -> None:
         _positive("limits", memory_mb=self.memory_mb, max_idle_s=self.max_idle_s,
                   max_receive_wait_s=self.max_receive_wait_s)
+        for name in ("max_spawn_depth", "max_children", "max_spawns"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"limits.{name} must be an int >= 0, got {value!r}")
 
 
 DEFAULT_PREFIX_CACHE_PAGES = 32   # TenantConfig.prefix_cache_pages when unset

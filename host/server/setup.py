@@ -71,7 +71,10 @@ def build_runtime(config: ServerConfig, engine: Any, model_name: str | None = No
                              start_hold_ms=config.scheduler.start_hold_ms,
                              chain_steps=config.scheduler.chain_steps)
     limits = InstanceLimits(memory_mb=config.limits.memory_mb, max_idle_s=config.limits.max_idle_s,
-                            max_receive_wait_s=config.limits.max_receive_wait_s)
+                            max_receive_wait_s=config.limits.max_receive_wait_s,
+                            max_spawn_depth=config.limits.max_spawn_depth,
+                            max_children=config.limits.max_children,
+                            max_spawns=config.limits.max_spawns)
     shares = resolve_kv_shares(config.tenants, engine.num_pages)
     return Runtime(engine, RuntimeConfig(scheduler=policy, limits=limits, kv_shares=shares,
                                          count_linear_memory=config.server.count_linear_memory,
