@@ -97,3 +97,15 @@ def test_refusals_name_the_limit_or_the_program() -> None:
         spawns.spawn("gone", "", (), False, lambda event: None)
     with pytest.raises(SpawnRefused, match="2000 arguments"):
         spawns.spawn("root", "", ("x",) * 2000, False, lambda event: None)
+
+
+def test_pie_run_resolves_its_own_program_by_name_or_hash_only() -> None:
+    from types import SimpleNamespace
+
+    from host.cli import _own_program_hooks
+    program = SimpleNamespace(hash="f" * 64)
+    hooks = _own_program_hooks(program, "research_agent")
+    assert hooks.resolve("default", "research_agent") is program
+    assert hooks.resolve("default", "f" * 64) is program
+    with pytest.raises(LookupError, match="runs one program: 'research_agent'"):
+        hooks.resolve("default", "other_app")
