@@ -23,8 +23,10 @@ suspended itself asking for pages, those too): fresh pages allocated, written ba
 engine held (`EngineLike.write_pages`, or the recompute passes through `EngineLike.forward`; a
 failed recompute ends the instance), its local ids remapped, the pages it asked for handed
 to it (InstancePages.hand_over), its queues released, its gate opened. Nothing behind the
-head is restored before it. A suspension longer than `deadline_s` ends the instance
-("suspended ... (suspend_deadline_s)").
+head is restored before it; every instance restorable at once is restored under one hold of
+the engine (each hold waits for the batch running). An instance that suspends itself (its pages
+nobody's in particular) restores, in its own hold, those its freed pages let through. A
+suspension longer than `deadline_s` ends the instance ("suspended ... (suspend_deadline_s)").
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from typing import Callable, Protocol
 from engine.protocol import EngineLike
 from host.errors import OutOfPagesError
 from host.kv import InstancePages, PageAllocator
+from host.kv.instance_pages import SwapOut
 from host.kv.contention import PoolView, Suspended, restore_order
 from host.kv.swap import SwapSpace
 from host.restore_costs import RestoreCosts
@@ -116,6 +119,7 @@ class Suspensions:
         self._lock = threading.Lock()
         self._records: dict[str, _Record] = {}
         self._stats = SuspensionStats(swap_capacity_bytes=swap.capacity_bytes)
+        self._restoring = threading.Lock()    # one thread picks and restores at a time
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pie-restore", daemon=True)
@@ -151,9 +155,14 @@ class Suspensions:
         choose = (None if self.costs.mode == "swap"
                   or adapters is not None and adapters.num_opened
                   else self.costs.recompute_cheaper)
-        swapped = self.scheduler.run_exclusive(
-            lambda: pages.swap_out(self.engine.read_pages, charge, self.engine.kv_page_nbytes,
-                                   choose))
+        def swap_out() -> SwapOut:
+            out = pages.swap_out(self.engine.read_pages, charge, self.engine.kv_page_nbytes,
+                                 choose)
+            if num_asked and out.refused is None:
+                self._restore_in_hold()     # its own pages are nobody's: the next in order's
+            return out
+
+        swapped = self.scheduler.run_exclusive(swap_out)
         if swapped.refused is not None:
             pages.abort_suspend()
             with self._lock:
@@ -227,15 +236,37 @@ class Suspensions:
 
     def restore_ready(self) -> int:
         """Restore suspended instances in `restore_order` while the pool holds the head's
-        pages; returns how many were restored. Called by the restorer thread (tests call it
-        too); never from a batch's resolution."""
-        num_restored = 0
+        pages, all of them under one hold of the engine; returns how many were restored.
+        Called by the restorer thread (tests call it too); never from a batch's resolution."""
+        with self._restoring:
+            taken = self._take_restorable()
+            if not taken:
+                return 0
+            return self.scheduler.run_exclusive(lambda: self._swap_in_all(taken))
+
+    def _restore_in_hold(self) -> None:
+        """With the engine held (a suspension's run_exclusive): restore what the pages just
+        freed let through, saving the restorer a hold of its own; nothing when the restorer
+        is at it."""
+        if self._restoring.acquire(blocking=False):
+            try:
+                self._swap_in_all(self._take_restorable())
+            finally:
+                self._restoring.release()
+
+    def _take_restorable(self) -> list[tuple[_Record, list[int], int]]:
+        """Under _restoring: the suspended instances to restore now, in `restore_order` while
+        the pool holds the head's pages, each with its fresh pool pages allocated (what it
+        asked for handed over already) and its number of swapped pages."""
+        taken: list[tuple[_Record, list[int], int]] = []
+        taken_ids: set[str] = set()
         while True:
             with self._lock:
-                records = [r for r in self._records.values() if r.ready and not r.terminating]
+                records = [r for r in self._records.values() if r.ready and not r.terminating
+                           and r.instance.instance_id not in taken_ids]
             if not records or self.allocator.num_free() < min(r.num_pages + r.num_asked
                                                               for r in records):
-                return num_restored                # nobody fits: no snapshot needed
+                return taken                       # nobody fits: no snapshot needed
             view = self._pool_view()
             by_id = {r.instance.instance_id: r for r in records}
             order = restore_order(view, [Suspended(r.instance.instance_id, r.tenant, r.since,
@@ -243,16 +274,22 @@ class Suspensions:
             record = by_id[order[0].instance_id]
             pages: InstancePages = record.instance.tables.pages
             num_swapped = pages.num_swapped_pages()
-            if self.allocator.num_free() < num_swapped + record.num_asked:
-                return num_restored
             try:
                 physical_ids = self.allocator.allocate(num_swapped + record.num_asked)
-            except OutOfPagesError:                # taken meanwhile
-                return num_restored
+            except OutOfPagesError:                # short, or taken meanwhile
+                return taken
             pages.hand_over(physical_ids[num_swapped:])   # what it asked for: its retry's
+            taken.append((record, physical_ids[:num_swapped], num_swapped))
+            taken_ids.add(record.instance.instance_id)
+
+    def _swap_in_all(self, taken: list[tuple[_Record, list[int], int]]) -> int:
+        """With the engine held: put each taken instance's pages back (copied or recomputed),
+        end its suspension and release its queues. Returns how many were restored."""
+        num_restored = 0
+        for record, physical_ids, num_swapped in taken:
+            pages: InstancePages = record.instance.tables.pages
             try:
-                self.scheduler.run_exclusive(lambda: pages.swap_in(
-                    physical_ids[:num_swapped], self.engine.write_pages, self.engine.forward))
+                pages.swap_in(physical_ids, self.engine.write_pages, self.engine.forward)
             except Exception as error:                    # noqa: BLE001 -- its KV is lost
                 self._end_failed(record, error)
                 continue
@@ -269,6 +306,7 @@ class Suspensions:
                         num_recomputed_pages=s.num_recomputed_pages + num_recomputed)
             self.scheduler.resume_owner(instance_id)
             num_restored += 1
+        return num_restored
 
     def _end_failed(self, record: _Record, error: Exception) -> None:
         """A restore's recompute failed: the instance's pages hold nothing it wrote; end it."""

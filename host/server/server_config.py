@@ -65,6 +65,7 @@ class ServerSection:
     spare_builtins: int = 8                   # built-in instances instantiated ahead (0: none)
     swap_mb: int = 4096                       # host memory for suspended instances' KV pages
     suspend_deadline_s: float = 600.0         # a suspension longer than this ends the instance
+    restore: str = "auto"                     # suspended pages back: auto, swap, recompute
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -92,6 +93,9 @@ class ServerSection:
         if not 0 < self.suspend_deadline_s <= 86_400:
             raise ValueError(f"server.suspend_deadline_s must be in (0, 86400], "
                              f"got {self.suspend_deadline_s}")
+        if self.restore not in ("auto", "swap", "recompute"):
+            raise ValueError(f"server.restore must be 'auto', 'swap' or 'recompute', "
+                             f"got {self.restore!r}")
         if self.start_slots is not None and not 0 <= self.start_slots <= 4096:
             raise ValueError(f"server.start_slots must be in 0..4096, got {self.start_slots}")
 

@@ -84,6 +84,7 @@ def build_runtime(config: ServerConfig, engine: Any, model_name: str | None = No
                                          swap_mb=config.server.swap_mb,
                                          model_name=model_name,
                                          suspend_deadline_s=config.server.suspend_deadline_s,
+                                         restore=config.server.restore,
                                          freeze_heap=True))
 
 

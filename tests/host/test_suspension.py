@@ -452,6 +452,10 @@ def test_swap_settings_are_checked_at_the_boundary():
         ServerSection(swap_mb=-1)
     with pytest.raises(ValueError, match="server.suspend_deadline_s"):
         ServerSection(suspend_deadline_s=-1.0)
+    with pytest.raises(ValueError, match="RuntimeConfig.restore must be"):
+        RuntimeConfig(restore="copy")
+    with pytest.raises(ValueError, match="server.restore must be"):
+        ServerSection(restore="")
     assert RuntimeConfig(swap_mb=0).swap_mb == 0
 
 
