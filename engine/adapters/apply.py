@@ -6,8 +6,9 @@ gathered into one padded segment per adapter, [G, L, in] (G adapters in the batc
 largest group); one batched matmul against the set's A, stacked once per set of adapters
 ([G, in, P * R]: P targeted parts of the fused projection, R the largest rank, zero-padded),
 gives [G, L, P * R]; per part one batched matmul against its B ([G, R, out_part]) gives the
-delta of that part's columns, added back at the rows with index_add_. Rows without an adapter
-take no part. A batch whose rows all use one adapter skips the gather and the scatter. The op
+delta of that part's columns, put back in row order by one index_select (rows without an adapter
+read a zero row) and added to that part's columns of the output (a strided view: index_add_
+there is an order of magnitude slower on the CPU). Rows without an adapter take no part. A batch whose rows all use one adapter skips the gather and the scatter. The op
 count per projection does not grow with the number of adapters; the bytes read do (a decode
 step reads every adapter of its batch once), and the padded rows' work grows with how unevenly
 the rows are spread over them.
@@ -125,12 +126,12 @@ class LoraPass:
         padded = [list(rows) + [rows[0]] * (self.group_len - len(rows)) for rows in groups]
         self.gather = torch.tensor([r for rows in padded for r in rows], dtype=torch.long,
                                    device=device)                      # [G * L]
-        self.rows = torch.tensor([r for rows in groups for r in rows], dtype=torch.long,
-                                 device=device)                        # [M] rows with an adapter
-        ragged = any(len(rows) != self.group_len for rows in groups)
-        self.valid = torch.tensor([g * self.group_len + j for g, rows in enumerate(groups)
-                                   for j in range(len(rows))], dtype=torch.long,
-                                  device=device) if ragged else None   # [M] into G * L
+        self.num_padded = self.num_groups * self.group_len
+        position = {r: g * self.group_len + j for g, rows in enumerate(groups)
+                    for j, r in enumerate(rows)}
+        self.partial = len(position) < num_rows          # some rows without an adapter
+        self.inverse = torch.tensor([position.get(r, self.num_padded) for r in range(num_rows)],
+                                    dtype=torch.long, device=device)   # [N] into G * L (+ 1)
 
     def add(self, layer: int, projection: int, x: torch.Tensor, y: torch.Tensor) -> None:
         """y [N, out] += each row's adapter delta of fused projection `projection` of `layer`
@@ -155,10 +156,15 @@ class LoraPass:
             for j, (start, end, b_t) in enumerate(stacked.parts):
                 y[:, start:end].addmm_(t[:, j * rank:(j + 1) * rank], b_t[0])
             return
-        xs = x.index_select(0, self.gather).view(self.num_groups, self.group_len, -1)  # [G, L, in]
+        num_groups, group_len, num_padded = self.num_groups, self.group_len, self.num_padded
+        xs = x.index_select(0, self.gather).view(num_groups, group_len, -1)   # [G, L, in]
         t = torch.bmm(xs, stacked.a_t)                                     # [G, L, P * R]
         for j, (start, end, b_t) in enumerate(stacked.parts):
-            delta = torch.bmm(t[:, :, j * rank:(j + 1) * rank], b_t).view(-1, end - start)
-            if self.valid is not None:                                     # [G * L, out_j]
-                delta = delta.index_select(0, self.valid)                  # [M, out_j]
-            y[:, start:end].index_add_(0, self.rows, delta)
+            t_j = t[:, :, j * rank:(j + 1) * rank]
+            if self.partial:                          # [G * L + 1, out_j], the last row zero
+                delta = t.new_empty(num_padded + 1, end - start)
+                delta[num_padded].zero_()
+                torch.bmm(t_j, b_t, out=delta[:num_padded].view(num_groups, group_len, -1))
+            else:
+                delta = torch.bmm(t_j, b_t).view(num_padded, end - start)
+            y[:, start:end].add_(delta.index_select(0, self.inverse))      # [N, out_j]
