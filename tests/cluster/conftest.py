@@ -46,27 +46,36 @@ class Events:
         return self.queue.get(timeout=timeout)
 
 
-@pytest.fixture
-def make_front(ray_cluster, tmp_path_factory):
-    """make_front(num_replicas=2, quotas=(), policy=PlacementPolicy(), batch_delay_s=0.002)
-    -> a ClusterFront over fresh fake-engine replicas (64 pages of 4 tokens each), closed and
-    its actors killed after the test."""
-    made = []
-    cache_dir = tmp_path_factory.mktemp("pie-cluster-cache")
+QUOTAS = (TenantQuota("acme", max_instances=3, max_kv_pages=12, max_program_bytes=1 << 20),
+          TenantQuota("beta", max_instances=8, max_kv_pages=64, max_program_bytes=1 << 20))
 
-    def make(num_replicas: int = 2, quotas=(), policy: PlacementPolicy = PlacementPolicy(),
-             batch_delay_s: float = 0.002) -> ClusterFront:
-        config = ClusterConfig(num_replicas=num_replicas, num_cpus=0, detached=False,
-                               name_prefix=f"t{len(made)}-{os.getpid()}", namespace="pie-test",
-                               max_restarts=2)
-        runtime_config = RuntimeConfig(cache_dir=cache_dir, limits=InstanceLimits(max_idle_s=20.0))
-        engine = partial(FakeEngine, num_pages=NUM_PAGES, page_size=4,
-                         batch_delay_s=batch_delay_s, keep_log=False)
-        handles = start_cluster(config, lambda rid: ReplicaSpec(rid, engine, runtime_config),
-                                quotas=tuple(quotas))
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster, tmp_path_factory):
+    """The module's cluster: a directory (tenants QUOTAS) and 2 fake-engine replicas (64 pages
+    of 4 tokens each, 2 ms batches), restartable twice; its actors are killed at the end."""
+    cache_dir = tmp_path_factory.mktemp("pie-cluster-cache")
+    config = ClusterConfig(num_replicas=2, num_cpus=0, detached=False,
+                           name_prefix=f"t{os.getpid()}", namespace="pie-test", max_restarts=2)
+    runtime_config = RuntimeConfig(cache_dir=cache_dir, limits=InstanceLimits(max_idle_s=20.0))
+    engine = partial(FakeEngine, num_pages=NUM_PAGES, page_size=4, batch_delay_s=0.002,
+                     keep_log=False)
+    handles = start_cluster(config, lambda rid: ReplicaSpec(rid, engine, runtime_config),
+                            quotas=QUOTAS)
+    yield handles, runtime_config
+    stop_cluster(handles)
+
+
+@pytest.fixture
+def make_front(cluster):
+    """make_front(policy=PlacementPolicy()) -> a ClusterFront over the module's cluster (with
+    `.handles`), closed after the test (its instances terminated)."""
+    handles, runtime_config = cluster
+    made = []
+
+    def make(policy: PlacementPolicy = PlacementPolicy()) -> ClusterFront:
         front = ClusterFront(handles.directory, handles.replicas, config=runtime_config,
-                             policy=policy, poll_s=0.2,
-                             on_close=partial(stop_cluster, handles))
+                             policy=policy, poll_s=0.2)
         front.handles = handles
         made.append(front)
         return front
@@ -76,4 +85,4 @@ def make_front(ray_cluster, tmp_path_factory):
         front.close()
 
 
-__all__ = ["Events", "NUM_PAGES", "TenantQuota"]
+__all__ = ["Events", "NUM_PAGES", "QUOTAS"]

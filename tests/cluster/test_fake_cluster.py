@@ -13,7 +13,7 @@ from host.cluster.placement import PlacementPolicy
 from host.runtime import Runtime
 from host.runtime_config import RuntimeConfig
 from host.server.metrics import trap_cause
-from tests.cluster.conftest import NUM_PAGES, Events, TenantQuota
+from tests.cluster.conftest import NUM_PAGES, Events
 from tests.host.components import components  # noqa: F401
 from tests.host.fake_engine import FakeEngine
 
@@ -27,8 +27,10 @@ def wait_until(check, timeout: float = 20.0, what: str = "condition") -> None:
 
 
 def all_pages_free(front) -> bool:
+    """Every page of every replica free, but for those persistent exports hold."""
     figures = front.replica_figures()
-    return all(f.stats.pages.num_free == NUM_PAGES for f in figures)
+    return len(figures) == 2 and all(
+        f.stats.pages.num_free + f.num_pages_exported == NUM_PAGES for f in figures)
 
 
 def test_outputs_equal_one_process_and_launches_spread(make_front, components,  # noqa: F811
@@ -38,7 +40,7 @@ def test_outputs_equal_one_process_and_launches_spread(make_front, components,  
                  RuntimeConfig(cache_dir=tmp_path)) as alone:
         expected = {p: alone.wait(alone.launch(alone.load_program(program_bytes), [p]), 10).value
                     for p in ("a", "bb", "hello")}
-    front = make_front(num_replicas=2)
+    front = make_front()
     program = front.load_program(program_bytes)
     holders = [front.launch(front.load_program(components.component("echo")), [])
                for _ in range(4)]
@@ -55,8 +57,7 @@ def test_outputs_equal_one_process_and_launches_spread(make_front, components,  
 
 
 def test_quotas_hold_across_replicas(make_front, components) -> None:  # noqa: F811
-    front = make_front(quotas=[TenantQuota("acme", max_instances=3, max_kv_pages=12,
-                                           max_program_bytes=1 << 20)])
+    front = make_front()                  # tenant acme: 3 instances, 12 pages
     echo = front.load_program(components.component("echo"))
     limits = front.config.limits.__class__(max_idle_s=20.0, page_quota=4)
     ids = [front.launch(echo, [], tenant="acme", limits=limits) for _ in range(3)]
@@ -76,7 +77,7 @@ def test_quotas_hold_across_replicas(make_front, components) -> None:  # noqa: F
 
 
 def test_affinity_is_validated(make_front, components) -> None:  # noqa: F811
-    front = make_front(num_replicas=1)
+    front = make_front()
     echo = front.load_program(components.component("echo"))
     with pytest.raises(ClusterError, match="at most 256 characters"):
         front.launch(echo, [], affinity="x" * 257)
@@ -89,7 +90,7 @@ def exported(front, name: str) -> dict[str, int]:
 
 
 def test_an_import_is_placed_where_its_export_lies(make_front, components) -> None:  # noqa: F811
-    front = make_front(num_replicas=2)
+    front = make_front()
     events = Events()
     exporter = front.launch(front.load_program(components.component("exporter")),
                             ["prefix", "persistent"], on_event=events)
@@ -115,7 +116,7 @@ def test_an_import_is_placed_where_its_export_lies(make_front, components) -> No
 
 def test_an_export_is_copied_to_the_replica_an_import_lands_on(make_front,  # noqa: F811
                                                                components) -> None:
-    front = make_front(num_replicas=2, policy=PlacementPolicy(balance_abs=0, balance_rel=1.0))
+    front = make_front(policy=PlacementPolicy(balance_abs=0, balance_rel=1.0))
     events = Events()
     exporter = front.launch(front.load_program(components.component("exporter")),
                             ["shared", "persistent"], on_event=events)
@@ -137,19 +138,19 @@ def test_an_export_is_copied_to_the_replica_an_import_lands_on(make_front,  # no
 
 
 def test_a_lost_replica_ends_only_its_own_instances(make_front, components) -> None:  # noqa: F811
-    front = make_front(num_replicas=2, quotas=[TenantQuota("acme", 8, 64, 1 << 20)])
+    front = make_front()                  # tenant beta: 8 instances, 64 pages
     echo = front.load_program(components.component("echo"))
     exporter_events = Events()
     exporter = front.launch(front.load_program(components.component("exporter")),
-                            ["gone", "persistent"], tenant="acme", on_event=exporter_events)
+                            ["gone", "persistent"], tenant="beta", on_event=exporter_events)
     assert exporter_events.next() == ("message", "exported")
     victim_replica = replica_of(exporter)[0]
-    wait_until(lambda: ray.get(front.handles.directory.holders.remote("acme", "gone")),
+    wait_until(lambda: ray.get(front.handles.directory.holders.remote("beta", "gone")),
                what="the export indexed")
     events = {}
     for _ in range(5):
         got = Events()
-        events[front.launch(echo, [], tenant="acme", on_event=got)] = got
+        events[front.launch(echo, [], tenant="beta", on_event=got)] = got
     victims = [i for i in events if replica_of(i)[0] == victim_replica] + [exporter]
     survivors = [i for i in events if replica_of(i)[0] != victim_replica]
     assert victims and survivors
@@ -163,9 +164,9 @@ def test_a_lost_replica_ends_only_its_own_instances(make_front, components) -> N
         assert trap_cause(outcome.value) == "replica_lost"
     final_after_s = time.monotonic() - killed_at
     directory = front.handles.directory
-    assert ray.get(directory.why_missing.remote("acme", "gone")) == \
+    assert ray.get(directory.why_missing.remote("beta", "gone")) == \
         f"export 'gone' was lost with replica {victim_replica}"
-    assert ray.get(directory.usage.remote("acme"))[0] == len(survivors)
+    assert ray.get(directory.usage.remote("beta"))[0] == len(survivors)
 
     for instance_id in survivors:                        # untouched: they answer and finish
         front.send(instance_id, "still here")
@@ -180,7 +181,7 @@ def test_a_lost_replica_ends_only_its_own_instances(make_front, components) -> N
     stale = front.handles.replicas[victim_replica].send.remote(1, "x", "hi")
     with pytest.raises(StaleEpochError, match="epoch 2; a call of epoch 1"):
         ray.get(stale)
-    later = [front.launch(echo, [], tenant="acme") for _ in range(2)]
+    later = [front.launch(echo, [], tenant="beta") for _ in range(2)]
     assert {replica_of(i)[0] for i in later} == {"r0", "r1"}
     for instance_id in later:
         front.send(instance_id, "")
