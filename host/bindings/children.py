@@ -43,6 +43,7 @@ class ChildEntry:
         self._num_chars = 0
         self._waiter: Future | None = None       # a receive waiting for a message or the end
         self._kill = None
+        self._closed = False                     # the parent has ended: messages dropped
 
     def on_event(self, event: InstanceEvent) -> None:
         """A message of the child, or its end (exactly once, last)."""
@@ -56,6 +57,8 @@ class ChildEntry:
                 waiter.set_result(None)
             return
         with self._lock:
+            if self._closed:                     # a detached child's parent has ended
+                return
             if self._num_chars + len(event.data) > self.max_chars:
                 refused = self._num_chars
             else:
@@ -71,6 +74,13 @@ class ChildEntry:
             return
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def close(self) -> None:
+        """The parent has ended: drop the unread messages, and any the child sends later."""
+        with self._lock:
+            self._closed = True
+            self._messages.clear()
+            self._num_chars = 0
 
     def take(self) -> str | None:
         """The oldest unread message, if any."""
@@ -116,9 +126,16 @@ class ChildTable:
         return entry
 
     def drop(self, rep: int) -> None:
-        self._entries.pop(rep, None)
+        """The guest dropped its handle: the child runs on, its messages dropped."""
+        entry = self._entries.pop(rep, None)
+        if entry is not None:
+            entry.close()
 
     def clear(self) -> None:
+        """At the instance's end: every entry closed (a detached child's later messages are
+        dropped, not kept for a parent that is gone) and forgotten."""
+        for entry in self._entries.values():
+            entry.close()
         self._entries.clear()
 
 

@@ -195,3 +195,22 @@ def test_without_hooks_only_the_own_program_spawns(runtime, program) -> None:
 
 def _no_program(tenant: str, name: str):
     raise LookupError("no programs by name here")
+
+
+def test_messages_to_a_parent_that_has_gone_are_dropped_not_counted() -> None:
+    """A detached child outlives its parent's table: what it sends then is dropped, and it is
+    not ended for a parent "not reading"."""
+    from host.bindings.children import ChildEntry, ChildTable
+    from host.sandbox.events import InstanceEvent
+    killed: list[str] = []
+    table, entry = ChildTable(), ChildEntry(max_chars=10)
+    entry._kill = killed.append
+    rep = table.add("children.spawn", entry)
+    entry.on_event(InstanceEvent("c1", "message", "x" * 8))
+    entry.on_event(InstanceEvent("c1", "message", "y" * 8))      # past max_chars: ended
+    assert len(killed) == 1 and "client_max_chars (10)" in killed[0]
+    assert table.get("child.receive", rep).take() == "x" * 8
+    table.clear()
+    for _ in range(5):
+        entry.on_event(InstanceEvent("c1", "message", "z" * 8))
+    assert entry.take() is None and len(killed) == 1
