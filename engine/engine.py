@@ -288,8 +288,9 @@ def _fused_summary(model: LlamaModel) -> str:
 
 def _prefill_summary(attention: object) -> str:
     if getattr(attention, "c_prefill", False):
-        return "; long prompts attend on the C prefill kernel (its avx512-vnni loops)"
-    return "; long prompts attend with torch's SDPA (the C prefill kernel runs at avx512-vnni)"
+        level = quant_kernels.best_level()
+        return f"; long prompts attend on the C prefill kernel (its {level} loops)"
+    return "; long prompts attend with torch's SDPA (the C prefill kernel runs at avx2 and above)"
 
 
 def load_engine(path: str | Path, *, progress: bool = True, seed: int | None = None,

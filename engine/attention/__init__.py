@@ -41,7 +41,7 @@ def make_attention_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, h
                            c_decode: bool = False,
                            kernel_threads: Callable[[], int] | None = None) -> AttentionBackend:
     """Build the backend `name` ("auto" = the best one available for `device`). `c_decode`: the
-    torch backend runs plain decode batches (and, at the avx512-vnni level, long prompts) on
+    torch backend runs plain decode batches (and, at the avx2 / avx512-vnni level, long prompts) on
     engine.quant's C kernels (quantized CPU mode); `kernel_threads`: their thread count at the
     time of a call (default torch's)."""
     if name not in BACKEND_NAMES:

@@ -13,8 +13,8 @@ GQA: the G = num_qo_heads / num_kv_heads query heads sharing a KV head are folde
 rows of that KV head ([B, Hkv, G * q, D]), so K and V are never repeated.
 With `c_decode` (the quantized CPU engine, float32 or float16 pool), a batch of plain decode
 steps (one new token per request, no custom mask) runs each layer as one call of engine.quant's C
-kernel (append + attention straight from the pages) instead of ~8 torch ops, and where that
-kernel level is avx512-vnni, a long request without a custom mask runs on engine.quant's C
+kernel (append + attention straight from the pages) instead of ~8 torch ops, and, at the avx2
+or avx512-vnni kernel level, a long request without a custom mask runs on engine.quant's C
 prefill kernel (on the kernels' threads, `kernel_threads`) instead of SDPA.
 """
 from __future__ import annotations
@@ -29,9 +29,10 @@ import torch.nn.functional as F
 from engine.page_table import PageTable
 from engine.quant import kernels as quant_kernels
 
-__all__ = ["TorchPagedAttention", "MAX_PADDED_Q"]
+__all__ = ["TorchPagedAttention", "MAX_PADDED_Q", "PREFILL_KERNEL_LEVELS"]
 
 MAX_PADDED_Q = 16
+PREFILL_KERNEL_LEVELS = ("avx2", "avx512-vnni")   # kernel levels whose C prefill beats SDPA
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,9 @@ class TorchPagedAttention:
         self.device = torch.device(device)       # where the pool lives; plan moves indices there
         self.c_decode = (c_decode and self.device.type == "cpu" and head_dim % 8 == 0
                          and quant_kernels.available())
-        # the C prefill kernel beats torch's SDPA where its AVX-512 loops run (docs/performance)
+        # the C prefill kernel beats torch's SDPA where its SIMD loops run (docs/performance)
         self.c_prefill = (self.c_decode and head_dim % 16 == 0
-                          and quant_kernels.best_level() == "avx512-vnni")
+                          and quant_kernels.best_level() in PREFILL_KERNEL_LEVELS)
         self._kernel_threads = kernel_threads or torch.get_num_threads
         self._c_indices: tuple[torch.Tensor, ...] | None = None   # append, kv rows, kv lens
         self._c_attention: quant_kernels.DecodeAttention | None = None   # made at layer 0

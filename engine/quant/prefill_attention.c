@@ -6,7 +6,7 @@
  * softmax runs per row (two passes, as decode_attention.c), and the weighted sum of V is a
  * second product. Tiles are taken last first, the longest rows first, so that the threads end
  * together. The plain-C loops here are the portable level (vectorized by -O3, an AVX2 clone
- * beside the baseline); prefill_attention_avx512.c holds register-blocked ones. */
+ * beside the baseline); prefill_attention_avx2.c and _avx512.c hold register-blocked ones. */
 #include "prefill_attention.h"
 
 #include <math.h>
@@ -177,8 +177,9 @@ int prefill_attention(const prefill_request *request, int level, int num_threads
                        .key_stride = round_up_16(request->kv_len),
                        .tile_tokens = group >= TILE_ROWS ? 1 : TILE_ROWS / group};
     job.loops = level == LEVEL_AVX512 ? prefill_loops_avx512()
-                                      : (prefill_loops){scores_portable, weighted_sum_portable,
-                                                        softmax_portable, widen_portable};
+                : level == LEVEL_AVX2     ? prefill_loops_avx2()
+                                          : (prefill_loops){scores_portable, weighted_sum_portable,
+                                                            softmax_portable, widen_portable};
     job.num_tiles = (request->num_tokens + job.tile_tokens - 1) / job.tile_tokens;
     /* zeroed: the K columns past kv_len meet the last tile's rounded-up key count */
     job.k_panels = calloc((size_t)request->num_kv_heads * hd * job.key_stride, sizeof(float));

@@ -43,6 +43,9 @@ typedef struct {
     void (*widen)(const void *src, int kv_half, int n, float *dst);
 } prefill_loops;
 
+/* prefill_attention_avx2.c (call only when the CPU has AVX2 + FMA + F16C) */
+prefill_loops prefill_loops_avx2(void);
+
 /* prefill_attention_avx512.c (call only at matmul.h's LEVEL_AVX512) */
 prefill_loops prefill_loops_avx512(void);
 

@@ -1,8 +1,8 @@
 """The C prefill-attention kernel (quantized CPU mode) against a dense float64 reference at every
 kernel level this CPU runs: causal prompts with and without a cached prefix, float32 and float16
 pools over scattered pages, GQA groups, tiles cut short; the torch backend runs long requests
-without a custom mask on it at the avx512-vnni level (on the kernels' threads), keeps SDPA for
-custom masks and elsewhere; bad rows and shapes are refused."""
+without a custom mask on it at the avx2 and avx512-vnni levels (on the kernels' threads), keeps
+SDPA for custom masks and at the scalar level; bad rows and shapes are refused."""
 from __future__ import annotations
 
 import math
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine.attention import TorchPagedAttention
+from engine.attention.torch_paged import PREFILL_KERNEL_LEVELS
 from engine.batch import ForwardBatch
 from engine.page_table import build_page_table
 from engine.quant import kernels
@@ -96,13 +97,16 @@ def _run_backend(batch: ForwardBatch, kernel_threads=None, seed: int = 0):
     return out, expected, backend
 
 
-def test_long_requests_run_on_the_kernel_where_its_avx512_loops_run() -> None:
+@pytest.mark.parametrize("level", kernels.levels())
+def test_long_requests_run_on_the_kernel_where_its_simd_loops_run(level: str,
+                                                                   monkeypatch) -> None:
+    monkeypatch.setenv(kernels.LEVEL_ENV, level)
     asked = []
     batch = ForwardBatch((req(21, (0, 1, 2, 3, 4, 5), 1),               # a prompt from scratch
                           req(1, (0, 1, 6), 2),                          # decode beside it
                           req(19, (7, 8, 9, 10, 11, 12), 3)))            # a prompt over 4 cached
     out, expected, backend = _run_backend(batch, lambda: asked.append(1) or 2)
-    on_kernel = kernels.best_level() == "avx512-vnni"
+    on_kernel = level in PREFILL_KERNEL_LEVELS
     assert backend.c_prefill == on_kernel
     assert [r.c_attention is not None for r in backend._long] == [on_kernel, on_kernel]
     assert len(asked) == (2 if on_kernel else 0)        # the kernels' thread count, per call
