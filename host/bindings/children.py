@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Callable
 
 from wasmtime.component import ResourceHost, Variant
 
@@ -32,7 +32,8 @@ MAX_MESSAGE_CHARS = 1 << 20
 
 class ChildEntry:
     """One child as its parent sees it: the messages it sent, unread (at most `max_chars`
-    characters), and its outcome. `on_event` is the child's event callback (its thread)."""
+    characters), and its outcome. `on_event` is the child's event callback (its thread);
+    `bind` names the child once launched, and how to end it when it floods its parent."""
 
     def __init__(self, max_chars: int) -> None:
         self.child_id = ""
@@ -42,7 +43,7 @@ class ChildEntry:
         self._messages: deque[str] = deque()
         self._num_chars = 0
         self._waiter: Future | None = None       # a receive waiting for a message or the end
-        self._kill = None
+        self._kill: Callable[[str], object] | None = None
         self._closed = False                     # the parent has ended: messages dropped
 
     def on_event(self, event: InstanceEvent) -> None:
@@ -74,6 +75,10 @@ class ChildEntry:
             return
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def bind(self, child_id: str, kill: Callable[[str], object]) -> None:
+        self.child_id = child_id
+        self._kill = kill
 
     def close(self) -> None:
         """The parent has ended: drop the unread messages, and any the child sends later."""
@@ -150,11 +155,10 @@ def spawn(ctx: BindingContext, program: str, args: list[str],
         raise TrapError(f"{call}: {MAX_CHILD_HANDLES} child handles alive; drop some first")
     entry = ChildEntry(ctx.services.hub.limits.client_max_chars)
     try:
-        entry.child_id = spawner.spawn(ctx.instance_id, program, tuple(args), detached,
-                                       entry.on_event)
+        child_id = spawner.spawn(ctx.instance_id, program, tuple(args), detached, entry.on_event)
     except SpawnRefused as exc:
         return str(exc)
-    entry._kill = lambda reason: spawner.kill(entry.child_id, reason)
+    entry.bind(child_id, lambda reason: spawner.kill(child_id, reason))
     # inside a result the Python converter lowers it: an owned host resource of its own
     return ResourceHost.own(ctx.tables.children.add(call, entry), CHILD_TYPE)
 

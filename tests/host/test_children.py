@@ -204,7 +204,7 @@ def test_messages_to_a_parent_that_has_gone_are_dropped_not_counted() -> None:
     from host.sandbox.events import InstanceEvent
     killed: list[str] = []
     table, entry = ChildTable(), ChildEntry(max_chars=10)
-    entry._kill = killed.append
+    entry.bind("c1", killed.append)
     rep = table.add("children.spawn", entry)
     entry.on_event(InstanceEvent("c1", "message", "x" * 8))
     entry.on_event(InstanceEvent("c1", "message", "y" * 8))      # past max_chars: ended
