@@ -112,6 +112,21 @@ def other(args: list[str]) -> str:
         return f"refused: {exc}"
 
 
+def chatty(args: list[str]) -> str:
+    """Child: send 1 MiB messages until stopped."""
+    block = "x" * (1 << 20)
+    while True:
+        inferlet.send(block)
+
+
+def deaf(args: list[str]) -> str:
+    """Parent: a chatty child it never reads; how the child ended."""
+    try:
+        return "result: " + inferlet.spawn("", ["chatty"]).result()
+    except inferlet.ChildError as exc:
+        return f"ChildError: {exc}"
+
+
 def quick(args: list[str]) -> str:
     """Child: return at once."""
     return "quick " + " ".join(args)
@@ -119,4 +134,4 @@ def quick(args: list[str]) -> str:
 
 MODES = {"echo": echo, "hold": hold, "fan": fan, "flood": flood, "bomb": bomb,
          "parent_hold": parent_hold, "kill": kill, "other": other, "quick": quick,
-         "echo-none": quick}
+         "echo-none": quick, "chatty": chatty, "deaf": deaf}
