@@ -7,6 +7,7 @@
 #include "pool.h"
 
 #define MIN_CHUNK_ROWS 8
+#define QUANTIZE_MIN_CHUNK_ROWS 32   /* activation rows a thread quantizes at least (~10 us) */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -89,6 +90,29 @@ void quantize_act(int level, const float *x, int64_t m, act_q16 *act) {
         quantize_act_avx2(x, m, act);
     else
         quantize_act_scalar(x, m, act);
+}
+
+typedef struct {
+    int level;
+    const float *x;
+    const act_q16 *act;
+} quantize_job;
+
+static void quantize_chunk(void *ctx, int64_t start, int64_t count) {
+    const quantize_job *job = ctx;
+    int64_t k = job->act->k, num_blocks = k / QK;
+    act_q16 rows = {.qs = job->act->qs + start * k, .d = job->act->d + start * num_blocks,
+                    .s = job->act->s + start * num_blocks, .k = k};
+    quantize_act(job->level, job->x + start * k, count, &rows);
+}
+
+void quantize_act_rows(int level, const float *x, int64_t m, act_q16 *act, int num_threads) {
+    if (m < QUANTIZE_MIN_CHUNK_ROWS * 2 || num_threads <= 1) {
+        quantize_act(level, x, m, act);
+        return;
+    }
+    quantize_job job = {.level = level, .x = x, .act = act};
+    pool_run_rows(quantize_chunk, &job, m, QUANTIZE_MIN_CHUNK_ROWS, num_threads);
 }
 
 typedef struct {

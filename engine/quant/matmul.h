@@ -33,6 +33,8 @@ void act_free(act_q16 *act);
 
 /* act = the 16-bit blocks of x [m, act->k] float32 */
 void quantize_act(int level, const float *x, int64_t m, act_q16 *act);
+/* the same, rows shared over up to num_threads threads when there are many */
+void quantize_act_rows(int level, const float *x, int64_t m, act_q16 *act, int num_threads);
 
 /* y[r * ldy + j] = dot(row j of w, activation row r), j < n, r < m, rows shared out over
  * num_threads threads. w: n rows of qtype (row_bytes each); level supported, qtype known.

@@ -38,7 +38,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     act_q16 act;
     if (act_alloc(&act, m, k) != 0) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
-    quantize_act(level, (const float *)(uintptr_t)x_addr, m, &act);
+    quantize_act_rows(level, (const float *)(uintptr_t)x_addr, m, &act, num_threads);
     matmul_rows(qtype, level, (const uint8_t *)(uintptr_t)w_addr, n, &act, m,
                 (float *)(uintptr_t)y_addr, n, num_threads);
     Py_END_ALLOW_THREADS

@@ -217,3 +217,15 @@ def test_decode_attention_agrees_with_the_portable_loops(level: str, kv_dtype: t
     scalar_slots = slots.clone()
     plan(q, k_new, v_new, scalar_slots, level="scalar")
     assert torch.equal(simd_slots, scalar_slots)          # the new K / V stored alike
+
+
+@pytest.mark.parametrize("level", RUNNABLE)
+def test_activation_rows_quantized_over_threads_give_the_same_products(level: str) -> None:
+    """A long batch's activation rows are quantized on several threads (chunks of whole rows):
+    the result is the one-thread result bit for bit, uneven last chunk included."""
+    weight = kernels.interleave(QuantizedTensor(
+        torch.from_numpy(random_blocks(Q.Q4_1, 32, 256, seed=3)), Q.Q4_1, 256))
+    x = torch.randn(203, 256, generator=torch.Generator().manual_seed(3))
+    one = kernels.matmul(x, weight, level=level, num_threads=1)
+    for num_threads in (2, 3):
+        assert torch.equal(kernels.matmul(x, weight, level=level, num_threads=num_threads), one)

@@ -39,3 +39,14 @@ def test_sampling_of_a_kernel_pass_runs_on_one_torch_thread(mixed_gguf, monkeypa
     engine.forward(long)
     assert seen == [(1, 2), (2, None)]
     assert torch.get_num_threads() == 2 and engine.model.planner.num_kernel_threads is None
+
+
+def test_the_kernels_thread_count_is_the_one_they_own(mixed_gguf,  # noqa: F811
+                                                      two_torch_threads) -> None:
+    """BatchPlanner.kernel_threads(): what engine.quant's C kernels run on (the C prefill
+    attention asks it per call): torch's count outside a kernel pass, the stashed one inside."""
+    planner = quantized_engine(mixed_gguf, fused=True).model.planner
+    assert planner.kernel_threads() == 2
+    with planner.kernels_own_the_threads():
+        assert torch.get_num_threads() == 1 and planner.kernel_threads() == 2
+    assert planner.kernel_threads() == 2
