@@ -188,11 +188,15 @@ class PieClient:
         return (await self.request("upload_end", upload_id=begin["upload_id"]))["sha256"]
 
     async def launch(self, program: str, args: list[str] | tuple[str, ...] = (), *,
-                     kv_pages: int | None = None) -> Instance:
-        """Launch an uploaded program; returns the Instance (read its events)."""
+                     kv_pages: int | None = None, affinity: str | None = None) -> Instance:
+        """Launch an uploaded program; returns the Instance (read its events). `affinity`: on
+        a server of several replicas (`pie serve --ray`), the name of an export it will
+        import, or a session key: it is placed where that export lies, or by that key."""
         fields: dict[str, Any] = {"program": program, "args": list(args)}
         if kv_pages is not None:
             fields["kv_pages"] = kv_pages
+        if affinity is not None:
+            fields["affinity"] = affinity
         answer = await self.request("launch", **fields)
         return Instance(self, answer["instance_id"])
 

@@ -58,8 +58,9 @@ class SyncClient:
         return self._call(self._client.upload, data)
 
     def launch(self, program: str, args: list[str] | tuple[str, ...] = (), *,
-               kv_pages: int | None = None) -> str:
-        instance = self._call(self._client.launch, program, args, kv_pages=kv_pages)
+               kv_pages: int | None = None, affinity: str | None = None) -> str:
+        instance = self._call(self._client.launch, program, args, kv_pages=kv_pages,
+                              affinity=affinity)
         self._instances[instance.id] = instance
         return instance.id
 

@@ -113,6 +113,8 @@ class ClusterFront:
     """A Runtime-like face over a cluster's directory and replicas (see the module doc).
     `config`: the RuntimeConfig whose `limits` launches default to."""
 
+    places_by_affinity = True          # `launch` takes an affinity (the server passes it on)
+
     def __init__(self, directory: Any, replicas: dict[str, Any], *,
                  config: RuntimeConfig = RuntimeConfig(),
                  policy: PlacementPolicy = PlacementPolicy(), poll_s: float = 0.5,

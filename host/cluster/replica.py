@@ -28,6 +28,7 @@ from host.sandbox.events import InstanceEvent
 from host.sandbox.programs import ProgramError
 
 __all__ = ["ReplicaSpec", "EngineReplica", "EventBatch", "ReplicaFigures", "ExportCopy",
+           "ReplicaDescription",
            "MIRROR_OWNER"]
 
 MIRROR_OWNER = "pie.mirror"      # the owner id of an export copied in from another replica
@@ -37,11 +38,14 @@ _MAX_EVENTS_PER_BATCH = 4096
 @dataclass(frozen=True)
 class ReplicaSpec:
     """What a replica is built from. `engine_factory()` makes its engine in the replica's
-    process; `torch_threads`: torch's intra-op threads there (None: torch's default)."""
+    process; `make_runtime(engine)` its Runtime there (None: `Runtime(engine,
+    runtime_config)`); `torch_threads`: torch's intra-op threads there (None: torch's
+    default)."""
 
     replica_id: str
     engine_factory: Callable[[], EngineLike]
     runtime_config: RuntimeConfig = field(default_factory=RuntimeConfig)
+    make_runtime: Callable[[EngineLike], Runtime] | None = None
     torch_threads: int | None = 1
     max_buffered_bytes: int = 16 << 20
 
@@ -80,6 +84,19 @@ class ReplicaFigures:
 
 
 @dataclass(frozen=True)
+class ReplicaDescription:
+    """A replica's model (its engine's name, page size, pool, vocabulary, context) and the
+    limits its instances get by default."""
+
+    model_name: str
+    page_size: int
+    num_pages: int
+    vocab_size: int
+    max_position: int
+    limits: InstanceLimits
+
+
+@dataclass(frozen=True)
 class ExportCopy:
     """An export's pages read out of one replica: the engine's bytes of them (its read_pages
     value) and how many pages they are."""
@@ -97,7 +114,9 @@ class EngineReplica:
             import torch
             torch.set_num_threads(spec.torch_threads)
         self.replica_id = spec.replica_id
-        self.runtime = Runtime(spec.engine_factory(), spec.runtime_config)
+        engine = spec.engine_factory()
+        self.runtime = (Runtime(engine, spec.runtime_config) if spec.make_runtime is None
+                        else spec.make_runtime(engine))
         self._events = EventBuffer(spec.max_buffered_bytes)
         self._lock = threading.Lock()
         self._reported: dict[str, dict[tuple[str, str], int]] = {}   # front -> exports it saw
@@ -204,6 +223,13 @@ class EngineReplica:
                 if info is not None:
                     held[(tenant, name)] = len(info.page_ids)
         return held
+
+    def describe(self) -> ReplicaDescription:
+        """The served model and the instances' default limits, as the server shows them."""
+        engine = self.runtime.engine
+        return ReplicaDescription(engine.model_name, engine.page_size, engine.num_pages,
+                                  engine.tokenizer.vocab_size, engine.model_config.max_position,
+                                  self.runtime.config.limits)
 
     # ---- figures ----------------------------------------------------------------------------
     def load(self) -> ReplicaLoad:

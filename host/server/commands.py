@@ -1,12 +1,13 @@
 """`pie serve`: the argparse sub-command that host/cli.py registers.
 
-    pie serve [--config pie.toml] [--host 127.0.0.1] [--port 8080]
+    pie serve [--config pie.toml] [--host 127.0.0.1] [--port 8080] [--ray [ADDRESS]]
 
 The parser sets `func` to a handler taking the parsed namespace and returning an exit status.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import sys
@@ -34,6 +35,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                         help="TOML config (default: ./pie.toml)")
     parser.add_argument("--host", default=None, help="address to listen on (overrides config)")
     parser.add_argument("--port", type=int, default=None, help="port (overrides config; 0 = any)")
+    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="serve engine replicas on Ray ([cluster] in the config): join the "
+                             "Ray cluster at ADDRESS ('auto': the running one), or start one "
+                             "here when none is given")
     parser.set_defaults(func=run_serve)
     return parser
 
@@ -51,7 +56,11 @@ def run_serve(namespace: argparse.Namespace) -> int:
         config = load_config(path)
         for tenant in config.tenants:
             tenant.resolved_token()
-    except ConfigError as exc:
+        if getattr(namespace, "ray", None) is not None:
+            address = namespace.ray or config.cluster.address
+            config = dataclasses.replace(config, cluster=dataclasses.replace(
+                config.cluster, enabled=True, address=address))
+    except (ConfigError, ValueError) as exc:
         print(f"pie serve: {exc}", file=sys.stderr)
         return 2
     _show_engine_log()

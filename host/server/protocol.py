@@ -31,6 +31,7 @@ __all__ = ["ProtocolError", "JsonNestingError", "loads_bounded", "is_unicode", "
 
 EVENT_KINDS = ("message", "result", "error", "trap", "terminated")
 MAX_NESTING = 8      # deepest nesting of a client frame (the deepest valid message has 2)
+MAX_AFFINITY_CHARS = 256   # a launch's affinity (host/cluster/front.py bounds it alike)
 
 
 class JsonNestingError(ValueError):
@@ -112,6 +113,12 @@ class Launch:
     args: tuple[str, ...] = ()
     kv_pages: int | None = None        # page reservation (default: tenant quota / max instances)
     id: int | None = None
+    affinity: str | None = None        # --ray: an export it will import, or a session key
+
+    def __post_init__(self) -> None:
+        if self.affinity is not None and not 0 < len(self.affinity) <= MAX_AFFINITY_CHARS:
+            raise TypeError(f"affinity must be 1..{MAX_AFFINITY_CHARS} characters, "
+                            f"got {len(self.affinity)}")
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from cattrs.v import format_exception, transform_error
 from host.runtime_config import OutboundLimits, RuntimeConfig
 
 __all__ = ["ConfigError", "ServerSection", "ModelSection", "EngineSection", "SchedulerSection",
-           "LimitsSection", "TenantConfig", "ServerConfig", "load_config", "parse_config"]
+           "LimitsSection", "TenantConfig", "ServerConfig", "ClusterSection", "load_config",
+           "parse_config"]
 
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 
@@ -200,6 +201,35 @@ class LimitsSection:
                 raise ValueError(f"limits.{name} must be an int >= 0, got {value!r}")
 
 
+@dataclass(frozen=True)
+class ClusterSection:
+    """`pie serve --ray` (docs/server.md, "Scale out"): `replicas` engine replicas as Ray actors,
+    each with `num_cpus` / `num_gpus` Ray resources and `torch_threads` torch threads, restarted
+    by Ray up to `max_restarts` times; `address`: the Ray cluster to join ("" starts one on
+    this machine, "auto" finds the running one). Off unless `enabled` (or `--ray`)."""
+
+    enabled: bool = False
+    address: str = ""
+    replicas: int = 2
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    torch_threads: int = 1
+    max_restarts: int = 4
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.replicas <= 1024:
+            raise ValueError(f"cluster.replicas must be 1..1024, got {self.replicas}")
+        if not (self.num_cpus >= 0 and self.num_gpus >= 0):
+            raise ValueError(f"cluster.num_cpus and cluster.num_gpus must be >= 0, got "
+                             f"{self.num_cpus} and {self.num_gpus}")
+        _positive("cluster", torch_threads=self.torch_threads)
+        if self.max_restarts < -1:
+            raise ValueError(f"cluster.max_restarts must be >= -1 (-1: forever), "
+                             f"got {self.max_restarts}")
+        if len(self.address) > 512:
+            raise ValueError("cluster.address must be at most 512 characters")
+
+
 DEFAULT_PREFIX_CACHE_PAGES = 32   # TenantConfig.prefix_cache_pages when unset
 
 
@@ -270,6 +300,7 @@ class ServerConfig:
     scheduler: SchedulerSection = field(default_factory=SchedulerSection)
     limits: LimitsSection = field(default_factory=LimitsSection)
     tenants: tuple[TenantConfig, ...] = ()
+    cluster: ClusterSection = field(default_factory=ClusterSection)
 
     def __post_init__(self) -> None:
         if not self.tenants:

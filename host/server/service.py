@@ -185,8 +185,11 @@ class PieService:
     # ---- instances --------------------------------------------------------------------------
 
     async def launch(self, tenant: Tenant, program: Any, sha256: str, args: tuple[str, ...],
-                     sink: EventSink | None, kv_pages: int | None = None) -> InstanceHandle:
-        """Launch `program` for `tenant`; its events go to `sink`. Returns the handle."""
+                     sink: EventSink | None, kv_pages: int | None = None,
+                     affinity: str | None = None) -> InstanceHandle:
+        """Launch `program` for `tenant`; its events go to `sink`. Returns the handle.
+        `affinity` (an export it will import, or a session key) places it on a cluster
+        (`pie serve --ray`); one process has nowhere else to place it and ignores it."""
         if self.closing.is_set():
             raise ServiceError("server is shutting down: no new instances")
         pages = tenant.default_kv_pages if kv_pages is None else kv_pages
@@ -200,10 +203,12 @@ class PieService:
         limits = replace(self.limits, page_quota=pages, outbound=tenant.outbound)
         if tenant.max_receive_wait_s is not None:
             limits = replace(limits, max_receive_wait_s=tenant.max_receive_wait_s)
+        placement = ({"affinity": affinity} if affinity is not None
+                     and getattr(self.runtime, "places_by_affinity", False) else {})
         try:
             handle.instance_id = await trio.to_thread.run_sync(partial(
                 self.runtime.launch, program, tuple(args), tenant=tenant.name, limits=limits,
-                on_event=partial(self._on_event_threaded, handle)))
+                on_event=partial(self._on_event_threaded, handle), **placement))
         except Exception as exc:
             self._forget(handle)
             raise ServiceError(f"launch failed: {exc}") from None

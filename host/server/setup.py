@@ -130,15 +130,21 @@ def _tenant_adapters(engine: Any, data_dir: Path) -> Any:
 async def build_context(config: ServerConfig, engine: Any = None) -> ServerContext:
     """Everything `build_app` needs, started in the running trio loop."""
     loaded_here = engine is None
-    if engine is None:
-        engine = await trio.to_thread.run_sync(load_engine_for, config)
-    model = model_info(config, engine, default_model=loaded_here)
-    runtime = await trio.to_thread.run_sync(build_runtime, config, engine, model["name"])
     data_dir = config.server.resolved_data_dir()
+    if config.cluster.enabled:        # --ray: a ClusterFront (cluster_setup.py); `engine`: a factory
+        from host.server.cluster_setup import build_front
+        runtime, model, figures = await trio.to_thread.run_sync(build_front, config, engine)
+        adapters = None
+    else:
+        if engine is None:
+            engine = await trio.to_thread.run_sync(load_engine_for, config)
+        model = model_info(config, engine, default_model=loaded_here)
+        runtime = await trio.to_thread.run_sync(build_runtime, config, engine, model["name"])
+        adapters = await trio.to_thread.run_sync(_tenant_adapters, engine, data_dir)
+        figures = partial(runtime_figures, runtime)
     store = UploadStore(data_dir)
-    adapters = await trio.to_thread.run_sync(_tenant_adapters, engine, data_dir)
     tenants = TenantRegistry(config.tenants)
-    metrics = ServerMetrics(partial(runtime_figures, runtime))
+    metrics = ServerMetrics(figures)
     service = PieService(runtime, store, metrics, limits=runtime.config.limits,
                          max_upload_bytes=config.server.max_upload_bytes,
                          model=model,
@@ -150,7 +156,7 @@ async def build_context(config: ServerConfig, engine: Any = None) -> ServerConte
         runtime.set_spawn_hooks(server_spawn_hooks(service, tenants,
                                                    trio.lowlevel.current_trio_token()))
     openai = None
-    if config.server.openai:
+    if config.server.openai and not config.cluster.enabled:
         from host.server.openai import OpenAIFrontend
         openai = await OpenAIFrontend.create(service, tenants, data_dir,
                                              warm_prefixes=config.server.warm_prefixes,

@@ -1,0 +1,106 @@
+"""`pie serve --ray`: the server's runtime is a ClusterFront over engine replicas on Ray.
+
+`build_front` joins (or starts) Ray, starts the cluster's Directory (the configured tenants'
+quotas, across the cluster) and `cluster.replicas` EngineReplica actors, each building the
+configured engine and the Runtime `build_runtime` would build in one process, and returns the
+front with the served model's description and the /metrics figures summed over the replicas.
+The OpenAI API is not served in this mode. Imported by setup.py only when the mode is on (Ray
+is an optional dependency).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from functools import partial
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import ray
+
+from host.cluster.cluster import ClusterConfig, start_cluster, stop_cluster
+from host.cluster.directory import TenantQuota
+from host.cluster.front import ClusterFront
+from host.cluster.replica import ReplicaDescription, ReplicaSpec
+from host.runtime_config import RuntimeConfig
+from host.server.metrics import RuntimeFigures
+from host.server.server_config import ServerConfig
+from host.server.setup import build_runtime, load_engine_for, model_info
+
+__all__ = ["build_front", "cluster_figures"]
+
+_log = logging.getLogger("pie.serve")
+
+
+def _replica_runtime(config: ServerConfig, default_model: bool, engine: Any) -> Any:
+    """In a replica's process: the Runtime one-process `pie serve` would build over `engine`."""
+    return build_runtime(config, engine, model_info(config, engine, default_model)["name"])
+
+
+def build_front(config: ServerConfig, engine_factory: Callable[[], Any] | None = None
+                ) -> tuple[ClusterFront, dict[str, Any], Callable[[], RuntimeFigures]]:
+    """(the front, the served model as `model_info` describes it, the /metrics reader).
+    `engine_factory`: what each replica builds its engine with (None: the configured model)."""
+    section = config.cluster
+    if not ray.is_initialized():
+        ray.init(address=section.address or None, include_dashboard=False,
+                 log_to_driver=False, namespace="pie",
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": str(section.torch_threads)}})
+    default_model = engine_factory is None and not config.model.path
+    factory = engine_factory or partial(load_engine_for, config)
+    # on a cluster of its own (address ""), the actors end with this process; on a shared one
+    # they are detached and named, so every front given that address serves the same replicas
+    cluster = ClusterConfig(num_replicas=section.replicas, num_cpus=section.num_cpus,
+                            num_gpus=section.num_gpus, max_restarts=section.max_restarts,
+                            detached=bool(section.address),
+                            name_prefix="pie" if section.address else f"pie{os.getpid()}")
+    quotas = tuple(TenantQuota(t.name, t.max_instances, t.max_kv_pages, t.max_program_bytes)
+                   for t in config.tenants)
+    make_runtime = partial(_replica_runtime, config, default_model)
+    handles = start_cluster(cluster, lambda rid: ReplicaSpec(
+        rid, factory, make_runtime=make_runtime, torch_threads=section.torch_threads), quotas)
+    first = next(iter(handles.replicas.values()))
+    described: ReplicaDescription = ray.get(first.describe.remote())
+    front = ClusterFront(handles.directory, handles.replicas,
+                         config=RuntimeConfig(limits=described.limits),
+                         on_close=partial(_stop, handles))
+    engine_view = SimpleNamespace(
+        model_name=described.model_name, page_size=described.page_size,
+        num_pages=described.num_pages, tokenizer=SimpleNamespace(vocab_size=described.vocab_size),
+        model_config=SimpleNamespace(max_position=described.max_position))
+    model = model_info(config, engine_view, default_model)
+    _log.info("serving on %d Ray replicas (%s)", section.replicas,
+              section.address or "a local Ray started here")
+    return front, model, partial(cluster_figures, front)
+
+
+def _stop(handles: Any) -> None:
+    stop_cluster(handles)
+
+
+def cluster_figures(front: ClusterFront) -> RuntimeFigures:
+    """What /metrics shows in --ray mode: the live replicas' figures summed."""
+    figures = front.replica_figures()
+    histogram: dict[int, int] = {}
+    for f in figures:
+        for size, count in dict(f.stats.scheduler.batch_size_histogram).items():
+            histogram[size] = histogram.get(size, 0) + count
+    suspensions = None
+    if figures:
+        first = figures[0].stats.suspensions
+        suspensions = dataclasses.replace(first, **{
+            field.name: sum(getattr(f.stats.suspensions, field.name) for f in figures)
+            for field in dataclasses.fields(first)
+            if isinstance(getattr(first, field.name), (int, float))})
+    return RuntimeFigures(
+        num_running_instances=sum(f.stats.num_running for f in figures),
+        num_pages_used=sum(f.stats.pages.num_used for f in figures),
+        num_pages_free=sum(f.stats.pages.num_free for f in figures),
+        num_pages_exported=sum(f.num_pages_exported for f in figures),
+        queue_depth=sum(f.stats.scheduler.num_pending for f in figures),
+        num_batches=sum(f.stats.scheduler.num_batches for f in figures),
+        batch_size_counts=histogram,
+        num_output_tokens=sum(f.stats.engine.num_output_tokens for f in figures),
+        num_input_tokens=sum(f.stats.engine.num_input_tokens for f in figures),
+        num_spare_instances=sum(f.num_spare_instances for f in figures),
+        suspensions=suspensions)
