@@ -125,3 +125,22 @@ def test_delete_and_restore(tmp_path):
     restarted = _store()                                   # a new server on the same data_dir
     assert TenantAdapters(tmp_path / "adapters", restarted, TINY).restore() == 1
     assert restarted.names == ("alice/a",)
+
+
+def test_an_openai_model_names_a_tenants_adapter():
+    from dataclasses import replace
+
+    from host.server.openai.schema import ApiLimits, RequestError, parse_request
+
+    limits = ApiLimits(frozenset({"M", "M.gguf"}), "M", 4096, 1000, frozenset({"tone"}))
+    body = {"prompt": "hi", "max_tokens": 2}
+    assert parse_request(dict(body, model="M"), "completion", limits)["adapter"] is None
+    assert parse_request(dict(body, model="M:tone"), "completion", limits)["adapter"] == "tone"
+    assert parse_request(dict(body, model="M.gguf:tone"), "completion", limits)["adapter"] == "tone"
+    for model, words in (("M:nope", "adapter 'nope' of model 'M'"), ("X:tone", "model 'X:tone'"),
+                         ("M:", "adapter '' of model 'M'")):
+        with pytest.raises(RequestError, match=words) as error:
+            parse_request(dict(body, model=model), "completion", limits)
+        assert (error.value.status, error.value.code) == (404, "model_not_found")
+    with pytest.raises(RequestError, match="adapter 'tone'"):       # another tenant's limits
+        parse_request(dict(body, model="M:tone"), "completion", replace(limits, adapters=frozenset()))

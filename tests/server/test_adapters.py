@@ -164,3 +164,14 @@ def test_a_deleted_adapter_is_no_model(model_server, tmp_path) -> None:
         assert carol.list_adapters() == []
     with pytest.raises(openai.NotFoundError, match="short-lived"):
         _ask(model_server, "carol", f"{MODEL}:short-lived")
+
+
+def test_a_server_whose_engine_takes_no_adapters_says_so(fake_server) -> None:
+    with SyncClient(fake_server.url, TOKENS["alice"]) as client:
+        assert client.list_adapters() == []
+        with pytest.raises(PieError, match="takes no LoRA adapters"):
+            client._call(client._client.request, "upload_adapter", name="x", config="{}",
+                         sha256="0" * 64, size=10)
+        with pytest.raises(PieError, match=r"expected int, got str @ upload_adapter\.size"):
+            client._call(client._client.request, "upload_adapter", name="x", config="{}",
+                         sha256="0" * 64, size="10")
