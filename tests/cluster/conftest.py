@@ -1,5 +1,5 @@
-"""A local Ray cluster per test module (Ray starts in seconds; one per module keeps CI short), and
-clusters of fake-engine replicas on it. Every cluster made is stopped at its test's end."""
+"""One local Ray for the session (it takes seconds to start), a cluster of fake-engine replicas per
+module on it (its actors killed at the module's end), and fronts over that cluster per test."""
 from __future__ import annotations
 
 import os
@@ -22,7 +22,7 @@ REPO_DIR = Path(__file__).resolve().parents[2]
 NUM_PAGES = 64
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_cluster():
     """Ray on this machine: 4 logical CPUs, a small object store, no dashboard."""
     ray.init(num_cpus=4, include_dashboard=False, object_store_memory=80 << 20,
