@@ -24,6 +24,10 @@ A swarm "agent" is a team of two roles (writer, critic); its tool calls are the 
 role answers. Reported per cell: workflows/s, generated tokens/s, p50/p99 workflow latency,
 tokens computed by the engine; the speed-up is the inferlet's throughput over the API path's,
 the p50 ratio the API path's median latency over the inferlet's.
+`react-http` is react with a real HTTP tool: a server on 127.0.0.1 in a process of its own
+(tests/host/servers/tool_server.py, /search, answering after --delay-ms) that the inferlet calls through
+inferlet.http (`react.py --tool http`, the tenant allowed that address only) and the API path's
+client calls with httpx, both with the same query and the same observation.
 Then one row per technique (bench/apps_techniques.py): the inferlet vs the nearest thing a
 client can do over the OpenAI API.
 """
@@ -31,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import subprocess
 import json
 import platform
 import statistics
@@ -64,12 +70,19 @@ CODEACT_TASKS = ("What is (17 + 25) * 3?", "What is 144 / 12 + 7?", "What is 2 *
 SWARM_ROLES = ("writer", "critic")
 SWARM_TASKS = ("Write a slogan for a bakery.", "Name a new tea shop.", "Describe a quiet park.",
                "Invent a board game.")
-WORKFLOWS = ("react", "codeact", "swarm")
+WORKFLOWS = ("react", "codeact", "swarm", "react-http")
+PROGRAMS = {"react-http": "react"}          # a workflow's example, when not its own name
+HTTP_QUERY_CHARS = 100                      # react.py's MAX_QUERY_CHARS
 QUICK_CELLS = ((32, 8), (8, 8), (1, 2))
 FULL_CELLS = tuple((agents, calls) for agents in (1, 8, 32) for calls in (2, 8, 32))
-GRIDS = {"quick": {w: QUICK_CELLS for w in WORKFLOWS},
+HTTP_CELLS = ((32, 8), (8, 8))
+# below hypercorn's keep-alive timeout (5 s): a connection idle longer (a slow turn on a loaded
+# machine) is never reused as the server closes it (a ReadError, and the API path would fail)
+KEEPALIVE_S = 2.0
+GRIDS = {"quick": {**{w: QUICK_CELLS for w in WORKFLOWS}, "react-http": HTTP_CELLS},
          "full": {w: FULL_CELLS for w in WORKFLOWS},
-         "react-full": {"react": FULL_CELLS, "codeact": QUICK_CELLS, "swarm": QUICK_CELLS}}
+         "react-full": {"react": FULL_CELLS, "codeact": QUICK_CELLS, "swarm": QUICK_CELLS,
+                        "react-http": HTTP_CELLS}}
 
 
 @dataclass(frozen=True)
@@ -93,10 +106,12 @@ def inferlet_args(workflow: str, agent: int, calls: int, opts, team: str) -> lis
         return [common + ["--roles", ",".join(SWARM_ROLES), "--role", role, "--team",
                           f"{team}-{agent}", "--rounds", str(calls), "--task",
                           SWARM_TASKS[agent % len(SWARM_TASKS)]] for role in SWARM_ROLES]
-    system, tasks = (REACT_SYSTEM, REACT_TASKS) if workflow == "react" else (CODEACT_SYSTEM, CODEACT_TASKS)
+    system, tasks = (CODEACT_SYSTEM, CODEACT_TASKS) if workflow == "codeact" else (REACT_SYSTEM, REACT_TASKS)
+    tool = (["--tool", "http", "--tool-url", opts.tool_url] if workflow == "react-http"
+            else ["--delay-ms", str(opts.delay_ms)])
     return [common + ["--system", system, "--task", tasks[agent % len(tasks)], "--num-calls",
-                      str(calls), "--calls-per-turn", str(opts.calls_per_turn), "--delay-ms",
-                      str(opts.delay_ms), "--system-export", f"bench/{workflow}/system"]]
+                      str(calls), "--calls-per-turn", str(opts.calls_per_turn), *tool,
+                      "--system-export", f"bench/{workflow}/system"]]
 
 
 async def run_inferlets(url: str, token: str, program: str, argvs: list[list[list[str]]]) -> tuple:
@@ -127,11 +142,13 @@ async def chat_turn(client, messages: list[dict], opts) -> tuple[str, int]:
     return response.choices[0].message.content or "", response.usage.completion_tokens
 
 
-async def api_agent(client, workflow: str, agent: int, calls: int, opts) -> int:
-    """One agent's workflow over the API; returns the tokens generated."""
+async def api_agent(client, workflow: str, agent: int, calls: int, opts,
+                    tools: httpx.AsyncClient | None = None) -> int:
+    """One agent's workflow over the API; returns the tokens generated. `tools`: the client of
+    react-http's tool server."""
     if workflow == "swarm":
         return await api_swarm(client, agent, calls, opts)
-    system, tasks = (REACT_SYSTEM, REACT_TASKS) if workflow == "react" else (CODEACT_SYSTEM, CODEACT_TASKS)
+    system, tasks = (CODEACT_SYSTEM, CODEACT_TASKS) if workflow == "codeact" else (REACT_SYSTEM, REACT_TASKS)
     messages = [{"role": "system", "content": system},
                 {"role": "user", "content": tasks[agent % len(tasks)]}]
     generated, num_done = 0, 0
@@ -139,8 +156,10 @@ async def api_agent(client, workflow: str, agent: int, calls: int, opts) -> int:
         text, num_tokens = await chat_turn(client, messages, opts)
         generated += num_tokens
         messages.append({"role": "assistant", "content": text})
-        observations = await asyncio.gather(*(api_tool(workflow, text, num_done, index, opts)
-                                              for index in range(num_turn_calls)))
+        observations = await asyncio.gather(*(
+            api_http_tool(tools, text, num_done + index, opts) if workflow == "react-http"
+            else api_tool(workflow, text, num_done, index, opts)
+            for index in range(num_turn_calls)))
         num_done += num_turn_calls
         messages.append({"role": "user", "content": "\n".join(observations)})
     text, num_tokens = await chat_turn(client, messages, opts)
@@ -154,6 +173,14 @@ async def api_tool(workflow: str, text: str, num_done: int, index: int, opts) ->
     if workflow == "react":
         return react_observation(num_done + index)
     return codeact_tools(text, index + 1)[index][1]
+
+
+async def api_http_tool(tools: httpx.AsyncClient, text: str, call_id: int, opts) -> str:
+    """react.py's http tool, called by the client: the same query, the same observation."""
+    response = await tools.get(opts.tool_url, params={"q": text[:HTTP_QUERY_CHARS]})
+    response.raise_for_status()
+    results = response.json().get("results") or ["(no result)"]
+    return f"Observation {call_id + 1}: {str(results[0])[:200]}"
 
 
 async def api_swarm(client, agent: int, calls: int, opts) -> int:
@@ -175,12 +202,15 @@ async def api_swarm(client, agent: int, calls: int, opts) -> int:
 async def run_api(url: str, token: str, workflow: str, agents: int, calls: int, opts) -> tuple:
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0, timeout=900,
                                 http_client=httpx.AsyncClient(
-                                    limits=httpx.Limits(max_connections=agents * 2 + 4)))
+                                    limits=httpx.Limits(max_connections=agents * 2 + 4,
+                                                        keepalive_expiry=KEEPALIVE_S)))
     latencies = [0.0] * agents
+    tools = httpx.AsyncClient(limits=httpx.Limits(max_connections=agents * opts.calls_per_turn + 4),
+                              timeout=60, trust_env=False)
 
     async def agent(index: int) -> int:
         start = time.perf_counter()
-        generated = await api_agent(client, workflow, index, calls, opts)
+        generated = await api_agent(client, workflow, index, calls, opts, tools)
         latencies[index] = time.perf_counter() - start
         return generated
 
@@ -188,7 +218,21 @@ async def run_api(url: str, token: str, workflow: str, agents: int, calls: int, 
     generated = await asyncio.gather(*(agent(i) for i in range(agents)))
     elapsed = time.perf_counter() - start
     await client.close()
+    await tools.aclose()
     return elapsed, latencies, sum(generated)
+
+
+@contextlib.contextmanager
+def tool_server(delay_ms: float):
+    """tests/host/servers/tool_server.py in a process of its own, on 127.0.0.1; its port."""
+    process = subprocess.Popen([sys.executable, "-m", "tests.host.servers.tool_server",
+                                "--delay-ms", str(delay_ms)], cwd=REPO_DIR,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        yield int(process.stdout.readline())
+    finally:
+        process.stdin.close()
+        process.wait(30)
 
 
 # -- the grid --------------------------------------------------------------------------------
@@ -211,7 +255,7 @@ def measure_run(server, run) -> dict:
 
 def warm_up(server, programs: dict[str, str], opts) -> None:
     """Export the system prompts (the inferlet path's shared prefix) and warm both paths."""
-    for workflow in set(programs) & {"react", "codeact"}:
+    for workflow in set(programs) & {"react", "codeact", "react-http"}:
         argv = inferlet_args(workflow, 0, 0, opts, "warm")
         trio.run(run_inferlets, server.url, server.token, programs[workflow], [argv])
     asyncio.run(run_api(server.url, server.token, "react", 1, 0, opts))
@@ -318,11 +362,15 @@ def main() -> int:
         grid_plan(GRIDS["quick" if opts.quick else opts.grid], opts.workflows, opts.cells)
     machine_line(opts)
     from host.sandbox.programs.build import build_cached
-    with InProcessServer(num_pages=opts.num_pages, max_instances=opts.max_instances) as server:
+    with tool_server(opts.delay_ms) as tool_port, \
+            InProcessServer(num_pages=opts.num_pages, max_instances=opts.max_instances,
+                            outbound={"allow_hosts": [f"127.0.0.1:{tool_port}"],
+                                      "requests_per_minute": 1_000_000}) as server:
+        opts.tool_url = f"http://127.0.0.1:{tool_port}/search"
         from host.client import SyncClient
         with SyncClient(server.url, server.token) as client:
-            programs = {w: client.upload(build_cached(EXAMPLES / f"{w}.py")[0].read_bytes())
-                        for w in opts.workflows}
+            programs = {w: client.upload(build_cached(
+                EXAMPLES / f"{PROGRAMS.get(w, w)}.py")[0].read_bytes()) for w in opts.workflows}
         techniques = []
         if not opts.no_techniques:   # first: short, and a cut-short run still reports them
             from apps_techniques import run_techniques

@@ -66,9 +66,11 @@ class InProcessServer:
     """`pie serve` with the default model in a thread of this process (trio loop of its own)."""
 
     def __init__(self, num_pages: int, max_instances: int, spare_builtins: int = 8,
-                 engine: dict | None = None, data_dir: Path | None = None) -> None:
+                 engine: dict | None = None, data_dir: Path | None = None,
+                 outbound: dict | None = None) -> None:
         """`engine`: more [engine] fields (device, dtype) for the server's config; `data_dir`:
-        the server's (default ~/.cache/pie/bench-server, which keeps the built-in's build)."""
+        the server's (default ~/.cache/pie/bench-server, which keeps the built-in's build);
+        `outbound`: the tenant's [tenants.outbound] (what its inferlets may reach)."""
         from host.server.server_config import parse_config
         data_dir = data_dir or Path.home() / ".cache" / "pie" / "bench-server"
         self.token = "bench-token"
@@ -79,7 +81,8 @@ class InProcessServer:
             # The store outlives a run (it keeps the built-in's build), so every earlier build
             # of an example stays counted: a quota far above one run's few programs.
             "tenants": [{"name": "bench", "token": self.token, "max_instances": max_instances,
-                         "max_kv_pages": num_pages, "max_program_bytes": 4 * 1024 ** 3}]})
+                         "max_kv_pages": num_pages, "max_program_bytes": 4 * 1024 ** 3,
+                         **({"outbound": outbound} if outbound else {})}]})
         self.url = ""
         self._ready = threading.Event()
         self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True)

@@ -11,6 +11,7 @@ max_response_bytes, so a huge answer costs the host at most that much. Bodies tr
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 from dataclasses import dataclass
 from urllib.parse import urljoin
@@ -123,18 +124,27 @@ async def _follow(client: httpx.AsyncClient, request: HttpRequest, limits: Outbo
 async def _send(client: httpx.AsyncClient, target: Target, method: str,
                 headers: list[tuple[str, str]], body: bytes,
                 limits: OutboundLimits) -> httpx.Response:
-    loop = asyncio.get_running_loop()
-    try:
-        infos = await loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise OutboundRefused(f"{target.host}: cannot resolve ({exc.strerror})") from None
-    address = check_addresses(target, [info[4][0] for info in infos])
+    address = check_addresses(target, await _resolve(target))
     extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
     sent = client.build_request(
         method, target.url_for(address),
         headers=[*headers, ("Host", target.host_header), ("Accept-Encoding", "identity")],
         content=body or None, extensions=extensions, timeout=limits.timeout_s)
     return await client.send(sent, stream=True)
+
+
+async def _resolve(target: Target) -> list[str]:
+    """The addresses of the target's host (an IP literal is its own, with no resolver call)."""
+    try:
+        return [str(ipaddress.ip_address(target.host))]
+    except ValueError:
+        pass
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise OutboundRefused(f"{target.host}: cannot resolve ({exc.strerror})") from None
+    return [info[4][0] for info in infos]
 
 
 async def _read_capped(response: httpx.Response, cap: int) -> bytes:
