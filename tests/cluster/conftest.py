@@ -22,15 +22,24 @@ REPO_DIR = Path(__file__).resolve().parents[2]
 NUM_PAGES = 64
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
-    """Ray on this machine: 4 logical CPUs, a small object store, no dashboard."""
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=80 << 20,
-             log_to_driver=False, namespace="pie-test",
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO_DIR),
-                                       "OMP_NUM_THREADS": "1"}})
+    """Ray on this machine (4 logical CPUs, a small object store, no dashboard): started by the
+    first module that needs it, kept for the next ones, shut down at the session's end (a module
+    that needs a Ray of its own shuts this one down first; the next module starts it again)."""
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, object_store_memory=80 << 20,
+                 log_to_driver=False, namespace="pie-test",
+                 runtime_env={"env_vars": {"PYTHONPATH": str(REPO_DIR),
+                                           "OMP_NUM_THREADS": "1"}})
     yield ray
-    ray.shutdown()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ray_shut_down_at_the_end():
+    yield
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 class Events:
