@@ -217,16 +217,16 @@ def test_dropping_and_clearing_cancel_requests_in_flight(server, outbound):
     assert handle.num_in_flight == 0 and future.cancelled()
 
 
-def test_many_instances_requests_overlap(server, outbound):
-    """Eight instances' slow requests run at once on the one loop: none waits for another."""
-    limits = _limits(server)
+def test_many_instances_requests_are_in_flight_together(server, outbound):
+    """Eight instances' requests are all in flight at once on the one loop: the server answers
+    only once it holds all eight."""
+    limits = _limits(server, timeout_s=60.0)
     handles = [outbound.for_instance("t", limits) for _ in range(8)]
-    reps = [h.send("http.send", HttpRequest("GET", server.url("/search?delay_ms=200"), (), b""))
+    reps = [h.send("http.send", HttpRequest("GET", server.url("/gather?key=eight&n=8"), (), b""))
             for h in handles]
-    futures = [h.future_of("get", rep) for h, rep in zip(handles, reps)]
-    for future in futures:
-        future.result(30)
-    assert all(h.take("http.send", rep).status == 200 for h, rep in zip(handles, reps))
+    for handle, rep in zip(handles, reps):
+        handle.future_of("get", rep).result(60)
+    assert [h.take("http.send", rep).status for h, rep in zip(handles, reps)] == [200] * 8
 
 
 # -- MCP -------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ Routes (GET unless said):
 - /slow                        sends one byte per 0.5 s, for ever (a slow loris)
 - /huge                        an endless body, chunked, no Content-Length
 - /hang                        accepts and never answers
+- /gather?key=K&n=N            answers 200 once N requests of key K are in at once (all of them
+                               held until then), 504 after 30 s: proof that N were in flight
 One asyncio loop in a thread of its own (no thread per connection: a burst of many agents' calls
 costs little), HTTP/1.1 with keep-alive. Only ever bound to 127.0.0.1.
 """
@@ -41,6 +43,7 @@ class ToolServer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="tool-server",
                                         daemon=True)
         self._stopping: asyncio.Event | None = None
+        self._gatherings: dict[str, tuple[list[int], asyncio.Event]] = {}
 
     @property
     def port(self) -> int:
@@ -118,12 +121,26 @@ class ToolServer:
             block = b"y" * 65536
             await self._stream(writer, b"%x\r\n%s\r\n" % (len(block), block), pause_s=0.0)
             return False
+        elif route == "gather":
+            arrived = await self._gather(query.get("key", ""), int(query.get("n", "1")))
+            await _json(writer, 200 if arrived else 504, {"gathered": arrived})
         elif route == "hang":
             assert self._stopping is not None
             await self._stopping.wait()
             return False
         else:
             await _json(writer, 404, {"error": f"no route {parts.path}"})
+        return True
+
+    async def _gather(self, key: str, num: int) -> bool:
+        count, event = self._gatherings.setdefault(key, ([0], asyncio.Event()))
+        count[0] += 1
+        if count[0] >= num:
+            event.set()
+        try:
+            await asyncio.wait_for(event.wait(), 30)
+        except asyncio.TimeoutError:
+            return False
         return True
 
     async def _stream(self, writer: asyncio.StreamWriter, chunk: bytes, pause_s: float) -> None:
