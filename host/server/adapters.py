@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 import torch
 
 from engine.adapters import (CONFIG_FILE, WEIGHTS_FILE, AdapterError, check_adapter_name,
-                             load_adapter)
+                             load_adapter, scoped_name)
 from engine.adapters.peft import MAX_CONFIG_BYTES
 
 __all__ = ["AdapterUploadError", "StoredAdapter", "TenantAdapters", "adapter_id",
@@ -105,7 +105,7 @@ class TenantAdapters:
         """The tenant's adapters the engine holds, by name."""
         adapters = []
         for name, sha256 in self._ids(tenant).items():
-            info = self.engine_store.info(f"{tenant}/{name}")
+            info = self.engine_store.info(scoped_name(tenant, name))
             if info is not None:
                 spec = info.spec
                 adapters.append(StoredAdapter(name, sha256, self._size(sha256), spec.rank,
