@@ -131,6 +131,15 @@ async def uploads_in_flight(url: str, token: str, programs: dict[str, str]) -> s
     return "; ".join(f"{outcomes.count(o)} x {o}" for o in sorted(set(outcomes)))
 
 
+def later(delay_s: float, attack: Attack) -> Attack:
+    """`attack` once the others have launched (a fork bomb takes what is left of the tenant's
+    instance quota)."""
+    async def delayed(url: str, token: str, programs: dict[str, str]) -> str:
+        await trio.sleep(delay_s)
+        return await attack(url, token, programs)
+    return delayed
+
+
 ATTACKS: dict[str, Attack] = {
     "memory: a str doubled (Python)": guest("hostile", "memory"),
     "memory: 4 linear memories": guest("multi_memory"),
@@ -148,4 +157,6 @@ ATTACKS: dict[str, Attack] = {
     "one page listed 2,048 times": guest("long_pass"),
     "compute without host calls": guest("spin"),
     "sleep in WASI": guest("sleeper"),
+    "10,000 spawns, each killed": guest("hostile", "spawn-flood", "10000"),
+    "fork bomb of children": later(2.0, guest("hostile", "fork-bomb")),
 }

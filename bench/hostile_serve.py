@@ -7,10 +7,11 @@ Starts `pie serve` (a subprocess, the embedded SmolLM2-135M in float32) with two
 B runs a greedy generation alone (its solo output); then tenant A runs every attack of
 bench/hostile_attacks.py at once (memory and table growth, store / topic / log floods, a client
 that does not read, unread client messages, uploads left open, page hoarding, a NaN sampler, a
-pass over one page listed 2,048 times, a spinning guest, a WASI sleep) while B generates again,
-over and over until the attacks are done. Printed: the server's RSS before the attacks, its
-peak during them and after (every instance ended, every page back), how each attack ended (the
-message it ended with), and whether each of B's outputs equals its solo output.
+pass over one page listed 2,048 times, a spinning guest, a WASI sleep, 10,000 spawns, a
+fork bomb of child inferlets) while B generates again, over and over until the attacks are
+done. Printed: the server's RSS before the attacks, its peak during them and after (every
+instance ended, every page back), how each attack ended (the message it ended with), and
+whether each of B's outputs equals its solo output.
 """
 from __future__ import annotations
 
