@@ -7,6 +7,8 @@ at once, on the embedded default model in float32:
 - unconstrained: a pool with room for every instance at its peak (the reference outputs);
 - 2x: a pool where each instance's peak is 1/32 of it (64 instances: twice the pool);
 - 4x: each peak 1/16 of the pool;
+- 4x recompute: the same, the suspended pages recomputed by a prefill on restore instead of
+  copied (RuntimeConfig.restore "recompute"; the other rows take "auto", which swaps on a CPU);
 - hoarding: two tenants; tenant "hog" holds pages it never uses (instances of holder.wat, 3/4
   of the pool in all), tenant "fair" runs 32 growers, its share (half the pool) 2x
   oversubscribed by them; and the same 32 alone on a pool of that share (their suspensions
@@ -14,7 +16,8 @@ at once, on the embedded default model in float32:
 
 For each: completed_fraction, outputs_identical (to the unconstrained run's, prompt by prompt),
 throughput_vs_unconstrained (decoded tokens per second over the unconstrained run's), latency
-p50 / p99 (launch to end, s), the suspensions and restores, pages swapped. One Runtime per run;
+p50 / p99 (launch to end, s), the suspensions and restores, pages swapped and recomputed, and
+the restore costs the runtime measured at start (host/restore_costs.py). One Runtime per run;
 the engine is loaded once (its pool the largest; smaller pools are the same engine behind a
 smaller `num_pages`).
 
@@ -118,6 +121,8 @@ def summarize(name: str, result: dict, reference: dict | None, num_decode: int,
         "suspensions": stats.num_suspensions,
         "restores": stats.num_restores,
         "swapped_pages": stats.num_swapped_pages,
+        "recomputed_pages": stats.num_recomputed_pages,
+        "restore_costs": runtime.restore_costs.describe(),
         "suspended_s_total": round(stats.suspended_s, 2),
         "suspensions_by_tenant": dict(stats.tenant_suspensions),
     }
@@ -171,11 +176,12 @@ def main() -> None:
             results.append(summarize("unconstrained", reference, None, args.decode, runtime,
                                      None, peaks))
         reference_tps = results[0]["decoded_tokens_per_s"]
-        for factor in (2, 4):
-            with runtime_for(NUM_INSTANCES * peak_pages // factor) as runtime:
+        for factor, restore in ((2, "auto"), (4, "auto"), (4, "recompute")):
+            with runtime_for(NUM_INSTANCES * peak_pages // factor, restore=restore) as runtime:
                 program = runtime.load_program(grower)
                 result = run_growers(runtime, program, texts, decode)
-                results.append(summarize(f"{factor}x", result, reference, args.decode, runtime,
+                name = f"{factor}x" + ("" if restore == "auto" else f" {restore}")
+                results.append(summarize(name, result, reference, args.decode, runtime,
                                          reference_tps, peaks))
         # hoarding: the hog's holders take 3/4 of a pool sized for 32 growers' peaks at 2x
         num_pages = NUM_INSTANCES * peak_pages // 2
