@@ -63,6 +63,7 @@ def main() -> None:
     opts = parser.parse_args()
     torch.set_num_threads(opts.threads)
     from host import Runtime, RuntimeConfig
+    from host.runtime import SpawnHooks
     spares = opts.spares if opts.spares is not None else [0, opts.runs + 1]
     wasm_path, _ = build_cached(REPO / "bench" / "guests" / "spawn_bench.py",
                                 REPO / ".cache" / "bench-builds")
@@ -71,6 +72,7 @@ def main() -> None:
     with Runtime(engine, RuntimeConfig(cache_dir=REPO / ".cache" / "pie-bench",
                                        max_spare_instances=max(spares + [1]))) as runtime:
         program = runtime.load_program(wasm_path.read_bytes())
+        runtime.set_spawn_hooks(SpawnHooks())                # children of its own program
         measure(runtime, program, 2, 0)                      # warm: memories, kernels
         for num_spares in spares:
             rows.append(measure(runtime, program, opts.runs, num_spares))

@@ -172,7 +172,8 @@ class Runtime:
 
     def set_spawn_hooks(self, hooks: SpawnHooks | None) -> None:
         """How children.spawn finds a program other than the parent's own, and who admits a
-        child (host/spawns.py). None: children of an instance's own program only."""
+        child (host/spawns.py). None (the default): every spawn refused; SpawnHooks(): children
+        of an instance's own program, admitted by the spawn limits alone."""
         self.spawns.set_hooks(hooks)
 
     def _launch(self, program: Program, args: tuple[str, ...], tenant: str,

@@ -6,8 +6,10 @@ parent's tree one level down and runs with its parent's tenant and InstanceLimit
 refused, naming the limit, past the parent's `max_spawn_depth`, past `max_children` children
 alive at once, past `max_spawns` spawns by the whole tree (alive or ended), or when the runtime's
 `SpawnHooks.admit` refuses it (`pie serve`: the tenant's instance and page quotas). The program
-is the parent's own ("") or one `SpawnHooks.resolve` finds for the parent's tenant; with no
-hooks, only the parent's own. When an instance ends, its children that were not spawned
+is the parent's own ("") or one `SpawnHooks.resolve` finds for the parent's tenant. A runtime
+whose host set no hooks refuses every spawn: an embedding that counts its tenants' instances
+elsewhere (a cluster replica) must say how children count before any runs. When an instance
+ends, its children that were not spawned
 detached are terminated (and theirs, as each ends); detached ones run on, parentless.
 
 `Spawns` owns the trees (one lock); the runtime calls `add_root` for each launch before the
@@ -46,12 +48,13 @@ class SpawnHooks:
 
     resolve: (tenant, program) -> the tenant's Program named `program` (a name or a hash);
              raises LookupError (its message given to the guest) when the tenant has none.
+             None: the parent's own program ("") only.
     admit:   (tenant, limits) -> a release callable, called once when the child ends; raises
              any Exception (its message given to the guest) to refuse the child, e.g. past the
              tenant's instance or page quota. None: every child admitted.
     """
 
-    resolve: Callable[[str, str], Program]
+    resolve: Callable[[str, str], Program] | None = None
     admit: Callable[[str, InstanceLimits], Callable[[], None]] | None = None
 
 
@@ -89,7 +92,7 @@ class Spawns:
         self._nodes: dict[str, _Node] = {}
 
     def set_hooks(self, hooks: SpawnHooks | None) -> None:
-        """The resolver and admission of later spawns (None: the parent's own program only)."""
+        """The resolver and admission of later spawns (None: every spawn refused)."""
         self._hooks = hooks
 
     # ------------------------------------------------------------- the runtime's side
@@ -133,6 +136,9 @@ class Spawns:
               on_event: EventCallback) -> str:
         """host.sandbox.services.Spawner.spawn."""
         _check_request(program, args)
+        if self._hooks is None:
+            raise SpawnRefused("children.spawn: this host admits no children (its runtime has no "
+                               "SpawnHooks)")
         parent = self._reserve(parent_id)
         try:
             child_program = self._resolve(parent, program)
@@ -206,7 +212,7 @@ class Spawns:
         if program == SELF_PROGRAM:
             return parent.program
         hooks = self._hooks
-        if hooks is None:
+        if hooks is None or hooks.resolve is None:
             raise SpawnRefused(f"children.spawn: unknown program {program!r}: this host runs "
                                f"children of an instance's own program only (\"\")")
         try:

@@ -38,9 +38,10 @@ def program(runtime):
 
 
 @pytest.fixture(autouse=True)
-def no_hooks(runtime):
+def own_program_hooks(runtime):
+    """Children of an instance's own program, the spawn limits alone (a test may set others)."""
+    runtime.set_spawn_hooks(SpawnHooks())
     yield
-    runtime.set_spawn_hooks(None)
     _wait_idle(runtime)
 
 
@@ -188,9 +189,18 @@ def test_programs_resolve_within_the_tenant_only(runtime, program) -> None:
     assert "'mallory' has no program" in value
 
 
-def test_without_hooks_only_the_own_program_spawns(runtime, program) -> None:
+def test_without_a_resolver_only_the_own_program_spawns(runtime, program) -> None:
     status, value = _run(runtime, program, ["other", program.hash])
     assert status == "ok" and value.startswith("refused: children.spawn: unknown program")
+    assert "own program only" in value
+
+
+def test_a_runtime_without_hooks_admits_no_children(runtime, program) -> None:
+    runtime.set_spawn_hooks(None)
+    status, value = _run(runtime, program, ["flood", "10", "0"])
+    assert status == "ok", value
+    report = json.loads(value)
+    assert report["spawned"] == 0 and "admits no children" in report["refused"]
 
 
 def _no_program(tenant: str, name: str):

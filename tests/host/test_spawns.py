@@ -37,6 +37,7 @@ class Recorder:
 def _spawns(recorder: Recorder) -> Spawns:
     spawns = Spawns(recorder.launch, recorder.terminate, lambda instance_id, message: True)
     spawns.add_root("root", "alice", "root-program", InstanceLimits(max_children=3))
+    spawns.set_hooks(SpawnHooks())
     return spawns
 
 
@@ -97,6 +98,9 @@ def test_refusals_name_the_limit_or_the_program() -> None:
         spawns.spawn("gone", "", (), False, lambda event: None)
     with pytest.raises(SpawnRefused, match="2000 arguments"):
         spawns.spawn("root", "", ("x",) * 2000, False, lambda event: None)
+    spawns.set_hooks(None)
+    with pytest.raises(SpawnRefused, match="this host admits no children"):
+        spawns.spawn("root", "", (), False, lambda event: None)
 
 
 def test_pie_run_resolves_its_own_program_by_name_or_hash_only() -> None:

@@ -5,8 +5,21 @@ from __future__ import annotations
 
 import time
 
+import pytest
 
-def test_research_agent_spawns_a_child_per_sub_question(run_inferlet, runtime):
+from host.runtime import SpawnHooks
+
+
+@pytest.fixture
+def own_program_children(runtime):
+    """The session's runtime admits children of an instance's own program for this test."""
+    runtime.set_spawn_hooks(SpawnHooks())
+    yield
+    runtime.set_spawn_hooks(None)
+
+
+def test_research_agent_spawns_a_child_per_sub_question(run_inferlet, runtime,
+                                                        own_program_children):
     result = run_inferlet("research_agent", [
         "--question", "Why do cities grow?", "--num-sub-questions", "3", "--plan-tokens", "40",
         "--finding-tokens", "12", "--answer-tokens", "16"]).json()
