@@ -83,7 +83,8 @@ def main() -> None:
           f"{'own token':>10} {'overhead':>9}", file=out)
     for row in rows:
         print(f"{row['spares']:>6} {row['spawn_to_start_ms']:>10.2f} ms "
-              f"{row['spawn_to_first_token_ms']:>10.2f} ms {row['spawn_to_first_token_p90_ms']:>5.1f} ms "
+              f"{row['spawn_to_first_token_ms']:>10.2f} ms "
+              f"{row['spawn_to_first_token_p90_ms']:>5.1f} ms "
               f"{row['own_first_token_ms']:>7.2f} ms {row['spawn_overhead_ms']:>6.2f} ms", file=out)
     if opts.json:
         print(json.dumps({"runs": opts.runs, "rows": rows}))

@@ -6,7 +6,8 @@ messages (messaging.send) go to the parent's `ChildEntry` mailbox, bounded by th
 `client_max_chars`; a child that sends past it, its parent not reading, is terminated naming
 the limit. `receive` and `wait` block through `BindingContext.wait_future` (terminate wakes them,
 max_blocking_s bounds them); a child blocked for its parent is bounded by its own limits
-(max_receive_wait_s).
+(max_receive_wait_s). Once the parent has ended (a detached child outlives it) or dropped its
+handle, what the child sends is dropped.
 """
 from __future__ import annotations
 
