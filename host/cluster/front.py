@@ -140,6 +140,7 @@ class ClusterFront:
         self._programs: dict[str, ClusterProgram] = {}
         self._loaded: set[tuple[str, int, str]] = set()       # (replica, epoch, program hash)
         self._placements: Counter[str] = Counter()
+        self._starting: Counter[str] = Counter()     # replica -> launches placed, not started
         self._num_import_local = self._num_import_mirrored = 0
         self._num_lost_instances = self._num_replicas_lost = 0
         self._latencies: deque[float] = deque(maxlen=_MAX_LATENCIES_KEPT)
@@ -187,19 +188,22 @@ class ClusterFront:
                 if affinity else {})
         placement = self._place(affinity, held)
         replica_id = placement.replica_id
-        with self._lock:
-            epoch = self._epochs[replica_id]
-        reservation = ray.get(self._directory.reserve.remote(
-            tenant, replica_id, epoch, limits.page_quota or 0))
         try:
-            if affinity and held:
-                self._count_import(tenant, affinity, held, replica_id, epoch)
-            local_id = self._start(replica_id, epoch, program, args, tenant, limits)
-        except BaseException:
-            self._directory.release.remote(reservation.key)
-            raise
-        return self._register(_Instance(f"{replica_id}.{local_id}", replica_id, epoch, local_id,
-                                        tenant, reservation, on_event), placement)
+            with self._lock:
+                epoch = self._epochs[replica_id]
+            reservation = ray.get(self._directory.reserve.remote(
+                tenant, replica_id, epoch, limits.page_quota or 0))
+            try:
+                if affinity and held:
+                    self._count_import(tenant, affinity, held, replica_id, epoch)
+                local_id = self._start(replica_id, epoch, program, args, tenant, limits)
+            except BaseException:
+                self._directory.release.remote(reservation.key)
+                raise
+            return self._register(_Instance(f"{replica_id}.{local_id}", replica_id, epoch,
+                                            local_id, tenant, reservation, on_event), placement)
+        finally:
+            self._started(replica_id)
 
     def send(self, instance_id: str, message: str) -> bool:
         """Deliver a client message; False once the instance has ended (or its replica is lost).
@@ -315,16 +319,25 @@ class ClusterFront:
         """Under the lock: the replica's last reported load, with this front's exact count of
         its instances (the report may be a poll old)."""
         reported = self._loads[replica_id]
-        num_mine = sum(1 for inst in self._live.values() if inst.replica_id == replica_id)
+        num_mine = self._starting[replica_id] + sum(
+            1 for inst in self._live.values() if inst.replica_id == replica_id)
         return ReplicaLoad(replica_id, max(num_mine, reported.num_instances),
                            reported.num_queued_passes, reported.num_free_pages)
 
     def _place(self, affinity: str | None, held: dict[str, int]) -> Placement:
+        """Choose a replica and count the launch there as starting (concurrent launches see
+        it); `_started` uncounts it."""
         with self._lock:
             loads = [self._load(rid) for rid in self._replicas if rid not in self._down]
-        if not loads:
-            raise ClusterError("no live replica: every replica of the cluster is lost")
-        return place(loads, self.policy, key=affinity, held_pages=held)
+            if not loads:
+                raise ClusterError("no live replica: every replica of the cluster is lost")
+            placement = place(loads, self.policy, key=affinity, held_pages=held)
+            self._starting[placement.replica_id] += 1
+            return placement
+
+    def _started(self, replica_id: str) -> None:
+        with self._lock:
+            self._starting[replica_id] -= 1
 
     def _count_import(self, tenant: str, name: str, held: dict[str, int], replica_id: str,
                       epoch: int) -> None:
@@ -391,8 +404,9 @@ class ClusterFront:
 
     def _take(self, replica_id: str, epoch: int, batch: EventBatch) -> None:
         now = time.time()
-        with self._lock:
-            self._loads[replica_id] = batch.load
+        if batch.load is not None:
+            with self._lock:
+                self._loads[replica_id] = batch.load
         if batch.exports is not None:
             self._directory.report_exports.remote(replica_id, epoch, batch.exports)
         for event in batch.events:

@@ -33,6 +33,7 @@ __all__ = ["ReplicaSpec", "EngineReplica", "EventBatch", "ReplicaFigures", "Expo
 
 MIRROR_OWNER = "pie.mirror"      # the owner id of an export copied in from another replica
 _MAX_EVENTS_PER_BATCH = 4096
+_REPORT_EVERY_S = 0.05         # a front gets the load and the exports this often at most
 
 
 @dataclass(frozen=True)
@@ -63,11 +64,12 @@ class ReplicaSpec:
 
 @dataclass(frozen=True)
 class EventBatch:
-    """One long poll's answer: events in order, the replica's load, and its exports ((tenant,
-    name) -> pages) when they changed since the previous batch (else None)."""
+    """One long poll's answer: events in order; the replica's load (None: not due, at most
+    every 50 ms); its exports ((tenant, name) -> pages) when due and changed since they last
+    went (else None)."""
 
     events: tuple[ReplicaEvent, ...]
-    load: ReplicaLoad
+    load: ReplicaLoad | None
     exports: dict[tuple[str, str], int] | None
 
 
@@ -120,6 +122,7 @@ class EngineReplica:
         self._events = EventBuffer(spec.max_buffered_bytes)
         self._lock = threading.Lock()
         self._reported: dict[str, dict[tuple[str, str], int]] = {}   # front -> exports it saw
+        self._reported_at: dict[str, float] = {}     # front -> when load and exports last went
         self.epoch = 1 if join is None else join(spec.replica_id)
 
     # ---- calls of the front -----------------------------------------------------------------
@@ -173,6 +176,13 @@ class EngineReplica:
         self._check(epoch)
         events = self._events.take(front_id, min(max(max_wait_s, 0.0), 5.0),
                                    _MAX_EVENTS_PER_BATCH)
+        now = time.monotonic()
+        with self._lock:
+            due = now - self._reported_at.get(front_id, -1.0) >= _REPORT_EVERY_S
+            if due:
+                self._reported_at[front_id] = now
+        if not due:                    # events go at once; load and exports at most every 50 ms
+            return EventBatch(tuple(events), None, None)
         exports = self.exports()
         with self._lock:
             changed = self._reported.get(front_id) != exports

@@ -3,6 +3,7 @@ imported locally or copied across, and a replica killed mid-run ending only its 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import ray
@@ -45,14 +46,17 @@ def test_outputs_equal_one_process_and_launches_spread(make_front, components,  
     holders = [front.launch(front.load_program(components.component("echo")), [])
                for _ in range(4)]
     assert sorted(replica_of(i)[0] for i in holders) == ["r0", "r0", "r1", "r1"]
+    used = set()
     for prompt, value in expected.items():
-        ids = [front.launch(program, [prompt]) for _ in range(2)]
-        assert {replica_of(i)[0] for i in ids} == {"r0", "r1"}
-        assert [front.wait(i, 20).value for i in ids] == [value, value]
+        with ThreadPoolExecutor(8) as pool:
+            ids = list(pool.map(lambda _: front.launch(program, [prompt]), range(8)))
+        used.update(replica_of(i)[0] for i in ids)
+        assert [front.wait(i, 20).value for i in ids] == [value] * 8
+    assert used == {"r0", "r1"}
     for instance_id in holders:
         assert front.send(instance_id, "")
         assert front.wait(instance_id, 20).value == "bye"
-    assert front.statistics().placements == {"least_loaded": 10}
+    assert front.statistics().placements == {"least_loaded": 28}
     wait_until(lambda: all_pages_free(front), what="every page back")
 
 
@@ -135,6 +139,18 @@ def test_an_export_is_copied_to_the_replica_an_import_lands_on(make_front,  # no
     for instance_id in (importer, exporter):
         front.send(instance_id, "bye")
         assert front.wait(instance_id, 20).value == "done"
+
+
+def test_concurrent_launches_see_each_other(make_front, components) -> None:  # noqa: F811
+    """Launches placed at once from many threads spread as evenly as launches one by one."""
+    front = make_front()
+    echo = front.load_program(components.component("echo"))
+    with ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(lambda _: front.launch(echo, []), range(8)))
+    assert sorted(replica_of(i)[0] for i in ids) == ["r0"] * 4 + ["r1"] * 4
+    for instance_id in ids:
+        front.send(instance_id, "")
+        assert front.wait(instance_id, 20).value == "bye"
 
 
 def test_a_lost_replica_ends_only_its_own_instances(make_front, components) -> None:  # noqa: F811
