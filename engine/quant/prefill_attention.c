@@ -189,6 +189,8 @@ int prefill_attention(const prefill_request *request, int level, int num_threads
         pool_run_rows(panel_chunk, &job, request->kv_len, PANEL_MIN_ROWS, num_threads);
         int64_t num_units = job.num_tiles * request->num_kv_heads;
         row_cursor_init(&job.units, num_units, num_threads, 1);
+        job.units.chunk_rows = 1;       /* one unit at a time: a thread preempted mid-chunk
+                                           holds back no others' units */
         pool_run(attention_task, &job, num_threads);
         /* every unit was taken unless the caller's own scratch allocation failed */
         status = atomic_load(&job.units.next_row) >= num_units ? 0 : -1;
