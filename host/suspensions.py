@@ -24,9 +24,8 @@ engine held (`EngineLike.write_pages`, or the recompute passes through `EngineLi
 failed recompute ends the instance), its local ids remapped, the pages it asked for handed
 to it (InstancePages.hand_over), its queues released, its gate opened. Nothing behind the
 head is restored before it; every instance restorable at once is restored under one hold of
-the engine (each hold waits for the batch running). An instance that suspends itself (its pages
-nobody's in particular) restores, in its own hold, those its freed pages let through. A
-suspension longer than `deadline_s` ends the instance ("suspended ... (suspend_deadline_s)").
+the engine (each hold waits for the batch running). A suspension longer than `deadline_s` ends
+the instance ("suspended ... (suspend_deadline_s)").
 """
 from __future__ import annotations
 
@@ -39,7 +38,6 @@ from typing import Callable, Protocol
 from engine.protocol import EngineLike
 from host.errors import OutOfPagesError
 from host.kv import InstancePages, PageAllocator
-from host.kv.instance_pages import SwapOut
 from host.kv.contention import PoolView, Suspended, restore_order
 from host.kv.swap import SwapSpace
 from host.restore_costs import RestoreCosts
@@ -119,7 +117,7 @@ class Suspensions:
         self._lock = threading.Lock()
         self._records: dict[str, _Record] = {}
         self._stats = SuspensionStats(swap_capacity_bytes=swap.capacity_bytes)
-        self._restoring = threading.Lock()    # one thread picks and restores at a time
+        self._restoring = threading.Lock()    # one caller picks and restores at a time
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pie-restore", daemon=True)
@@ -155,14 +153,9 @@ class Suspensions:
         choose = (None if self.costs.mode == "swap"
                   or adapters is not None and adapters.num_opened
                   else self.costs.recompute_cheaper)
-        def swap_out() -> SwapOut:
-            out = pages.swap_out(self.engine.read_pages, charge, self.engine.kv_page_nbytes,
-                                 choose)
-            if num_asked and out.refused is None:
-                self._restore_in_hold()     # its own pages are nobody's: the next in order's
-            return out
-
-        swapped = self.scheduler.run_exclusive(swap_out)
+        swapped = self.scheduler.run_exclusive(
+            lambda: pages.swap_out(self.engine.read_pages, charge, self.engine.kv_page_nbytes,
+                                   choose))
         if swapped.refused is not None:
             pages.abort_suspend()
             with self._lock:
@@ -243,16 +236,6 @@ class Suspensions:
             if not taken:
                 return 0
             return self.scheduler.run_exclusive(lambda: self._swap_in_all(taken))
-
-    def _restore_in_hold(self) -> None:
-        """With the engine held (a suspension's run_exclusive): restore what the pages just
-        freed let through, saving the restorer a hold of its own; nothing when the restorer
-        is at it."""
-        if self._restoring.acquire(blocking=False):
-            try:
-                self._swap_in_all(self._take_restorable())
-            finally:
-                self._restoring.release()
 
     def _take_restorable(self) -> list[tuple[_Record, list[int], int]]:
         """Under _restoring: the suspended instances to restore now, in `restore_order` while
