@@ -45,8 +45,10 @@ class RestoreCosts:
         return num_tokens * self.prefill_s_per_token < num_pages * self.copy_s_per_page
 
     def describe(self) -> str:
+        if self.mode != "auto":
+            return f"restore: {self.mode} (set, not measured)"
         return (f"restore: a page copied out and back {self.copy_s_per_page * 1e3:.3f} ms, a "
-                f"token recomputed {self.prefill_s_per_token * 1e3:.3f} ms ({self.mode})")
+                f"token recomputed {self.prefill_s_per_token * 1e3:.3f} ms (auto)")
 
 
 def measure_restore_costs(engine: EngineLike, allocator: PageAllocator,

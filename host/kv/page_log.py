@@ -13,6 +13,10 @@ a rejected draft rewritten, a gap), a write through another context, a pass with
 copy-tokens into it, an import. A page never written has no record: a restore gives it a fresh
 page and computes nothing. A shared page's new id gets a copy of the record (`share`).
 
+A context is kept in O(1) per page: the page before it (`pred`) when that one was written
+through the same prefix (the common case: a sequence growing page by page), else the whole
+prefix as a tuple (`head`, once, for the first page after pages of another origin).
+
 `plan` turns the pages a suspension releases into the passes that recompute them, or None when
 any of them (or a page they attend to) is not recomputable: the victim is then swapped whole.
 """
@@ -28,21 +32,24 @@ __all__ = ["PageLog", "PageLogs", "RecomputeGroup", "RecomputePlan"]
 
 class PageLog:
     """One local page id's record: its written slots' tokens and positions (None: dirty) and
-    the context (local page ids) its slots attend to; `sequence` and `layout` remember the
+    the context its slots attend to: `head` + (the context of `pred`, then `pred`) when `pred`
+    is set, else `head` alone; `depth` = its length. `sequence` and `layout` remember the
     sequence through which the context was last checked (a cheap re-check)."""
 
-    __slots__ = ("tokens", "positions", "context", "sequence", "layout")
+    __slots__ = ("tokens", "positions", "head", "pred", "depth", "sequence", "layout")
 
-    def __init__(self, context: tuple[int, ...] = (), sequence: object = None,
-                 layout: int = 0) -> None:
+    def __init__(self, head: tuple[int, ...] = (), pred: int | None = None, depth: int = 0,
+                 sequence: object = None, layout: int = 0) -> None:
         self.tokens: list[int] | None = []
         self.positions: list[int] = []
-        self.context = context
+        self.head = head
+        self.pred = pred
+        self.depth = depth
         self.sequence = sequence
         self.layout = layout
 
     def copy(self) -> "PageLog":
-        log = PageLog(self.context)
+        log = PageLog(self.head, self.pred, self.depth)
         if self.tokens is None:
             log.tokens = None
         else:
@@ -93,7 +100,7 @@ class PageLogs:
         log = self._logs.get(page_id)
         if (log is not None and log.tokens is not None and log.sequence is sequence
                 and log.layout == layout and len(log.tokens) == last_page_len - 1
-                and len(log.context) == len(page_ids) - 1):
+                and log.depth == len(page_ids) - 1):
             log.tokens.append(token_id)              # the common case: nothing else to check
             log.positions.append(position)
             return
@@ -148,26 +155,69 @@ class PageLogs:
         stays in the pool through the suspension (its content unchanged)."""
         released = set(page_ids)
         written = sorted(((pid, self._logs[pid]) for pid in page_ids if pid in self._logs),
-                         key=lambda item: len(item[1].context))
-        groups: dict[tuple[int, ...], list] = {}     # prefix + own -> [prefix, own, tokens, pos]
+                         key=lambda item: item[1].depth)
+        valid: dict[int, bool] = {}                  # page id -> its whole context attendable
+        groups: dict[int, list] = {}     # last own page -> [prefix, own, tokens, positions]
         for page_id, log in written:
             if not log.tokens:
                 if log.tokens is None:
                     return None                      # dirty
                 continue                             # never written: nothing to compute
-            for context_id in log.context:
-                if not self._attendable(context_id, released, resident):
-                    return None
-            group = groups.pop(log.context, None)
+            if not self._context_valid(page_id, released, resident, valid):
+                return None
+            group = groups.pop(log.pred, None) if log.pred is not None else None
             if group is None or len(self._logs[group[1][-1]].tokens or ()) != self.page_size:
                 if group is not None:
-                    groups[log.context] = group      # not extended: keep it as it is
-                group = [log.context, (), [], []]
+                    groups[log.pred] = group         # not extended: keep it as it is
+                context = self._context(page_id)
+                if context is None:
+                    return None
+                group = [context, (), [], []]
             group[1] += (page_id,)
             group[2] += log.tokens
             group[3] += log.positions
-            groups[log.context + (page_id,)] = group
+            groups[page_id] = group
         return self._waves(list(groups.values()), released)
+
+    def _context(self, page_id: int) -> tuple[int, ...] | None:
+        """The local ids `page_id`'s slots attend to, in order; None when a record on the way
+        is gone (a context page was dropped)."""
+        chain: list[int] = []
+        log = self._logs.get(page_id)
+        while log is not None and log.pred is not None:
+            chain.append(log.pred)
+            log = self._logs.get(log.pred)
+        if log is None:
+            return None
+        chain.reverse()
+        return log.head + tuple(chain)
+
+    def _context_valid(self, page_id: int, released: set[int],
+                       resident: Callable[[int], bool], valid: dict[int, bool]) -> bool:
+        """Whether every page `page_id` attends to holds, after a restore, what it attended
+        (memoized in `valid`, walked iteratively: a context may be thousands of pages)."""
+        path: list[int] = []
+        current: int | None = page_id
+        result = True
+        while current is not None and current not in valid:
+            log = self._logs.get(current)
+            if log is None:
+                result = False
+                break
+            path.append(current)
+            if log.pred is None:
+                result = all(self._attendable(pid, released, resident) for pid in log.head)
+                current = None
+            elif not self._attendable(log.pred, released, resident):
+                result = False
+                current = None
+            else:
+                current = log.pred
+        if current is not None and current in valid:
+            result = valid[current]
+        for pid in path:
+            valid[pid] = result
+        return result
 
     def _attendable(self, page_id: int, released: set[int],
                     resident: Callable[[int], bool]) -> bool:
@@ -199,7 +249,6 @@ class PageLogs:
             groups = [g for g in groups if not any(g is r for r in ready)]
             waves.append(tuple(wave))
         return RecomputePlan(tuple(waves), num_tokens)
-
     def _note_page(self, sequence: object, page_ids: list[int], layout: int, index: int,
                    offset: int, token_ids: Sequence[int], positions: Sequence[int]) -> None:
         """Slots [offset, offset + len(token_ids)) of page_ids[index] were written."""
@@ -212,19 +261,40 @@ class PageLogs:
         if offset != len(log.tokens):
             self.dirty(page_id)                      # not an exact extension
             return
-        context = log.context
         if offset == 0:
-            context = tuple(page_ids[:index])
-            if page_id in context or not all(self._full_or_fixed(pid) for pid in context):
+            if not self._set_context(log, sequence, page_ids, layout, index):
                 self.dirty(page_id)
                 return
-        elif not (log.sequence is sequence and log.layout == layout
-                  and len(context) == index) and tuple(page_ids[:index]) != context:
+        elif not (log.sequence is sequence and log.layout == layout and log.depth == index) \
+                and self._context(page_id) != tuple(page_ids[:index]):
             self.dirty(page_id)                      # written through another context
             return
-        log.context, log.sequence, log.layout = context, sequence, layout
+        log.sequence, log.layout = sequence, layout
         log.tokens.extend(token_ids)
         log.positions.extend(positions)
+
+    def _set_context(self, log: PageLog, sequence: object, page_ids: list[int], layout: int,
+                     index: int) -> bool:
+        """A page's first write, at page_ids[index]: record its context (False, nothing
+        recorded, when a context page is not full and recomputable, nor read-only, or the page
+        is in its own context). The page before it, written through this sequence as it is,
+        chains it (O(1)); else the context is kept whole."""
+        page_id = page_ids[index]
+        if index:
+            pred = page_ids[index - 1]
+            before = self._logs.get(pred)
+            if (before is not None and before.tokens is not None
+                    and len(before.tokens) == self.page_size and before.sequence is sequence
+                    and before.layout == layout and before.depth == index - 1):
+                if page_ids.index(page_id) < index:
+                    return False                     # listed before itself
+                log.head, log.pred, log.depth = (), pred, index
+                return True
+        context = tuple(page_ids[:index])
+        if page_id in context or not all(self._full_or_fixed(pid) for pid in context):
+            return False
+        log.head, log.pred, log.depth = context, None, index
+        return True
 
     def _full_or_fixed(self, page_id: int) -> bool:
         """Whether a context page may be attended to by a recomputable page: full and

@@ -184,6 +184,31 @@ def test_page_logs_mark_a_write_through_another_context_dirty():
     assert logs.plan([0, 1], lambda page_id: True) is None
 
 
+def test_page_logs_chain_a_long_sequence_in_constant_space_per_page():
+    """2,000 pages grown one by one: each record names the page before it (no context tuple),
+    and the plan is one pass over all of their tokens."""
+    logs = PageLogs(2, lambda page_id: False)
+    sequence, page_ids = object(), []
+    for page_id in range(2000):
+        page_ids.append(page_id)
+        logs.note_pass(sequence, page_ids, 0, 2 * page_id, [7, 8], [2 * page_id, 2 * page_id + 1],
+                       plain=True)
+    assert all(logs._logs[pid].head == () for pid in page_ids)
+    plan = logs.plan(page_ids, lambda page_id: True)
+    ((group,),) = plan.waves
+    assert (group.own, group.prefix, plan.num_tokens) == (tuple(page_ids), (), 4000)
+    assert logs.plan(page_ids[1000:], lambda page_id: True).waves[0][0].prefix == tuple(
+        page_ids[:1000])                          # the first 1000 stay resident: a prefix
+
+
+def test_page_logs_a_page_written_again_through_a_repeat_is_dirty():
+    logs = PageLogs(2, lambda page_id: False)
+    sequence = object()
+    logs.note_pass(sequence, [0], 0, 0, [1, 2], [0, 1], plain=True)
+    logs.note_pass(sequence, [0, 1, 0], 0, 4, [3], [4], plain=True)    # page 0 again, after 1
+    assert logs.plan([0, 1], lambda page_id: True) is None
+
+
 def test_restore_costs_choose_the_cheaper_and_a_mode_fixes_it():
     costs = RestoreCosts(copy_s_per_page=1e-3, prefill_s_per_token=1e-4)
     assert costs.recompute_cheaper(num_pages=2, num_tokens=19)
