@@ -166,6 +166,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as cache_dir:
         def runtime_for(num_pages: int, **config) -> Runtime:
+            config.setdefault("restore", "auto")        # what `pie serve` runs
             return Runtime(SmallerPool(engine, num_pages), RuntimeConfig(
                 cache_dir=Path(cache_dir), limits=InstanceLimits(max_idle_s=600.0), **config))
 

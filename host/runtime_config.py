@@ -306,10 +306,11 @@ class RuntimeConfig:
                    full"). 0 = no suspension: the contention policy terminates, as before.
     suspend_deadline_s: longest an instance may stay suspended waiting for pages; past it, it
                    is terminated naming the deadline.
-    restore:       how a suspended instance's pages come back: "auto" (swapped, or recomputed by
-                   a prefill when every page can be and that is cheaper on this device, measured
-                   when the runtime starts: host/restore_costs.py), "swap" (always copied),
-                   "recompute" (recomputed whenever every page can be).
+    restore:       how a suspended instance's pages come back: "swap" (always copied), "auto"
+                   (swapped, or recomputed by a prefill when every page can be and that is
+                   cheaper on this device, measured with a few passes on the engine when the
+                   runtime starts: host/restore_costs.py; `pie serve`'s default), "recompute"
+                   (recomputed whenever every page can be).
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -330,7 +331,7 @@ class RuntimeConfig:
     max_spare_instances: int = 64
     swap_mb: int = 4096
     suspend_deadline_s: float = 600.0
-    restore: str = "auto"
+    restore: str = "swap"
     model_name: str | None = None
 
     def __post_init__(self) -> None:

@@ -128,15 +128,12 @@ def program_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def make_runtime(program_cache_dir: Path):
     """make_runtime(engine, limits=None, policy=None, **config_fields) -> a started Runtime,
-    closed after the test; config_fields are further RuntimeConfig fields (kv_shares, ...).
-    `restore` defaults to "swap" here: "auto" measures with passes on the engine at start,
-    which a test counting the engine's batches would see."""
+    closed after the test; config_fields are further RuntimeConfig fields (kv_shares, ...)."""
     from host import InstanceLimits, Runtime, RuntimeConfig
 
     made: list = []
 
     def make(engine, limits: "InstanceLimits | None" = None, policy=None, **config_fields):
-        config_fields.setdefault("restore", "swap")
         config = RuntimeConfig(cache_dir=program_cache_dir,
                                limits=limits or InstanceLimits(max_idle_s=5.0), scheduler=policy,
                                **config_fields)

@@ -291,7 +291,7 @@ def test_a_victim_over_its_fair_share_is_suspended_then_restored(components,  # 
                                                                   make_runtime):
     """Was test_runtime's termination of the instance over its fair share: the new policy
     serves it (suspended while the older needs the pages, restored once they are back).
-    Its pages copied (restore="swap", make_runtime's default)."""
+    Its pages copied (restore="swap", RuntimeConfig's default)."""
     engine = FakeEngine(num_pages=16, page_size=4)
     runtime = make_runtime(engine)
     older_events, newer_events = Events(), Events()
