@@ -22,16 +22,20 @@ from engine.protocol import EngineLike
 from host.cluster.errors import ClusterError, StaleEpochError
 from host.cluster.event_buffer import EventBuffer, ReplicaEvent
 from host.cluster.placement import ReplicaLoad
+from host.errors import LimitError
 from host.runtime import Runtime, RuntimeStats
 from host.runtime_config import InstanceLimits, RuntimeConfig
 from host.sandbox.events import InstanceEvent
 from host.sandbox.programs import ProgramError
 
 __all__ = ["ReplicaSpec", "EngineReplica", "EventBatch", "ReplicaFigures", "ExportCopy",
-           "ReplicaDescription",
+           "ReplicaDescription", "EXPORT_METADATA_PREFIX",
            "MIRROR_OWNER"]
 
 MIRROR_OWNER = "pie.mirror"      # the owner id of an export copied in from another replica
+# The SDK keeps an export's token ids in the tenant's store under this prefix and the export's
+# name (inferlets/sdk/inferlet/context.py, Context.export); a mirror carries that entry along.
+EXPORT_METADATA_PREFIX = "inferlet.export."
 _MAX_EVENTS_PER_BATCH = 4096
 _REPORT_EVERY_S = 0.05         # a front gets the load and the exports this often at most
 
@@ -64,8 +68,8 @@ class ReplicaSpec:
 
 @dataclass(frozen=True)
 class EventBatch:
-    """One long poll's answer: events in order; the replica's load (None: not due, at most
-    every 50 ms); its exports ((tenant, name) -> pages) when due and changed since they last
+    """One long poll's answer: events in order; the replica's load (None: not due: it comes
+    with every batch holding an instance's end, else at most every 50 ms); its exports ((tenant, name) -> pages) when due and changed since they last
     went (else None)."""
 
     events: tuple[ReplicaEvent, ...]
@@ -101,10 +105,12 @@ class ReplicaDescription:
 @dataclass(frozen=True)
 class ExportCopy:
     """An export's pages read out of one replica: the engine's bytes of them (its read_pages
-    value) and how many pages they are."""
+    value), how many pages they are, and the export's token metadata from the tenant's store
+    (None when it has none)."""
 
     num_pages: int
     data: Any
+    metadata: str | None = None
 
 
 class EngineReplica:
@@ -177,12 +183,13 @@ class EngineReplica:
         events = self._events.take(front_id, min(max(max_wait_s, 0.0), 5.0),
                                    _MAX_EVENTS_PER_BATCH)
         now = time.monotonic()
+        ended = any(event.kind != "message" for event in events)
         with self._lock:
-            due = now - self._reported_at.get(front_id, -1.0) >= _REPORT_EVERY_S
+            due = ended or now - self._reported_at.get(front_id, -1.0) >= _REPORT_EVERY_S
             if due:
                 self._reported_at[front_id] = now
-        if not due:                    # events go at once; load and exports at most every 50 ms
-            return EventBatch(tuple(events), None, None)
+        if not due:                    # events go at once; load and exports at most every 50 ms,
+            return EventBatch(tuple(events), None, None)    # and with every instance's end
         exports = self.exports()
         with self._lock:
             changed = self._reported.get(front_id) != exports
@@ -203,14 +210,21 @@ class EngineReplica:
                 lambda: self.runtime.engine.read_pages(page_ids))
         finally:
             self.runtime.page_allocator.release(page_ids)
-        return ExportCopy(len(page_ids), data)
+        metadata = self.runtime.hub.store(tenant).get(EXPORT_METADATA_PREFIX + name)
+        return ExportCopy(len(page_ids), data, metadata)
 
     def write_export(self, epoch: int, tenant: str, name: str, copy: ExportCopy) -> str | None:
         """Register `copy` here as the tenant's persistent export `name` (a mirror), on pages
-        of this pool counted against the tenant's export share. None, or why it was refused."""
+        of this pool counted against the tenant's export share, its token metadata in the
+        tenant's store here (within the store's limits). None, or why it was refused."""
         self._check(epoch)
         if self.runtime.exports.get(tenant, name) is not None:
             return None                                   # already here
+        if copy.metadata is not None:
+            try:
+                self.runtime.hub.store(tenant).set(EXPORT_METADATA_PREFIX + name, copy.metadata)
+            except LimitError as exc:
+                return f"mirror of export {name!r} on replica {self.replica_id}: {exc}"
         try:
             page_ids = self.runtime.page_allocator.allocate(copy.num_pages)
         except Exception as exc:  # noqa: BLE001 -- OutOfPagesError: the reason goes back
