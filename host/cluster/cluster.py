@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from host.cluster.directory import Directory, TenantQuota
 from host.cluster.replica import EngineReplica, ReplicaSpec
@@ -75,10 +76,14 @@ def _lifetime(config: ClusterConfig) -> str | None:
 
 def start_directory(config: ClusterConfig, quotas: tuple[TenantQuota, ...] = (),
                     default_quota: TenantQuota | None = None) -> Any:
-    """The cluster's Directory actor (made, or the running one of that name)."""
+    """The cluster's Directory actor (made, or the running one of that name), on this process's
+    node: it lives with the front that made it, never on a replica's node whose loss would
+    take it along."""
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     actor = ray.remote(Directory).options(
         name=f"{config.name_prefix}-directory", namespace=config.namespace,
-        lifetime=_lifetime(config), get_if_exists=True, num_cpus=0, max_restarts=0)
+        lifetime=_lifetime(config), get_if_exists=True, num_cpus=0, max_restarts=0,
+        scheduling_strategy=here)
     return actor.remote(quotas, default_quota)
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from host.cluster.directory import Reservation
 from host.cluster.errors import ClusterError, ReplicaLostError, StaleEpochError
@@ -89,6 +89,16 @@ class FrontStats:
     num_lost_instances: int
     num_replicas_lost: int
     event_latencies_s: tuple[float, ...]
+
+
+def _get(ref: Any) -> Any:
+    """ray.get, raising what the actor raised itself (its message, not Ray's traceback)."""
+    try:
+        return ray.get(ref, timeout=_CALL_TIMEOUT_S)
+    except RayTaskError as exc:
+        if isinstance(exc.cause, Exception):
+            raise exc.cause from None
+        raise
 
 
 def replica_of(instance_id: str) -> tuple[str, str]:
@@ -184,14 +194,13 @@ class ClusterFront:
                 program = self._programs[program]
         limits = limits or self.config.limits
         args = tuple(str(arg) for arg in args)
-        held = (ray.get(self._directory.held_pages.remote(tenant, (affinity,)))
-                if affinity else {})
+        held = _get(self._directory.held_pages.remote(tenant, (affinity,))) if affinity else {}
         placement = self._place(affinity, held)
         replica_id = placement.replica_id
         try:
             with self._lock:
                 epoch = self._epochs[replica_id]
-            reservation = ray.get(self._directory.reserve.remote(
+            reservation = _get(self._directory.reserve.remote(
                 tenant, replica_id, epoch, limits.page_quota or 0))
             try:
                 if affinity and held:
@@ -527,10 +536,10 @@ class ClusterFront:
         raise ClusterError("no live replica: every replica of the cluster is lost")
 
     def _call(self, replica_id: str, method: str, *args: Any) -> Any:
-        """A blocking call of one replica; ReplicaLostError when it is gone."""
+        """A blocking call of one replica; ReplicaLostError when it is gone; what the replica
+        raised, as it raised it."""
         try:
-            return ray.get(getattr(self._replicas[replica_id], method).remote(*args),
-                           timeout=_CALL_TIMEOUT_S)
+            return _get(getattr(self._replicas[replica_id], method).remote(*args))
         except RayActorError as exc:
             raise ReplicaLostError(f"replica {replica_id} is gone: "
                                    f"{str(exc).splitlines()[0][:200]}") from None

@@ -42,7 +42,8 @@ def build_front(config: ServerConfig, engine_factory: Callable[[], Any] | None =
     """(the front, the served model as `model_info` describes it, the /metrics reader).
     `engine_factory`: what each replica builds its engine with (None: the configured model)."""
     section = config.cluster
-    if not ray.is_initialized():
+    started_ray = not ray.is_initialized()
+    if started_ray:
         ray.init(address=section.address or None, include_dashboard=False,
                  log_to_driver=False, namespace="pie",
                  runtime_env={"env_vars": {"OMP_NUM_THREADS": str(section.torch_threads)}})
@@ -63,7 +64,7 @@ def build_front(config: ServerConfig, engine_factory: Callable[[], Any] | None =
     described: ReplicaDescription = ray.get(first.describe.remote())
     front = ClusterFront(handles.directory, handles.replicas,
                          config=RuntimeConfig(limits=described.limits),
-                         on_close=partial(_stop, handles))
+                         on_close=partial(_stop, handles, started_ray))
     engine_view = SimpleNamespace(
         model_name=described.model_name, page_size=described.page_size,
         num_pages=described.num_pages, tokenizer=SimpleNamespace(vocab_size=described.vocab_size),
@@ -74,8 +75,11 @@ def build_front(config: ServerConfig, engine_factory: Callable[[], Any] | None =
     return front, model, partial(cluster_figures, front)
 
 
-def _stop(handles: Any) -> None:
+def _stop(handles: Any, started_ray: bool) -> None:
+    """The server closed: stop the cluster's actors, and Ray when this process started it."""
     stop_cluster(handles)
+    if started_ray:
+        ray.shutdown()
 
 
 def cluster_figures(front: ClusterFront) -> RuntimeFigures:
