@@ -280,3 +280,42 @@ class _SmallerPool:
 
     def __getattr__(self, name: str):
         return getattr(self._engine, name)
+
+
+def test_a_failed_recompute_ends_that_instance_alone_and_every_page_returns(
+        components, make_runtime):  # noqa: F811
+    """The engine fails every recompute pass (a pass without outputs): each instance restored
+    by recompute ends with a trap naming it; the others complete as on a roomy pool; the pool
+    is whole afterwards."""
+    class FailingRecompute(FakeEngine):
+        def forward(self, batch):
+            if any(not request.output_indices for request in batch.requests):
+                raise RuntimeError("injected recompute failure")
+            return super().forward(batch)
+
+    prompts = [f"prompt {i}!" for i in range(6)]
+    roomy = make_runtime(FakeEngine(num_pages=64, page_size=4))
+    expected = {p: roomy.wait(launch(roomy, components, "grower", p), timeout=20).value
+                for p in prompts}
+    runtime = make_runtime(FailingRecompute(num_pages=16, page_size=4), restore="recompute")
+    program = runtime.load_program(components.component("grower"))
+    ids = {p: runtime.launch(program, [p]) for p in prompts}
+    outcomes = {p: runtime.wait(i, timeout=60) for p, i in ids.items()}
+    failed = {p for p, o in outcomes.items() if o.status != "ok"}
+    assert failed, "no recompute ran: the test did not test anything"
+    for p in failed:
+        assert outcomes[p].status == "trap"
+        assert "could not be recomputed" in outcomes[p].value, outcomes[p].value
+    assert {p: o.value for p, o in outcomes.items() if p not in failed} == {
+        p: expected[p] for p in prompts if p not in failed}
+    assert _eventually_free(runtime, 16)
+
+
+def _eventually_free(runtime, num_pages: int, timeout_s: float = 5.0) -> bool:
+    import time
+    deadline = time.monotonic() + timeout_s
+    while runtime.statistics().pages.num_free != num_pages:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
