@@ -204,7 +204,7 @@ class ClusterFront:
                 tenant, replica_id, epoch, limits.page_quota or 0))
             try:
                 if affinity and held:
-                    self._count_import(tenant, affinity, held, replica_id, epoch)
+                    self._bring_export(tenant, affinity, held, replica_id, epoch)
                 local_id = self._start(replica_id, epoch, program, args, tenant, limits)
             except BaseException:
                 self._directory.release.remote(reservation.key)
@@ -348,7 +348,7 @@ class ClusterFront:
         with self._lock:
             self._starting[replica_id] -= 1
 
-    def _count_import(self, tenant: str, name: str, held: dict[str, int], replica_id: str,
+    def _bring_export(self, tenant: str, name: str, held: dict[str, int], replica_id: str,
                       epoch: int) -> None:
         """The launch names export `name`: count a local import, or copy it to `replica_id`
         first (through Ray's object store) as a mirror there."""

@@ -64,7 +64,7 @@ def build_front(config: ServerConfig, engine_factory: Callable[[], Any] | None =
     described: ReplicaDescription = ray.get(first.describe.remote())
     front = ClusterFront(handles.directory, handles.replicas,
                          config=RuntimeConfig(limits=described.limits),
-                         on_close=partial(_stop, handles, started_ray))
+                         on_close=partial(_stop, handles, started_ray, cluster.detached))
     engine_view = SimpleNamespace(
         model_name=described.model_name, page_size=described.page_size,
         num_pages=described.num_pages, tokenizer=SimpleNamespace(vocab_size=described.vocab_size),
@@ -75,9 +75,11 @@ def build_front(config: ServerConfig, engine_factory: Callable[[], Any] | None =
     return front, model, partial(cluster_figures, front)
 
 
-def _stop(handles: Any, started_ray: bool) -> None:
-    """The server closed: stop the cluster's actors, and Ray when this process started it."""
-    stop_cluster(handles)
+def _stop(handles: Any, started_ray: bool, shared: bool) -> None:
+    """The server closed: stop the cluster's actors unless they are shared with other fronts
+    (detached, on a Ray cluster given by address), and Ray when this process started it."""
+    if not shared:
+        stop_cluster(handles)
     if started_ray:
         ray.shutdown()
 
