@@ -8,10 +8,13 @@ recomputable itself, or read-only (imported: its content cannot change). A prefi
 tokens at their positions over that context then writes the same K/V (the same computation;
 float32 kernels of another batch shape may round differently, see docs/server.md).
 
-Anything else marks the page *dirty* for good: a write that does not extend it exactly (a rewind,
-a rejected draft rewritten, a gap), a write through another context, a pass with a mask, a
-copy-tokens into it, an import. A page never written has no record: a restore gives it a fresh
-page and computes nothing. A shared page's new id gets a copy of the record (`share`).
+Anything else marks the page *dirty*: a write that leaves a gap, a write through another
+context, a pass with a mask, a copy-tokens into it, an import. A write that goes back (a
+rewind, rejected drafts written again) cuts the record there and goes on from it; a dirty page
+written again from its first slot starts a record anew. Either changes the page's `version`:
+a page whose context page changed since it attended to it is not recomputable (its slots hold
+what the old content gave). A page never written has no record: a restore gives it a fresh page
+and computes nothing. A shared page's new id gets a copy of the record (`share`).
 
 A context is kept in O(1) per page: the page before it (`pred`) when that one was written
 through the same prefix (the common case: a sequence growing page by page), else the whole
@@ -33,10 +36,13 @@ __all__ = ["PageLog", "PageLogs", "RecomputeGroup", "RecomputePlan"]
 class PageLog:
     """One local page id's record: its written slots' tokens and positions (None: dirty) and
     the context its slots attend to: `head` + (the context of `pred`, then `pred`) when `pred`
-    is set, else `head` alone; `depth` = its length. `sequence` and `layout` remember the
-    sequence through which the context was last checked (a cheap re-check)."""
+    is set, else `head` alone; `depth` = its length; `seen`: the version of `pred` (or of each
+    page of `head`) when its first slot was written. `version` counts the changes of its
+    content other than extensions. `sequence` and `layout` remember the sequence through which
+    the context was last checked (a cheap re-check)."""
 
-    __slots__ = ("tokens", "positions", "head", "pred", "depth", "sequence", "layout")
+    __slots__ = ("tokens", "positions", "head", "pred", "depth", "sequence", "layout",
+                 "version", "seen")
 
     def __init__(self, head: tuple[int, ...] = (), pred: int | None = None, depth: int = 0,
                  sequence: object = None, layout: int = 0) -> None:
@@ -47,9 +53,12 @@ class PageLog:
         self.depth = depth
         self.sequence = sequence
         self.layout = layout
+        self.version = 0
+        self.seen: int | tuple[int, ...] = ()
 
     def copy(self) -> "PageLog":
         log = PageLog(self.head, self.pred, self.depth)
+        log.version, log.seen = self.version, self.seen
         if self.tokens is None:
             log.tokens = None
         else:
@@ -131,6 +140,7 @@ class PageLogs:
         if log is None:
             log = self._logs[page_id] = PageLog()
         log.tokens, log.positions = None, []
+        log.version += 1
 
     def share(self, src_id: int, dst_id: int) -> None:
         """`dst_id` is a new id of `src_id`'s page (the same content)."""
@@ -206,9 +216,11 @@ class PageLogs:
                 break
             path.append(current)
             if log.pred is None:
-                result = all(self._attendable(pid, released, resident) for pid in log.head)
+                result = (all(self._attendable(pid, released, resident) for pid in log.head)
+                          and log.seen == tuple(self._version(pid) for pid in log.head))
                 current = None
-            elif not self._attendable(log.pred, released, resident):
+            elif (not self._attendable(log.pred, released, resident)
+                  or self._version(log.pred) != log.seen):
                 result = False
                 current = None
             else:
@@ -249,6 +261,12 @@ class PageLogs:
             groups = [g for g in groups if not any(g is r for r in ready)]
             waves.append(tuple(wave))
         return RecomputePlan(tuple(waves), num_tokens)
+
+    def _version(self, page_id: int) -> int:
+        """A page's content version (-1: no record, never written by this instance)."""
+        log = self._logs.get(page_id)
+        return -1 if log is None else log.version
+
     def _note_page(self, sequence: object, page_ids: list[int], layout: int, index: int,
                    offset: int, token_ids: Sequence[int], positions: Sequence[int]) -> None:
         """Slots [offset, offset + len(token_ids)) of page_ids[index] were written."""
@@ -257,9 +275,16 @@ class PageLogs:
         if log is None:
             log = self._logs[page_id] = PageLog()
         if log.tokens is None:
-            return
-        if offset != len(log.tokens):
-            self.dirty(page_id)                      # not an exact extension
+            if offset:
+                return
+            log.tokens, log.positions = [], []       # written again from its first slot
+            log.version += 1
+        elif offset < len(log.tokens):               # a rewind: the record cut there
+            del log.tokens[offset:]
+            del log.positions[offset:]
+            log.version += 1
+        elif offset > len(log.tokens):
+            self.dirty(page_id)                      # a gap
             return
         if offset == 0:
             if not self._set_context(log, sequence, page_ids, layout, index):
@@ -288,12 +313,13 @@ class PageLogs:
                     and before.layout == layout and before.depth == index - 1):
                 if page_ids.index(page_id) < index:
                     return False                     # listed before itself
-                log.head, log.pred, log.depth = (), pred, index
+                log.head, log.pred, log.depth, log.seen = (), pred, index, before.version
                 return True
         context = tuple(page_ids[:index])
         if page_id in context or not all(self._full_or_fixed(pid) for pid in context):
             return False
         log.head, log.pred, log.depth = context, None, index
+        log.seen = tuple(self._version(pid) for pid in context)
         return True
 
     def _full_or_fixed(self, page_id: int) -> bool:
