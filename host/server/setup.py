@@ -145,6 +145,9 @@ async def build_context(config: ServerConfig, engine: Any = None) -> ServerConte
     store = UploadStore(data_dir)
     tenants = TenantRegistry(config.tenants)
     metrics = ServerMetrics(figures)
+    if config.cluster.enabled:        # each replica's figures and the front's on /metrics
+        from host.server.cluster_setup import register_cluster_metrics
+        register_cluster_metrics(metrics.registry, runtime)
     service = PieService(runtime, store, metrics, limits=runtime.config.limits,
                          max_upload_bytes=config.server.max_upload_bytes,
                          model=model,

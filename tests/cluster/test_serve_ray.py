@@ -45,6 +45,12 @@ def test_serving_over_replicas(ray_server, components) -> None:  # noqa: F811
             assert (event.kind, event.data) == ("message", "hi")
         metrics = httpx.get(ray_server.url + "/metrics").text
         assert "pie_instances_running 2.0" in metrics
+        running = [line for line in metrics.splitlines()
+                   if line.startswith("pie_replica_instances_running{")]
+        assert sorted(running) == [
+            f'pie_replica_instances_running{{replica="r{i}"}} {float(n)}'
+            for i, n in enumerate(sum(1 for x in ids if x.startswith(f"r{r}.")) for r in (0, 1))]
+        assert 'pie_front_placements_total{rule="least_loaded"}' in metrics
         client.launch(echo)
         with pytest.raises(PieError, match="max_instances") as refused:
             client.launch(echo)                           # tenant ray: 3 instances at most
