@@ -154,10 +154,6 @@ class PageLogs:
     def clear(self) -> None:
         self._logs.clear()
 
-    def num_tokens(self) -> int:
-        """Tokens recorded over all pages (what the records hold in host memory)."""
-        return sum(len(log.tokens) for log in self._logs.values() if log.tokens)
-
     def plan(self, page_ids: Sequence[int], resident: Callable[[int], bool]
              ) -> RecomputePlan | None:
         """The passes that recompute `page_ids` (the local ids a suspension releases) into fresh

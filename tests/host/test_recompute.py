@@ -6,6 +6,8 @@ oversubscribed pool every instance completes with the outputs of an unconstraine
 fake engine and on the real model in float32."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from engine.batch import GREEDY, ForwardBatch
@@ -342,7 +344,6 @@ def test_a_failed_recompute_ends_that_instance_alone_and_every_page_returns(
 
 
 def _eventually_free(runtime, num_pages: int, timeout_s: float = 5.0) -> bool:
-    import time
     deadline = time.monotonic() + timeout_s
     while runtime.statistics().pages.num_free != num_pages:
         if time.monotonic() > deadline:
