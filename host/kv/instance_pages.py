@@ -21,7 +21,9 @@ that would reach the pool or the engine waits, a host decode loop's next pass de
 instance's passes in flight drain (`wait_drained`), `swap_out` copies the pages this instance
 alone references to host memory and returns them to the pool; `swap_in` puts them into fresh
 pool pages and opens the gate. Local ids never change: only the physical id behind them does.
-Pages with other references (shared, exported, imported) stay where they are.
+Pages with other references (shared, exported, imported) stay where they are. Every pass is
+recorded per page (host/kv/page_log.py), so that `swap_out` may instead release the pages
+uncopied and `swap_in` recompute them by prefill passes, when every one of them can be.
 """
 from __future__ import annotations
 
