@@ -176,6 +176,11 @@ class ClusterFront:
             self._loaded.add((replica_id, epoch, program_hash))
             return self._programs.setdefault(program_hash, program)
 
+    def count_program(self, tenant: str, sha256: str, num_bytes: int) -> None:
+        """Count a stored program against the tenant's max_program_bytes across the cluster
+        (once per program). ReservationError when it would pass it."""
+        _get(self._directory.add_program.remote(tenant, sha256, num_bytes))
+
     # ---- instances --------------------------------------------------------------------------
     def launch(self, program: ClusterProgram | str, args: Iterable[str] = (), *,
                tenant: str = "default", limits: InstanceLimits | None = None,

@@ -102,6 +102,12 @@ class PieService:
             raise ServiceError(f"tenant {tenant.name!r}: program quota: {len(data)} bytes more "
                                f"would exceed {tenant.max_program_bytes} (using {used})")
         program = await self._compile(data)
+        count = getattr(self.runtime, "count_program", None)   # --ray: across every front
+        if count is not None:
+            try:
+                await trio.to_thread.run_sync(count, tenant.name, sha256, len(data))
+            except Exception as exc:  # ReservationError: the quota across the cluster
+                raise ServiceError(str(exc)) from None
         result = await trio.to_thread.run_sync(self.store.put, tenant.name, data)
         self._programs[result.sha256] = program
         return result

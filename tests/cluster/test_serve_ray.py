@@ -4,10 +4,12 @@ summed over the replicas; a refused affinity; the server's shutdown stops the re
 from __future__ import annotations
 
 import dataclasses
+import os
 from functools import partial
 
 import httpx
 import pytest
+import ray
 
 from host.client.client import PieError
 from host.client.sync import SyncClient
@@ -23,7 +25,8 @@ def ray_config(data_dir, **cluster):
     return parse_config({
         "server": {"data_dir": str(data_dir), "shutdown_grace_s": 1.0, "openai": False},
         "cluster": {"enabled": True, "replicas": 2, "num_cpus": 0.0, **cluster},
-        "tenants": [{"name": "ray", "token": TOKEN, "max_instances": 3, "max_kv_pages": 30}]})
+        "tenants": [{"name": "ray", "token": TOKEN, "max_instances": 3, "max_kv_pages": 30,
+                     "max_program_bytes": 64 << 10}]})
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +64,16 @@ def test_serving_over_replicas(ray_server, components) -> None:  # noqa: F811
             client.send(instance_id, "")
             assert client.wait(instance_id).data == "bye"
         assert client.model_info()["name"] == "fake-byte-model"
+
+
+def test_program_bytes_count_across_the_cluster(ray_server, components) -> None:  # noqa: F811
+    """The Directory counts the tenant's programs across fronts: past max_program_bytes an
+    upload is refused, however little this front's own store holds."""
+    directory = ray.get_actor(f"pie{os.getpid()}-directory", namespace="pie")
+    ray.get(directory.add_program.remote("ray", "f" * 64, 48 << 10))  # another front's upload
+    with SyncClient(ray_server.url, TOKEN) as client:
+        with pytest.raises(PieError, match="max_program_bytes \\(65536\\)"):
+            client.upload(components.component("generate"))
 
 
 @pytest.mark.parametrize("field, value", [("replicas", 0), ("num_gpus", -1.0),
