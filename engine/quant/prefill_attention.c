@@ -7,11 +7,13 @@
  * second product. Tiles are taken last first, the longest rows first, so that the threads end
  * together. The plain-C loops here are the portable level (vectorized by -O3, an AVX2 clone
  * beside the baseline); prefill_attention_avx2.c and _avx512.c hold register-blocked ones. */
+#define _DEFAULT_SOURCE      /* MAP_ANONYMOUS under -std=c11 */
 #include "prefill_attention.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "fast_exp.h"
 #include "formats.h"
@@ -181,11 +183,17 @@ int prefill_attention(const prefill_request *request, int level, int num_threads
                                           : (prefill_loops){scores_portable, weighted_sum_portable,
                                                             softmax_portable, widen_portable};
     job.num_tiles = (request->num_tokens + job.tile_tokens - 1) / job.tile_tokens;
-    /* zeroed: the K columns past kv_len meet the last tile's rounded-up key count */
-    job.k_panels = calloc((size_t)request->num_kv_heads * hd * job.key_stride, sizeof(float));
-    job.v_panels = malloc((size_t)request->num_kv_heads * request->kv_len * hd * sizeof(float));
+    /* mapped, not malloc'ed: freed pages go back to the OS at once (heap chunks between the
+     * caller's other allocations stay resident); zeroed, so the K columns past kv_len, which
+     * the last tile's rounded-up key count meets, are 0 */
+    size_t k_bytes = (size_t)request->num_kv_heads * hd * job.key_stride * sizeof(float);
+    size_t v_bytes = (size_t)request->num_kv_heads * request->kv_len * hd * sizeof(float);
+    char *panels = mmap(NULL, k_bytes + v_bytes, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     int status = -1;
-    if (job.k_panels && job.v_panels) {
+    if (panels != MAP_FAILED) {
+        job.k_panels = (float *)panels;
+        job.v_panels = (float *)(panels + k_bytes);
         pool_run_rows(panel_chunk, &job, request->kv_len, PANEL_MIN_ROWS, num_threads);
         int64_t num_units = job.num_tiles * request->num_kv_heads;
         row_cursor_init(&job.units, num_units, num_threads, 1);
@@ -194,8 +202,7 @@ int prefill_attention(const prefill_request *request, int level, int num_threads
         pool_run(attention_task, &job, num_threads);
         /* every unit was taken unless the caller's own scratch allocation failed */
         status = atomic_load(&job.units.next_row) >= num_units ? 0 : -1;
+        munmap(panels, k_bytes + v_bytes);
     }
-    free(job.k_panels);
-    free(job.v_panels);
     return status;
 }
