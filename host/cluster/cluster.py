@@ -91,7 +91,8 @@ def _join(directory: Any, replica_id: str) -> int:
     return ray.get(directory.join.remote(replica_id))
 
 
-def start_replicas(config: ClusterConfig, specs: list[ReplicaSpec], directory: Any) -> dict[str, Any]:
+def start_replicas(config: ClusterConfig, specs: list[ReplicaSpec],
+                   directory: Any) -> dict[str, Any]:
     """One EngineReplica actor per spec (made, or the running one of that name); waits until
     each answers."""
     replicas = {}

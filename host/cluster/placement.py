@@ -100,7 +100,8 @@ def rendezvous(key: str, loads: Sequence[ReplicaLoad], bounded_load: float) -> s
     eligible = [load for load in loads if load.num_instances + 1 <= capacity]
     if not eligible:
         return None
-    return max(eligible, key=lambda load: (_weight(key, load.replica_id), load.replica_id)).replica_id
+    chosen = max(eligible, key=lambda load: (_weight(key, load.replica_id), load.replica_id))
+    return chosen.replica_id
 
 
 def _load_key(load: ReplicaLoad) -> tuple[int, int, int, str]:

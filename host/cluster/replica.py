@@ -69,8 +69,8 @@ class ReplicaSpec:
 @dataclass(frozen=True)
 class EventBatch:
     """One long poll's answer: events in order; the replica's load (None: not due: it comes
-    with every batch holding an instance's end, else at most every 50 ms); its exports ((tenant, name) -> pages) when due and changed since they last
-    went (else None)."""
+    with every batch holding an instance's end, else at most every 50 ms); its exports
+    ((tenant, name) -> pages) when due and changed since they last went (else None)."""
 
     events: tuple[ReplicaEvent, ...]
     load: ReplicaLoad | None

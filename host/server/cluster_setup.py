@@ -29,7 +29,7 @@ from host.server.metrics import RuntimeFigures
 from host.server.server_config import ServerConfig
 from host.server.setup import build_runtime, load_engine_for, model_info
 
-__all__ = ["build_front", "cluster_figures", "register_cluster_metrics"]
+__all__ = ["start_ray", "build_front", "cluster_figures", "register_cluster_metrics"]
 
 _log = logging.getLogger("pie.serve")
 
@@ -39,16 +39,27 @@ def _replica_runtime(config: ServerConfig, default_model: bool, engine: Any) -> 
     return build_runtime(config, engine, model_info(config, engine, default_model)["name"])
 
 
-def build_front(config: ServerConfig, engine_factory: Callable[[], Any] | None = None
-                ) -> tuple[ClusterFront, dict[str, Any], Callable[[], RuntimeFigures]]:
-    """(the front, the served model as `model_info` describes it, the /metrics reader).
-    `engine_factory`: what each replica builds its engine with (None: the configured model)."""
+def start_ray(config: ServerConfig) -> bool:
+    """Join the configured Ray cluster, or start one here (cluster.address ""); True when this
+    process started or joined it (and shuts it down at close), False when Ray was up already.
+    Call it on a thread that lives as long as the server (the main one): the processes Ray
+    starts here end with the thread that started them (their parent-death signal)."""
+    if ray.is_initialized():
+        return False
     section = config.cluster
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        ray.init(address=section.address or None, include_dashboard=False,
-                 log_to_driver=False, namespace="pie",
-                 runtime_env={"env_vars": {"OMP_NUM_THREADS": str(section.torch_threads)}})
+    ray.init(address=section.address or None, include_dashboard=False, log_to_driver=False,
+             namespace="pie",
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": str(section.torch_threads)}})
+    return True
+
+
+def build_front(config: ServerConfig, engine_factory: Callable[[], Any] | None = None,
+                started_ray: bool = False
+                ) -> tuple[ClusterFront, dict[str, Any], Callable[[], RuntimeFigures]]:
+    """(the front, the served model as `model_info` describes it, the /metrics reader), over
+    a Ray already up (`start_ray`; `started_ray`: what it answered). `engine_factory`: what
+    each replica builds its engine with (None: the configured model)."""
+    section = config.cluster
     default_model = engine_factory is None and not config.model.path
     factory = engine_factory or partial(load_engine_for, config)
     # on a cluster of its own (address ""), the actors end with this process; on a shared one

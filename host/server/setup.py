@@ -131,9 +131,11 @@ async def build_context(config: ServerConfig, engine: Any = None) -> ServerConte
     """Everything `build_app` needs, started in the running trio loop."""
     loaded_here = engine is None
     data_dir = config.server.resolved_data_dir()
-    if config.cluster.enabled:        # --ray: a ClusterFront (cluster_setup.py); `engine`: a factory
-        from host.server.cluster_setup import build_front
-        runtime, model, figures = await trio.to_thread.run_sync(build_front, config, engine)
+    if config.cluster.enabled:        # --ray: a ClusterFront (cluster_setup.py); engine: a factory
+        from host.server.cluster_setup import build_front, start_ray
+        started_ray = start_ray(config)   # on this thread: Ray's processes die with it
+        runtime, model, figures = await trio.to_thread.run_sync(build_front, config, engine,
+                                                                started_ray)
         adapters = None
     else:
         if engine is None:
