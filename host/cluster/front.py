@@ -44,6 +44,7 @@ __all__ = ["ClusterFront", "ClusterProgram", "FrontStats", "MAX_AFFINITY_CHARS",
 _log = logging.getLogger("pie.cluster")
 MAX_AFFINITY_CHARS = 256
 _MAX_ENDED_KEPT = 4096
+_MAX_EARLY_KEPT = 4096         # instances with events before their launch returned
 _MAX_LATENCIES_KEPT = 65536
 _REJOIN_WAIT_S = 5.0
 _CALL_TIMEOUT_S = 60.0
@@ -428,10 +429,17 @@ class ClusterFront:
             with self._lock:
                 instance = self._live.get(instance_id)
                 if instance is None:
-                    self._early.setdefault(instance_id, []).append(event)
+                    self._keep_early(instance_id, event)
                     continue
                 self._latencies.append(now - event.emitted_at)
             self._deliver(instance, event)
+
+    def _keep_early(self, instance_id: str, event: ReplicaEvent) -> None:
+        """Under the lock: an event of an instance whose launch has not returned yet (or never
+        will: its launch call failed after the start). Bounded: the oldest instance's go."""
+        self._early.setdefault(instance_id, []).append(event)
+        while len(self._early) > _MAX_EARLY_KEPT:
+            del self._early[next(iter(self._early))]
 
     def _deliver(self, instance: _Instance, event: ReplicaEvent) -> None:
         """Hand one event to the launcher (on the poller's thread, in order); at the final one,
@@ -447,6 +455,7 @@ class ClusterFront:
             except Exception:  # noqa: BLE001 -- a client callback must not stop the poller
                 _log.exception("instance %s: on_event raised", instance.instance_id)
         if final:
+            instance.on_event = None          # kept ended: not its launcher's callback
             instance.done.set()
 
     def _end(self, instance: _Instance, outcome: InstanceOutcome) -> None:
