@@ -81,6 +81,10 @@ typedef struct {
     int64_t key_stride;       /* kv_len rounded up to 16 (zero keys past kv_len) */
     int group, tile_tokens;   /* query heads per KV head; tokens per tile */
     int64_t num_tiles;
+    char *scratch;            /* one slot a thread, scratch_bytes each (thread_scratch) */
+    size_t scratch_bytes;
+    int num_slots;
+    atomic_int next_slot;
     row_cursor units;         /* unit u: tile num_tiles - 1 - u / num_kv_heads, KV head u % ... */
 } prefill_job;
 
@@ -152,22 +156,27 @@ static void run_unit(const prefill_job *job, int64_t u, float *scores, float *re
     }
 }
 
+static size_t round_up_64(size_t n) { return (n + 63) / 64 * 64; }
+
+/* one thread's scratch: row pointers, then rows of scores, results and totals */
+static size_t thread_scratch_bytes(int rows, int64_t key_stride, int head_dim) {
+    return round_up_64((size_t)rows * sizeof(float *))
+           + round_up_64((size_t)rows * (key_stride + head_dim + 1) * sizeof(float));
+}
+
 static void attention_task(void *ctx) {
     prefill_job *job = ctx;
     int rows = job->tile_tokens * job->group, hd = job->request->head_dim;
-    float *scores = malloc((size_t)rows * job->key_stride * sizeof(float));
-    float *results = malloc((size_t)rows * hd * sizeof(float));
-    float *totals = malloc((size_t)rows * sizeof(float));
-    const float **q_rows = malloc((size_t)rows * sizeof(*q_rows));
+    int slot = atomic_fetch_add(&job->next_slot, 1);
+    if (slot >= job->num_slots) return;    /* never: pool_run makes at most num_threads calls */
+    char *base = job->scratch + (size_t)slot * job->scratch_bytes;
+    const float **q_rows = (const float **)base;
+    float *scores = (float *)(base + round_up_64((size_t)rows * sizeof(float *)));
+    float *results = scores + (size_t)rows * job->key_stride, *totals = results + rows * hd;
     int64_t start, count;
-    if (scores && results && totals && q_rows)      /* else the other threads take the units */
-        while (next_chunk(&job->units, &start, &count))
-            for (int64_t u = start; u < start + count; u++)
-                run_unit(job, u, scores, results, totals, q_rows);
-    free(scores);
-    free(results);
-    free(totals);
-    free(q_rows);
+    while (next_chunk(&job->units, &start, &count))
+        for (int64_t u = start; u < start + count; u++)
+            run_unit(job, u, scores, results, totals, q_rows);
 }
 
 int prefill_attention(const prefill_request *request, int level, int num_threads) {
@@ -183,26 +192,34 @@ int prefill_attention(const prefill_request *request, int level, int num_threads
                                           : (prefill_loops){scores_portable, weighted_sum_portable,
                                                             softmax_portable, widen_portable};
     job.num_tiles = (request->num_tokens + job.tile_tokens - 1) / job.tile_tokens;
-    /* mapped, not malloc'ed: freed pages go back to the OS at once (heap chunks between the
-     * caller's other allocations stay resident); zeroed, so the K columns past kv_len, which
-     * the last tile's rounded-up key count meets, are 0 */
-    size_t k_bytes = (size_t)request->num_kv_heads * hd * job.key_stride * sizeof(float);
-    size_t v_bytes = (size_t)request->num_kv_heads * request->kv_len * hd * sizeof(float);
-    char *panels = mmap(NULL, k_bytes + v_bytes, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    /* The panels and every thread's scratch in one mapping, not malloc'ed: its pages go back
+     * to the OS at once (heap chunks between the caller's other allocations, or a worker
+     * thread's own arena, stay resident); zeroed, so the K columns past kv_len, which the last
+     * tile's rounded-up key count meets, are 0. */
+    size_t k_bytes = round_up_64((size_t)request->num_kv_heads * hd * job.key_stride
+                                 * sizeof(float));
+    size_t v_bytes = round_up_64((size_t)request->num_kv_heads * request->kv_len * hd
+                                 * sizeof(float));
+    job.num_slots = num_threads < 1 ? 1 : num_threads > POOL_MAX_THREADS ? POOL_MAX_THREADS
+                                                                            : num_threads;
+    job.scratch_bytes = thread_scratch_bytes(job.tile_tokens * group, job.key_stride, hd);
+    atomic_init(&job.next_slot, 0);
+    size_t map_bytes = k_bytes + v_bytes + (size_t)job.num_slots * job.scratch_bytes;
+    char *panels = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                        -1, 0);
     int status = -1;
     if (panels != MAP_FAILED) {
         job.k_panels = (float *)panels;
         job.v_panels = (float *)(panels + k_bytes);
+        job.scratch = panels + k_bytes + v_bytes;
         pool_run_rows(panel_chunk, &job, request->kv_len, PANEL_MIN_ROWS, num_threads);
         int64_t num_units = job.num_tiles * request->num_kv_heads;
         row_cursor_init(&job.units, num_units, num_threads, 1);
         job.units.chunk_rows = 1;       /* one unit at a time: a thread preempted mid-chunk
                                            holds back no others' units */
         pool_run(attention_task, &job, num_threads);
-        /* every unit was taken unless the caller's own scratch allocation failed */
-        status = atomic_load(&job.units.next_row) >= num_units ? 0 : -1;
-        munmap(panels, k_bytes + v_bytes);
+        status = 0;                       /* the caller alone takes every unit left */
+        munmap(panels, map_bytes);
     }
     return status;
 }
