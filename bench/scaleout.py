@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO_DIR))
 
 import ray  # noqa: E402
 
-from host.cluster.cluster import ClusterConfig, start_cluster, stop_cluster  # noqa: E402
+from host.cluster.cluster import ClusterConfig, init_ray, shutdown_ray, start_cluster, stop_cluster  # noqa: E402
 from host.cluster.front import ClusterFront, replica_of  # noqa: E402
 from host.cluster.replica import ReplicaSpec  # noqa: E402
 from host.runtime_config import InstanceLimits, RuntimeConfig  # noqa: E402
@@ -191,7 +191,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    ray.init(num_cpus=NUM_REPLICAS, include_dashboard=False, object_store_memory=100 << 20,
+    init_ray(num_cpus=NUM_REPLICAS, include_dashboard=False, object_store_memory=100 << 20,
              log_to_driver=False, namespace="pie-bench",
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO_DIR), "OMP_NUM_THREADS": "1"}})
     guests = ComponentBuilder()
@@ -214,7 +214,7 @@ def main() -> None:
             figures |= failover(handles, config, guests)
         finally:
             stop_cluster(handles)
-            ray.shutdown()
+            shutdown_ray()
     header = {"machine": platform.machine(), "cpus": os.cpu_count(), "ray": ray.__version__,
               "replicas": NUM_REPLICAS, "instances": NUM_INSTANCES, "batch_ms": args.batch_ms,
               "batch_tokens": args.batch_tokens, "steps": args.steps}

@@ -8,10 +8,13 @@ joins the directory under a new epoch. Detached actors outlive the process that 
 """
 from __future__ import annotations
 
+import ctypes
 import math
+import signal
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Iterator
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -19,10 +22,54 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from host.cluster.directory import Directory, TenantQuota
 from host.cluster.replica import EngineReplica, ReplicaSpec
 
-__all__ = ["ClusterConfig", "ClusterHandles", "start_directory", "start_replicas",
+__all__ = ["ClusterConfig", "ClusterHandles", "init_ray", "shutdown_ray", "kept_signal_handlers", "start_directory", "start_replicas",
            "start_cluster", "stop_cluster"]
 
 _REPLICA_CONCURRENCY = 64      # calls a replica serves at once (long polls, launches, sends)
+
+
+def init_ray(**options: Any) -> None:
+    """`ray.init(**options)`, this process's fatal-signal handlers kept as they were (see
+    `kept_signal_handlers`). A Ray started here (no `address`) listens on 127.0.0.1 only."""
+    if not options.get("address"):
+        options.setdefault("_node_ip_address", "127.0.0.1")
+    with kept_signal_handlers():
+        ray.init(**options)
+
+
+def shutdown_ray() -> None:
+    """`ray.shutdown()`, this process's fatal-signal handlers kept as they were."""
+    with kept_signal_handlers():
+        ray.shutdown()
+
+
+@contextmanager
+def kept_signal_handlers() -> Iterator[None]:
+    """The handlers of the fatal signals as they were on entry, put back on exit. Wasmtime
+    turns a guest's trap (an illegal instruction or a fault in compiled Wasm) into an error
+    through its signal handlers; Ray's driver installs crash handlers over them when it starts
+    (absl's failure handler, Python's faulthandler) and resets them to the default when it shuts
+    down, either of which would end the whole process on a guest's trap. Ray's worker processes
+    install theirs before any Wasmtime engine exists."""
+    saved = {signum: _sigaction(signum) for signum in _FATAL_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, action in saved.items():
+            _sigaction(signum, action)
+
+
+_FATAL_SIGNALS = (signal.SIGILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE)
+_SIGACTION_BYTES = 512         # more than any platform's struct sigaction: kept as opaque bytes
+
+
+def _sigaction(signum: int, action: ctypes.Array | None = None) -> ctypes.Array:
+    """Install `action` for `signum` (None: leave it); returns the action in place before."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    before = ctypes.create_string_buffer(_SIGACTION_BYTES)
+    if libc.sigaction(signum, action, before) != 0:
+        raise OSError(ctypes.get_errno(), f"sigaction({signum}) failed")
+    return before
 
 
 @dataclass(frozen=True)

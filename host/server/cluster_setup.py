@@ -20,7 +20,7 @@ from typing import Any, Callable
 import ray
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from host.cluster.cluster import ClusterConfig, start_cluster, stop_cluster
+from host.cluster.cluster import ClusterConfig, init_ray, shutdown_ray, start_cluster, stop_cluster
 from host.cluster.directory import TenantQuota
 from host.cluster.front import ClusterFront
 from host.cluster.replica import ReplicaDescription, ReplicaSpec
@@ -47,7 +47,7 @@ def start_ray(config: ServerConfig) -> bool:
     if ray.is_initialized():
         return False
     section = config.cluster
-    ray.init(address=section.address or None, include_dashboard=False, log_to_driver=False,
+    init_ray(address=section.address or None, include_dashboard=False, log_to_driver=False,
              namespace="pie",
              runtime_env={"env_vars": {"OMP_NUM_THREADS": str(section.torch_threads)}})
     return True
@@ -94,7 +94,7 @@ def _stop(handles: Any, started_ray: bool, shared: bool) -> None:
     if not shared:
         stop_cluster(handles)
     if started_ray:
-        ray.shutdown()
+        shutdown_ray()
 
 
 def cluster_figures(front: ClusterFront) -> RuntimeFigures:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from host.cluster.cluster import ClusterConfig, start_cluster, stop_cluster
+from host.cluster.cluster import ClusterConfig, init_ray, shutdown_ray, start_cluster, stop_cluster
 from host.cluster.directory import TenantQuota
 from host.cluster.front import ClusterFront
 from host.cluster.placement import PlacementPolicy
@@ -28,7 +28,7 @@ def ray_cluster():
     first module that needs it, kept for the next ones, shut down at the session's end (a module
     that needs a Ray of its own shuts this one down first; the next module starts it again)."""
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, object_store_memory=80 << 20,
+        init_ray(num_cpus=4, include_dashboard=False, object_store_memory=80 << 20,
                  log_to_driver=False, namespace="pie-test",
                  runtime_env={"env_vars": {"PYTHONPATH": str(REPO_DIR),
                                            "OMP_NUM_THREADS": "1"}})
@@ -39,7 +39,7 @@ def ray_cluster():
 def _ray_shut_down_at_the_end():
     yield
     if ray.is_initialized():
-        ray.shutdown()
+        shutdown_ray()
 
 
 class Events:

@@ -10,7 +10,8 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from host.cluster.cluster import ClusterConfig, start_cluster, stop_cluster
+from host.cluster.cluster import (ClusterConfig, init_ray, kept_signal_handlers, shutdown_ray,
+                                  start_cluster, stop_cluster)
 from host.cluster.front import ClusterFront, replica_of
 from host.cluster.replica import ReplicaSpec
 from host.runtime_config import InstanceLimits, RuntimeConfig
@@ -23,15 +24,16 @@ from tests.host.fake_engine import FakeEngine
 def nodes():
     """A Ray of its own: a head without CPUs and three nodes of one CPU each."""
     if ray.is_initialized():
-        ray.shutdown()
+        shutdown_ray()
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "include_dashboard": False, "object_store_memory": 80 << 20})
     workers = [cluster.add_node(num_cpus=1, object_store_memory=80 << 20) for _ in range(3)]
-    ray.init(address=cluster.address, namespace="pie-test", log_to_driver=False,
+    init_ray(address=cluster.address, namespace="pie-test", log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO_DIR), "OMP_NUM_THREADS": "1"}})
     yield cluster, workers
-    ray.shutdown()
-    cluster.shutdown()
+    shutdown_ray()
+    with kept_signal_handlers():
+        cluster.shutdown()
 
 
 def node_of(handle) -> str:
