@@ -14,6 +14,8 @@
 
 #define TARGET __attribute__((target("avx2,fma,f16c")))
 #define INLINE TARGET static inline __attribute__((always_inline))
+#include "avx2_math.h"
+
 #define MAX_GROUP 8        /* query heads whose partial sums stay in registers at once */
 
 /* The rows are scattered over the pool's pages (and the pool over DRAM): each loop asks for the
@@ -34,13 +36,6 @@ INLINE __m256 load8_f32(const void *row, int d) { return _mm256_loadu_ps((const 
 
 INLINE __m256 load8_f16(const void *row, int d) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)));
-}
-
-INLINE float horizontal_sum(__m256 sum) {
-    __m128 half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-    half = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    half = _mm_add_ss(half, _mm_movehdup_ps(half));
-    return _mm_cvtss_f32(half);
 }
 
 /* Per head as one 8-wide dot would do it: sum0 takes d % 16 < 8, sum1 the rest (a last 8 in
@@ -125,24 +120,6 @@ INLINE float horizontal_sum(__m256 sum) {
 
 ATTENTION_LOOPS(f32, load8_f32, 4)
 ATTENTION_LOOPS(f16, load8_f16, 2)
-
-/* fast_exp.h's exp_approx, eight at a time with the same operations (mul and add, no fused
- * multiply-add), so each value is the scalar one bit for bit; min(88, x) keeps a NaN a NaN */
-INLINE __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), _mm256_min_ps(_mm256_set1_ps(88.0f), x));
-    __m256 n = _mm256_floor_ps(_mm256_add_ps(
-        _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(0.5f)));
-    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
-    r = _mm256_add_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(2.12194440e-4f)));
-    static const float coefficients[] = {1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f,
-                                         1.0f};
-    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-    for (int i = 0; i < 6; i++)
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(coefficients[i]));
-    __m256i bits = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);   /* 2^n */
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
 
 /* scores = exp(scores * scale - max(scores * scale)) in place (softmax's weights, unnormalized) */
 TARGET static void softmax_weights(float *scores, int64_t n, float scale) {

@@ -11,6 +11,8 @@
 
 #define TARGET __attribute__((target("avx2,fma,f16c")))
 #define INLINE TARGET static inline __attribute__((always_inline))
+#include "avx2_math.h"
+
 #define SCORE_ROWS 6         /* 12 sums + 2 K vectors + 1 broadcast */
 #define SUM_ROWS 5           /* 10 sums + 2 V vectors + 1 broadcast */
 
@@ -98,29 +100,6 @@ TARGET static void weighted_sum_avx2(const float *weights, int64_t stride, int n
         default: sum_rows(w, stride, 1, v_panel, num_keys, head_dim, o); break;
         }
     }
-}
-
-/* fast_exp.h's exp_approx, 8 at a time with the same operations (decode_attention_avx2.c's) */
-INLINE __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), _mm256_min_ps(_mm256_set1_ps(88.0f), x));
-    __m256 n = _mm256_floor_ps(_mm256_add_ps(
-        _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(0.5f)));
-    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
-    r = _mm256_add_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(2.12194440e-4f)));
-    static const float coefficients[] = {1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f,
-                                         1.0f};
-    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-    for (int i = 0; i < 6; i++)
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(coefficients[i]));
-    __m256i bits = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);   /* 2^n */
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-
-INLINE float horizontal_sum(__m256 v) {
-    __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    half = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    return _mm_cvtss_f32(_mm_add_ss(half, _mm_movehdup_ps(half)));
 }
 
 INLINE float horizontal_max(__m256 v) {
