@@ -1,35 +1,32 @@
 """`pie:inferlet/adapters`: LoRA adapters an instance opens by name and binds to its sequences.
 
 The engine holds the adapters (engine.adapters.AdapterStore, `Engine.adapters`); here an instance
-gets local handles on them (`AdapterTable`, bounded) and binds sequences to handles. The forward
-bindings (forward.py, decoding.py) put the bound adapter's name on every pass of the sequence
-(`with_adapter`, `AdapterPages` for a decode loop's later passes); the engine applies it.
+gets local handles on them (`AdapterTable`, bounded) and binds its sequences to them: the
+sequence keeps the adapter's name (host.kv.InstancePages.bind_adapter) and puts it on every pass
+prepared for it, a decode loop's later passes too; the engine applies it.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Sequence
+from typing import Sequence
 
 from host.bindings.context import BindingContext
 from host.errors import TrapError
-from host.scheduling.work import PreparedForward
 
-__all__ = ["INTERFACE", "FUNCTIONS", "METHODS", "RESOURCES", "AdapterTable", "AdapterPages",
-           "with_adapter", "MAX_ADAPTER_HANDLES", "MAX_BOUND_SEQUENCES", "MAX_NAME_CHARS"]
+__all__ = ["INTERFACE", "FUNCTIONS", "METHODS", "RESOURCES", "AdapterTable",
+           "MAX_ADAPTER_HANDLES", "MAX_NAME_CHARS"]
 
 MAX_ADAPTER_HANDLES = 256      # per instance: open adapters
-MAX_BOUND_SEQUENCES = 65536    # per instance: sequences bound to an adapter
 MAX_NAME_CHARS = 64            # an adapter name (engine.adapters.ADAPTER_NAME)
 
 
 class AdapterTable:
-    """Local adapter handles (never reused, from 1) -> engine adapter names, and sequence ids ->
-    the handle they are bound to. Only the instance's own thread touches it."""
+    """Local adapter handles (never reused, from 1) <-> engine adapter names. Which adapter a
+    sequence runs with is the sequence's (host.kv.InstancePages.bind_adapter). Only the
+    instance's own thread touches it."""
 
     def __init__(self) -> None:
         self._names: dict[int, str] = {}
         self._handle_of: dict[str, int] = {}
-        self._bound: dict[int, int] = {}
         self._next_handle = 1
 
     def open(self, call: str, name: str) -> int:
@@ -44,61 +41,24 @@ class AdapterTable:
         self._names[handle], self._handle_of[name] = name, handle
         return handle
 
-    def bind(self, call: str, sequence_id: int, handle: int | None) -> None:
-        if handle is None:
-            self._bound.pop(sequence_id, None)
-            return
-        if handle not in self._names:
+    def name_of(self, call: str, handle: int) -> str:
+        """The engine name of an open handle; traps on an unknown one."""
+        name = self._names.get(handle)
+        if name is None:
             raise TrapError(f"{call}: unknown adapter handle {handle}")
-        if sequence_id not in self._bound and len(self._bound) >= MAX_BOUND_SEQUENCES:
-            raise TrapError(f"{call}: {MAX_BOUND_SEQUENCES} sequences already bound to adapters")
-        self._bound[sequence_id] = handle
+        return name
 
-    def bound(self, sequence_id: int) -> int | None:
-        return self._bound.get(sequence_id)
+    def handle_of(self, name: str) -> int | None:
+        return self._handle_of.get(name)
 
     @property
     def num_opened(self) -> int:
         """Adapters the instance has opened so far (its passes' K/V may depend on them)."""
         return len(self._names)
 
-    def adapter_of(self, sequence_id: int) -> str | None:
-        """The engine name of the adapter `sequence_id` is bound to, or None."""
-        handle = self._bound.get(sequence_id)
-        return None if handle is None else self._names[handle]
-
-    def forget_sequence(self, sequence_id: int) -> None:
-        self._bound.pop(sequence_id, None)
-
     def clear(self) -> None:
         self._names.clear()
         self._handle_of.clear()
-        self._bound.clear()
-
-
-def with_adapter(prepared: PreparedForward, adapter: str | None) -> PreparedForward:
-    """`prepared` with its request naming `adapter` (unchanged when None)."""
-    if adapter is None:
-        return prepared
-    return dataclasses.replace(prepared, request=dataclasses.replace(prepared.request,
-                                                                      adapter=adapter))
-
-
-class AdapterPages:
-    """A decode loop's page table (host.scheduling.decode_loop.DecodePages) whose passes name
-    `adapter`: the instance's own, with the adapter put on each pass it prepares."""
-
-    def __init__(self, pages: Any, adapter: str) -> None:
-        self._pages = pages
-        self._adapter = adapter
-        self.page_size = pages.page_size
-
-    def prepare(self, *args: Any, **kwargs: Any) -> tuple[PreparedForward, int | None] | None:
-        step = self._pages.prepare(*args, **kwargs)
-        return None if step is None else (with_adapter(step[0], self._adapter), step[1])
-
-    def undo_grow(self, sequence_id: int, page_id: int) -> None:
-        self._pages.undo_grow(sequence_id, page_id)
 
 
 def available_names(ctx: BindingContext) -> Sequence[str]:
@@ -129,11 +89,14 @@ def available(ctx: BindingContext) -> list[str]:
 
 
 def bind(ctx: BindingContext, sequence_id: int, handle: int | None) -> None:
-    ctx.tables.adapters.bind("adapters.bind", sequence_id, handle)
+    call = "adapters.bind"
+    name = None if handle is None else ctx.tables.adapters.name_of(call, handle)
+    ctx.tables.pages.bind_adapter(call, sequence_id, name)
 
 
 def bound(ctx: BindingContext, sequence_id: int) -> int | None:
-    return ctx.tables.adapters.bound(sequence_id)
+    name = ctx.tables.pages.adapter_of(sequence_id)
+    return None if name is None else ctx.tables.adapters.handle_of(name)
 
 
 FUNCTIONS = {"open": open_adapter, "available": available, "bind": bind, "bound": bound}

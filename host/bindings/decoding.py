@@ -14,7 +14,6 @@ from typing import Any
 from wasmtime.component import Record
 
 from engine.batch import sampled_token_id
-from host.bindings.adapters import AdapterPages, with_adapter
 from host.bindings.context import BindingContext
 from host.bindings.samplers import lower_sampled, sampler_spec
 from host.errors import TrapError
@@ -104,9 +103,6 @@ def submit_decode(ctx: BindingContext, queue_id: int, sequence_id: int, token_id
     pages = ctx.tables.pages
     prepared = pages.prepare(sequence_id, token_ids, positions, last_page_len,
                              [len(token_ids) - 1] if token_ids else [], [spec], call=call)
-    adapter = ctx.tables.adapters.adapter_of(sequence_id)
-    if adapter is not None:      # every pass of the loop names the sequence's adapter
-        prepared, pages = with_adapter(prepared, adapter), AdapterPages(pages, adapter)
     loop = DecodeLoop(pages, ctx.services.scheduler, (ctx.instance_id, queue_id), priority,
                       sequence_id, spec, max_tokens, frozenset(stop_token_ids))
     rep = ctx.tables.decode_loops.add(call, loop)

@@ -14,7 +14,6 @@ from wasmtime.component import Record
 
 from engine.batch import Distribution, ForwardResult
 from host.bindings import decoding, generations
-from host.bindings.adapters import with_adapter
 from host.bindings.context import BindingContext
 from host.bindings.samplers import lower_distribution, lower_sampled, sampler_spec
 from host.errors import TrapError
@@ -82,7 +81,6 @@ def submit(ctx: BindingContext, queue_id: int, sequence_id: int, token_ids: list
              for index, sampler in enumerate(samplers)]
     prepared = ctx.tables.pages.prepare(sequence_id, token_ids, positions, last_page_len,
                                         output_indices, specs, mask)
-    prepared = with_adapter(prepared, ctx.tables.adapters.adapter_of(sequence_id))
     return _enqueue(ctx, call, queue_id, priority, prepared)
 
 
@@ -99,7 +97,6 @@ def submit_with(ctx: BindingContext, queue_id: int, sequence_id: int, token_ids:
              for index, (sampler, option) in enumerate(zip(samplers, options))]
     prepared = ctx.tables.pages.prepare(sequence_id, token_ids, positions, last_page_len,
                                         output_indices, specs, mask)
-    prepared = with_adapter(prepared, ctx.tables.adapters.adapter_of(sequence_id))
     return _enqueue(ctx, call, queue_id, priority, prepared)
 
 
@@ -120,8 +117,7 @@ def submit_verify(ctx: BindingContext, queue_id: int, sequence_id: int, token_id
     prepared = ctx.tables.pages.prepare(sequence_id, token_ids, positions, last_page_len,
                                         indices, [spec] * num_outputs)
     prepared = dataclasses.replace(prepared, request=dataclasses.replace(
-        prepared.request, num_drafted=num_drafted,
-        adapter=ctx.tables.adapters.adapter_of(sequence_id)))
+        prepared.request, num_drafted=num_drafted))
     return _enqueue(ctx, call, queue_id, priority, prepared)
 
 

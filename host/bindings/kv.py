@@ -66,7 +66,6 @@ def sequence_pages(ctx: BindingContext, sequence_id: int) -> list[int]:
 
 def destroy_sequence(ctx: BindingContext, sequence_id: int) -> None:
     ctx.tables.pages.destroy_sequence(sequence_id)
-    ctx.tables.adapters.forget_sequence(sequence_id)
 
 
 FUNCTIONS = {

@@ -110,14 +110,16 @@ class LocalPage:
 
 
 class PageSequence:
-    """A host-kept list of local page ids, with its physical ids cached for passes."""
+    """A host-kept list of local page ids, with its physical ids cached for passes, and the
+    adapter its passes run with (the engine's name; None: the base model)."""
 
-    __slots__ = ("page_ids", "physical_ids", "layout")
+    __slots__ = ("page_ids", "physical_ids", "layout", "adapter")
 
     def __init__(self) -> None:
         self.page_ids: list[int] = []                     # local ids, in order
         self.physical_ids: tuple[int, ...] | None = None  # cache; None = stale
         self.layout = 0           # bumped when pages leave it (an append keeps every prefix)
+        self.adapter: str | None = None
 
 
 class InstancePages:
@@ -562,6 +564,18 @@ class InstancePages:
             self._check_open("kv.sequence-pages")
             return list(self._sequence("kv.sequence-pages", sequence_id).page_ids)
 
+    def bind_adapter(self, call: str, sequence_id: int, adapter: str | None) -> None:
+        """Every pass prepared for the sequence from now on names `adapter` (None: no adapter)."""
+        with self._lock:
+            self._check_open(call)
+            self._sequence(call, sequence_id).adapter = adapter
+
+    def adapter_of(self, sequence_id: int) -> str | None:
+        """The adapter the sequence's passes name; None also for an unknown sequence."""
+        with self._lock:
+            sequence = self._sequences.get(sequence_id)
+            return None if sequence is None else sequence.adapter
+
     def destroy_sequence(self, sequence_id: int) -> None:
         with self._lock:
             self._check_open("kv.destroy-sequence")
@@ -700,14 +714,14 @@ class InstancePages:
         tail = self._pages[page_ids[-1]]
         if tail.read_only or self.allocator.refcount(tail.physical_id) > 1:
             return None                   # the general route traps (read-only) or copies it
-        if fed:
+        request = ForwardRequest.decode_step(token_id, position, self._physical_ids(sequence),
+                                             last_page_len, sampler, sequence.adapter)
+        if fed or sequence.adapter is not None:      # the base model cannot recompute it
             self._logs.dirty(page_ids[-1])
         else:
             self._logs.note_step(sequence, page_ids, sequence.layout, token_id, position,
                                  last_page_len)
-        return PreparedForward(ForwardRequest.decode_step(
-            token_id, position, self._physical_ids(sequence), last_page_len, sampler), (),
-            self._pin() if pinned else None)
+        return PreparedForward(request, (), self._pin() if pinned else None)
 
     def _prepare_general(self, call: str, sequence_id: int, token_ids: Sequence[int],
                          positions: Sequence[int], last_page_len: int,
@@ -739,9 +753,11 @@ class InstancePages:
             rows = fold_hidden(rows, num_tokens, kv_len,
                                hidden_intervals(masks, self.page_size, kv_len))
         request = ForwardRequest(tuple(token_ids), tuple(positions), self._physical_ids(sequence),
-                                 last_page_len, tuple(output_indices), tuple(samplers), rows)
+                                 last_page_len, tuple(output_indices), tuple(samplers), rows,
+                                 adapter=sequence.adapter)
         self._logs.note_pass(sequence, sequence.page_ids, sequence.layout, first_slot,
-                             token_ids, positions, plain=rows is None and not fed)
+                             token_ids, positions,
+                             plain=rows is None and not fed and sequence.adapter is None)
         return PreparedForward(request, tuple(copies), on_done)
 
     def _physical_ids(self, sequence: PageSequence) -> tuple[int, ...]:

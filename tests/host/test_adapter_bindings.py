@@ -42,11 +42,8 @@ def test_handles_are_per_name_and_bounded():
     assert table.open("adapters.open", "a") == first
     assert table.open("adapters.open", "b") != first
     with pytest.raises(TrapError, match="unknown adapter handle 99"):
-        table.bind("adapters.bind", 0, 99)
-    table.bind("adapters.bind", 3, first)
-    assert table.bound(3) == first and table.adapter_of(3) == "a"
-    table.bind("adapters.bind", 3, None)
-    assert table.adapter_of(3) is None
+        table.name_of("adapters.bind", 99)
+    assert table.name_of("adapters.bind", first) == "a" and table.handle_of("a") == first
     for k in range(MAX_ADAPTER_HANDLES - 2):
         table.open("adapters.open", f"n{k}")
     with pytest.raises(TrapError, match="already open"):
@@ -115,6 +112,23 @@ def test_a_tenant_opens_its_own_adapters_and_no_other_tenants():
         adapters.bind(setup.ctx, setup.sequence_id, handle)
         setup.read_all(setup.submit(2))
         assert {r.adapter for r in _requests_of(setup)} == {"t/mine"}   # the engine's name
+    finally:
+        setup.close()
+
+
+def test_bind_traps_on_an_unknown_handle_or_sequence_and_unbinds():
+    setup = _setup("no-overlap")
+    try:
+        handle = adapters.open_adapter(setup.ctx, "tone")
+        with pytest.raises(TrapError, match="unknown adapter handle 99"):
+            adapters.bind(setup.ctx, setup.sequence_id, 99)
+        with pytest.raises(TrapError, match="adapters.bind: unknown sequence"):
+            adapters.bind(setup.ctx, 12345, handle)
+        adapters.bind(setup.ctx, setup.sequence_id, handle)
+        assert adapters.bound(setup.ctx, setup.sequence_id) == handle
+        adapters.bind(setup.ctx, setup.sequence_id, None)
+        assert adapters.bound(setup.ctx, setup.sequence_id) is None
+        assert adapters.bound(setup.ctx, 12345) is None
     finally:
         setup.close()
 

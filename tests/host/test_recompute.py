@@ -115,8 +115,9 @@ def test_a_fork_recomputes_its_own_pages_over_the_shared_prefix():
     assert engine.page_tokens(fresh[0])[:2] == (last, 3)
 
 
-@pytest.mark.parametrize("spoil", ["copy", "mask", "fed"])
+@pytest.mark.parametrize("spoil", ["copy", "mask", "fed", "adapter step", "adapter pass"])
 def test_a_page_not_from_plain_passes_makes_the_victim_swapped(spoil):
+    """The recompute runs the base model: a page an adapter wrote is not recomputable."""
     engine = FakeEngine(num_pages=16, page_size=4)
     allocator = PageAllocator(16)
     pages = _table(engine, allocator)
@@ -129,10 +130,20 @@ def test_a_page_not_from_plain_passes_makes_the_victim_swapped(spoil):
     elif spoil == "mask":
         pages.mask_tokens(page_ids[0], 0, 1, True)
         _run(engine, pages.prepare(sequence, (last,), (7,), 4, (0,), (GREEDY,)))
-    else:
+    elif spoil == "fed":
         step = pages.prepare(sequence, (0,), (7,), 4, (0,), (GREEDY,), reclaim=False,
                              fed=True)
         step[0].on_done()
+    else:
+        pages.bind_adapter("adapters.bind", sequence, "tone")
+        tokens = (last,) if spoil == "adapter step" else (last, last)
+        if len(tokens) == 2:                         # 9 slots: a third page
+            pages.sequence_append(sequence, pages.allocate_pages(1))
+        prepared = pages.prepare(sequence, tokens, tuple(range(7, 7 + len(tokens))),
+                                 4 if len(tokens) == 1 else 1, (len(tokens) - 1,),
+                                 (GREEDY,))
+        assert prepared.request.adapter == "tone"
+        _run(engine, prepared)
     out = _suspend(engine, pages)
     assert not out.recompute and engine.num_pages_read == out.num_pages > 0
 
