@@ -27,7 +27,7 @@ from host.runtime_config import InstanceLimits
 from host.sandbox.events import InstanceEvent
 from host.sandbox.programs import Program
 
-__all__ = ["SpawnHooks", "Spawns", "SELF_PROGRAM"]
+__all__ = ["SpawnHooks", "Spawns", "SELF_PROGRAM", "ChildInfo", "TenantSpawns"]
 
 SELF_PROGRAM = ""                 # children.spawn's name for the parent's own program
 _MAX_PROGRAM_CHARS = 256
@@ -56,6 +56,26 @@ class SpawnHooks:
 
     resolve: Callable[[str, str], Program] | None = None
     admit: Callable[[str, InstanceLimits], Callable[[], None]] | None = None
+
+
+@dataclass(frozen=True)
+class ChildInfo:
+    """A running child: its id, its parent's (None once a detached child's parent ended), its
+    program's hash, its depth (1 for a child of a launched instance), whether it is detached."""
+
+    instance_id: str
+    parent_id: str | None
+    program_hash: str
+    depth: int
+    detached: bool
+
+
+@dataclass(frozen=True)
+class TenantSpawns:
+    """One tenant's children: spawned since the runtime started, and alive now."""
+
+    num_spawns: int
+    num_live_children: int
 
 
 @dataclass
@@ -90,6 +110,7 @@ class Spawns:
         self._hooks: SpawnHooks | None = None
         self._lock = threading.Lock()
         self._nodes: dict[str, _Node] = {}
+        self._num_spawns: dict[str, int] = {}        # tenant -> children started, ever
 
     def set_hooks(self, hooks: SpawnHooks | None) -> None:
         """The resolver and admission of later spawns (None: every spawn refused)."""
@@ -131,6 +152,33 @@ class Spawns:
             node = self._nodes.get(instance_id)
             return 0 if node is None else len(node.children)
 
+    def children(self, tenant: str) -> list[ChildInfo]:
+        """The running children of `tenant`'s instances, at every depth."""
+        with self._lock:
+            return [ChildInfo(instance_id, node.parent_id, node.program.hash, node.depth,
+                              node.detached)
+                    for instance_id, node in self._nodes.items()
+                    if node.depth > 0 and node.tenant == tenant]
+
+    def child_of(self, tenant: str, instance_id: str) -> ChildInfo | None:
+        """The running child `instance_id` of `tenant`'s instances (None: no such child)."""
+        with self._lock:
+            node = self._nodes.get(instance_id)
+            if node is None or node.depth == 0 or node.tenant != tenant:
+                return None
+            return ChildInfo(instance_id, node.parent_id, node.program.hash, node.depth,
+                             node.detached)
+
+    def stats(self) -> dict[str, TenantSpawns]:
+        """Per tenant that ever spawned: children spawned so far and alive now."""
+        with self._lock:
+            live: dict[str, int] = {}
+            for node in self._nodes.values():
+                if node.depth > 0:
+                    live[node.tenant] = live.get(node.tenant, 0) + 1
+            return {tenant: TenantSpawns(num, live.get(tenant, 0))
+                    for tenant, num in self._num_spawns.items()}
+
     # ------------------------------------------------------------- the bindings' side
     def spawn(self, parent_id: str, program: str, args: tuple[str, ...], detached: bool,
               on_event: EventCallback) -> str:
@@ -154,6 +202,7 @@ class Spawns:
                 self._nodes[child_id] = node
                 parent.children.add(child_id)
                 parent.num_launching -= 1
+                self._num_spawns[node.tenant] = self._num_spawns.get(node.tenant, 0) + 1
         try:
             return self._launch(child_program, args, parent.tenant, parent.limits, on_event,
                                 before_start)

@@ -17,6 +17,7 @@ from contextlib import suppress
 from typing import Any
 
 from host.errors import OutboundRefused
+from host.outbound.stats import Refused
 from host.runtime_config import McpServer, OutboundLimits
 
 __all__ = ["McpSessions", "ToolInfo"]
@@ -108,7 +109,7 @@ class McpSessions:
         spec = next((s for s in limits.mcp_servers if s.name == name), None)
         if spec is None:
             known = ", ".join(s.name for s in limits.mcp_servers) or "none configured"
-            raise OutboundRefused(f"no MCP server {name!r} (available: {known})")
+            raise Refused("invalid", f"no MCP server {name!r} (available: {known})")
         key = (tenant, spec)
         session = self._sessions.get(key)
         if session is None or session.failure is not None:
@@ -122,7 +123,7 @@ class McpSessions:
                 return await send(session.client)
         except TimeoutError:
             self._drop(key, session)
-            raise OutboundRefused(f"MCP server {name!r}: no answer to {what} within "
+            raise Refused("timeout", f"MCP server {name!r}: no answer to {what} within "
                                   f"{limits.mcp_timeout_s:g} s (mcp_timeout_s)") from None
         except OutboundRefused:
             raise
@@ -141,5 +142,5 @@ class McpSessions:
 
 def _check_size(name: str, size: int, limits: OutboundLimits) -> None:
     if size > limits.max_mcp_result_chars:
-        raise OutboundRefused(f"MCP server {name!r}: an answer of {size} characters is more "
+        raise Refused("size", f"MCP server {name!r}: an answer of {size} characters is more "
                               f"than max_mcp_result_chars {limits.max_mcp_result_chars}")

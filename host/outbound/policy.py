@@ -13,7 +13,7 @@ import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from host.errors import OutboundRefused
+from host.outbound.stats import Refused
 from host.runtime_config import split_host_rule
 
 __all__ = ["HostRule", "Target", "parse_rules", "check_url", "check_addresses", "MAX_URL_CHARS"]
@@ -76,24 +76,24 @@ def check_url(url: str, rules: tuple[HostRule, ...]) -> Target:
     """The Target of `url`, or OutboundRefused naming why: not http(s), credentials in it, too
     long, or a host and port no rule of allow_hosts matches."""
     if len(url) > MAX_URL_CHARS:
-        raise OutboundRefused(f"the URL is {len(url)} characters, more than {MAX_URL_CHARS}")
+        raise Refused("invalid", f"the URL is {len(url)} characters, more than {MAX_URL_CHARS}")
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise OutboundRefused(f"not a valid URL: {url[:200]!r} ({exc})") from None
+        raise Refused("invalid", f"not a valid URL: {url[:200]!r} ({exc})") from None
     scheme = parts.scheme.lower()
     if scheme not in _DEFAULT_PORTS:
-        raise OutboundRefused(f"only http and https URLs are allowed, got {url[:200]!r}")
+        raise Refused("invalid", f"only http and https URLs are allowed, got {url[:200]!r}")
     if parts.username is not None or parts.password is not None:
-        raise OutboundRefused("credentials in the URL are not allowed; send a header")
+        raise Refused("invalid", "credentials in the URL are not allowed; send a header")
     host = (parts.hostname or "").rstrip(".")
     if not host or any(ord(c) < 33 or ord(c) > 126 for c in host):
-        raise OutboundRefused(f"the URL {url[:200]!r} has no valid host")
+        raise Refused("invalid", f"the URL {url[:200]!r} has no valid host")
     port = _DEFAULT_PORTS[scheme] if port is None else port
     rule = next((r for r in rules if r.matches(host, port)), None)
     if rule is None:
-        raise OutboundRefused(f"{host}:{port} is not in allow_hosts"
+        raise Refused("allowlist", f"{host}:{port} is not in allow_hosts"
                               + ("" if rules else " (none allowed)"))
     path = parts.path or "/"
     if parts.query:
@@ -105,7 +105,7 @@ def check_addresses(target: Target, addresses: list[str]) -> IpAddress:
     """The first address to connect to, after checking every one `target.host` resolved to;
     OutboundRefused naming a non-global address no IP literal of allow_hosts lists."""
     if not addresses:
-        raise OutboundRefused(f"{target.host} resolves to no address")
+        raise Refused("failed", f"{target.host} resolves to no address")
     checked = []
     for text in addresses:
         address = ipaddress.ip_address(text.split("%")[0])
@@ -113,9 +113,9 @@ def check_addresses(target: Target, addresses: list[str]) -> IpAddress:
         effective = mapped or address
         if not effective.is_global or effective.is_multicast:
             if target.rule.literal is None or not _same_ip(str(effective), target.rule.host):
-                raise OutboundRefused(
-                    f"{target.host} resolves to {effective}, a non-global address "
-                    f"({_kind(effective)}): only an IP literal in allow_hosts reaches one")
+                raise Refused(
+                    "private_address", f"{target.host} resolves to {effective}, a non-global "
+                    f"address ({_kind(effective)}): only an IP literal in allow_hosts reaches one")
         checked.append(effective)
     return checked[0]
 

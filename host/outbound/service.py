@@ -11,11 +11,18 @@ Charged before anything is sent: requests_per_minute per tenant (a 60 s sliding 
 request and MCP call of its instances), max_concurrent per instance (requests in flight or
 answered but not read: what bounds the host memory an instance's answers hold to max_concurrent
 * max_response_bytes). A refusal is an err naming the limit; it touches no other instance.
+
+Counted per tenant (`stats`, stats.py): requests sent and their bytes, answers' bytes read,
+refusals by cause, MCP calls and their errors.
+
+HTTPS: the client trusts the default CAs and the operator's extra bundle, if any
+(`set_ca_bundle`, before the first request: tls.py).
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 import threading
 import time
 from concurrent.futures import Future
@@ -27,6 +34,8 @@ from host.errors import OutboundRefused, TrapError
 from host.outbound.fetch import HttpRequest, HttpResponse, check_request, fetch
 from host.outbound.mcp_sessions import McpSessions
 from host.outbound.policy import check_url, parse_rules
+from host.outbound.stats import OutboundStats, Refused
+from host.outbound.tls import tls_context
 from host.runtime_config import OutboundLimits
 
 __all__ = ["Outbound", "InstanceOutbound", "MAX_LIVE_RESPONSES"]
@@ -48,6 +57,23 @@ class Outbound:
         self._mcp: McpSessions | None = None
         self._windows: dict[str, collections.deque[float]] = {}
         self._closed = False
+        self.stats = OutboundStats()
+        self._ca_bundle: str | None = None
+        self._tls: ssl.SSLContext | None = None      # made with the client, unless set before
+
+    @property
+    def ca_bundle(self) -> str | None:
+        """The extra CA bundle HTTPS requests trust (None: the default CAs only)."""
+        return self._ca_bundle
+
+    def set_ca_bundle(self, ca_bundle: str | None) -> None:
+        """Trust the CAs of `ca_bundle` (a PEM file) besides the default ones; before the first
+        request (RuntimeError after it). ValueError naming the file when it holds none."""
+        context = tls_context(ca_bundle)
+        with self._lock:
+            if self._loop is not None:
+                raise RuntimeError("set_ca_bundle: requests were made already")
+            self._ca_bundle, self._tls = ca_bundle or None, context
 
     def for_instance(self, tenant: str, limits: OutboundLimits) -> "InstanceOutbound":
         """The handle of one instance of `tenant`, bound by `limits`."""
@@ -61,7 +87,7 @@ class Outbound:
             while window and now - window[0] >= _WINDOW_S:
                 window.popleft()
             if len(window) >= limits.requests_per_minute:
-                raise OutboundRefused(f"{len(window)} requests of this tenant in the last "
+                raise Refused("rate", f"{len(window)} requests of this tenant in the last "
                                       f"minute, its limit (requests_per_minute "
                                       f"{limits.requests_per_minute})")
             window.append(now)
@@ -91,7 +117,7 @@ class Outbound:
     async def _with_parts(self, make: Any) -> Any:
         if self._client is None:
             self._client = httpx.AsyncClient(
-                trust_env=False, follow_redirects=False,
+                trust_env=False, follow_redirects=False, verify=self._tls or tls_context(),
                 limits=httpx.Limits(max_connections=512, max_keepalive_connections=64))
             self._mcp = McpSessions()
         coroutine: Coroutine = make(self._client, self._mcp)
@@ -107,7 +133,7 @@ class Outbound:
     def _started(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._closed:
-                raise OutboundRefused("the runtime is closing: no outgoing requests")
+                raise Refused("failed", "the runtime is closing: no outgoing requests")
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(target=loop.run_forever, name="pie-outbound",
@@ -155,12 +181,12 @@ class InstanceOutbound:
         self._next_rep += 1
         try:
             self._admit(call, request)
-            rules, limits = self._rules, self.limits
-            future = self._outbound.submit(lambda client, _mcp: fetch(client, request, limits,
-                                                                      rules))
+            future = self._outbound.submit(lambda client, _mcp: self._fetch(client, request))
         except OutboundRefused as exc:
+            self._outbound.stats.refused(self.tenant, exc)
             self._pending[rep] = _Pending(None, f"{call}: {exc}")
             return rep
+        self._outbound.stats.request_sent(self.tenant, len(request.body))
         self._pending[rep] = _Pending(future, None)
         self._num_counted += 1
         return rep
@@ -199,18 +225,14 @@ class InstanceOutbound:
     def mcp_tools(self, call: str, server: str) -> Future:
         """A future of the server's tools ((name, description, schema) tuples); charged as one
         request (OutboundRefused when the tenant's minute is full)."""
-        self._check_server(server)
-        self._outbound.charge(self.tenant, self.limits)
         tenant, limits = self.tenant, self.limits
-        return self._outbound.submit(lambda _c, mcp: mcp.list_tools(tenant, server, limits))
+        return self._mcp(server, lambda mcp: mcp.list_tools(tenant, server, limits))
 
     def mcp_call(self, call: str, server: str, tool: str, arguments: dict) -> Future:
         """A future of the tool's JSON result text; charged as one request."""
-        self._check_server(server)
-        self._outbound.charge(self.tenant, self.limits)
         tenant, limits = self.tenant, self.limits
-        return self._outbound.submit(lambda _c, mcp: mcp.call_tool(tenant, server, tool,
-                                                                   arguments, limits))
+        return self._mcp(server, lambda mcp: mcp.call_tool(tenant, server, tool, arguments,
+                                                           limits))
 
     def clear(self) -> None:
         """At the instance's end: every request in flight cancelled, every answer dropped."""
@@ -218,17 +240,50 @@ class InstanceOutbound:
             self._release(entry)
         self._pending.clear()
 
+    async def _fetch(self, client: httpx.AsyncClient, request: HttpRequest) -> HttpResponse:
+        """`fetch` with its answer's bytes or its refusal counted (on the outbound loop)."""
+        stats = self._outbound.stats
+        try:
+            response = await fetch(client, request, self.limits, self._rules,
+                                   self._outbound.ca_bundle)
+        except Exception as exc:
+            stats.refused(self.tenant, exc)
+            raise
+        stats.answer_read(self.tenant, len(response.body))
+        return response
+
+    def _mcp(self, server: str, make: Any) -> Future:
+        """Check, charge, count and start one MCP call `make(sessions)`."""
+        stats, tenant = self._outbound.stats, self.tenant
+        stats.mcp_sent(tenant)
+        try:
+            self._check_server(server)
+            self._outbound.charge(tenant, self.limits)
+        except OutboundRefused as exc:
+            stats.refused(tenant, exc)
+            stats.mcp_failed(tenant)
+            raise
+
+        async def counted(_client: httpx.AsyncClient, sessions: McpSessions) -> Any:
+            try:
+                return await make(sessions)
+            except Exception as exc:
+                stats.refused(tenant, exc)
+                stats.mcp_failed(tenant)
+                raise
+        return self._outbound.submit(counted)
+
     def _check_server(self, server: str) -> None:
         if not any(spec.name == server for spec in self.limits.mcp_servers):
             known = ", ".join(s.name for s in self.limits.mcp_servers) or "none configured"
-            raise OutboundRefused(f"no MCP server {server[:64]!r} (available: {known})")
+            raise Refused("invalid", f"no MCP server {server[:64]!r} (available: {known})")
 
     def _admit(self, call: str, request: HttpRequest) -> None:
         check_request(request, self.limits)
         if self._num_counted >= self.limits.max_concurrent:
-            raise OutboundRefused(f"{self._num_counted} requests of this instance in flight or "
-                                  f"unread, its limit (max_concurrent "
-                                  f"{self.limits.max_concurrent})")
+            raise Refused("concurrency", f"{self._num_counted} requests of this instance in "
+                          f"flight or unread, its limit (max_concurrent "
+                          f"{self.limits.max_concurrent})")
         check_url(request.url, self._rules)
         self._outbound.charge(self.tenant, self.limits)
 

@@ -3,14 +3,17 @@
 Counted by the server as events pass (trio thread): instances launched, instance events by kind,
 traps by cause. Read from the runtime at scrape time (`RuntimeFigures`): running instances, KV
 pages used/free, scheduler queue depth, batch sizes, tokens generated; tokens/s is the rate over
-the last samples taken by `TokenRate.sample()` (called once a second by the server).
+the last samples taken by `TokenRate.sample()` (called once a second by the server). Per tenant
+(label `tenant`), also read at scrape time: instances' outgoing HTTP requests, bytes out and in,
+refusals by cause (label `cause`), MCP calls and errors (host/outbound/stats.py), children
+spawned and alive (host/spawns.py).
 """
 from __future__ import annotations
 
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -59,6 +62,8 @@ class RuntimeFigures:
     num_input_tokens: int
     num_spare_instances: int = 0        # instantiated ahead, waiting for a launch
     suspensions: "SuspensionStats | None" = None   # suspend and restore (host/suspensions.py)
+    outbound: Mapping[str, Any] | None = None      # tenant -> host.outbound.stats.TenantOutbound
+    spawns: Mapping[str, Any] | None = None        # tenant -> host.spawns.TenantSpawns
 
 
 class TokenRate:
@@ -144,6 +149,41 @@ class _RuntimeCollector:
         yield _batch_histogram(figures.batch_size_counts)
         if figures.suspensions is not None:
             yield from _suspension_metrics(figures.suspensions)
+        yield from _outbound_metrics(figures.outbound or {})
+        yield from _spawn_metrics(figures.spawns or {})
+
+
+def _outbound_metrics(tenants: Mapping[str, Any]) -> Iterator:
+    """Instances' HTTP requests and MCP calls, per tenant (counters since start)."""
+    for name, documentation, attribute in (
+            ("pie_outbound_requests", "Outgoing HTTP requests sent", "num_requests"),
+            ("pie_outbound_bytes_out", "Request body bytes sent", "num_bytes_out"),
+            ("pie_outbound_bytes_in", "Answer body bytes read", "num_bytes_in"),
+            ("pie_mcp_calls", "MCP tool lists and calls", "num_mcp_calls"),
+            ("pie_mcp_errors", "MCP tool lists and calls that failed", "num_mcp_errors")):
+        family = CounterMetricFamily(name, documentation, labels=["tenant"])
+        for tenant, counts in sorted(tenants.items()):
+            family.add_metric([tenant], getattr(counts, attribute))
+        yield family
+    refusals = CounterMetricFamily("pie_outbound_refusals",
+                                   "Outgoing requests and MCP calls refused, by cause",
+                                   labels=["tenant", "cause"])
+    for tenant, counts in sorted(tenants.items()):
+        for cause, number in sorted(counts.refusals.items()):
+            refusals.add_metric([tenant, cause], number)
+    yield refusals
+
+
+def _spawn_metrics(tenants: Mapping[str, Any]) -> Iterator:
+    """Child inferlets per tenant: spawned since start, alive now."""
+    spawned = CounterMetricFamily("pie_spawns", "Child inferlets spawned", labels=["tenant"])
+    live = GaugeMetricFamily("pie_children_live", "Child inferlets running now",
+                             labels=["tenant"])
+    for tenant, counts in sorted(tenants.items()):
+        spawned.add_metric([tenant], counts.num_spawns)
+        live.add_metric([tenant], counts.num_live_children)
+    yield spawned
+    yield live
 
 
 def _suspension_metrics(stats: "SuspensionStats") -> Iterator:

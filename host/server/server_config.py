@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import ssl
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,15 @@ def _positive(section: str, **values: float) -> None:
             raise ValueError(f"{section}.{name} must be positive, got {value}")
 
 
+def _check_ca_bundle(path: str) -> None:
+    """ValueError naming server.outbound_ca_bundle when `path` holds no PEM CA certificate."""
+    try:
+        ssl.create_default_context(cafile=path)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"server.outbound_ca_bundle {path!r}: not a readable PEM bundle of CA "
+                         f"certificates ({exc})") from None
+
+
 @dataclass(frozen=True)
 class ServerSection:
     """Where to listen, where to keep uploads, and the per-connection limits."""
@@ -67,6 +77,7 @@ class ServerSection:
     swap_mb: int = 4096                       # host memory for suspended instances' KV pages
     suspend_deadline_s: float = 600.0         # a suspension longer than this ends the instance
     restore: str = "auto"                     # suspended pages back: auto, swap, recompute
+    outbound_ca_bundle: str = ""              # PEM CAs instances' HTTPS trusts besides the default
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -99,6 +110,8 @@ class ServerSection:
                              f"got {self.restore!r}")
         if self.start_slots is not None and not 0 <= self.start_slots <= 4096:
             raise ValueError(f"server.start_slots must be in 0..4096, got {self.start_slots}")
+        if self.outbound_ca_bundle:
+            _check_ca_bundle(self.outbound_ca_bundle)
 
     def resolved_data_dir(self) -> Path:
         """The program store directory (created by the store, not here)."""

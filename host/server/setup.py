@@ -76,16 +76,18 @@ def build_runtime(config: ServerConfig, engine: Any, model_name: str | None = No
                             max_children=config.limits.max_children,
                             max_spawns=config.limits.max_spawns)
     shares = resolve_kv_shares(config.tenants, engine.num_pages)
-    return Runtime(engine, RuntimeConfig(scheduler=policy, limits=limits, kv_shares=shares,
-                                         count_linear_memory=config.server.count_linear_memory,
-                                         memory_pool_mb=config.server.memory_pool_mb,
-                                         memory_pool_idle_s=config.server.memory_pool_idle_s,
-                                         start_slots=config.server.start_slots,
-                                         swap_mb=config.server.swap_mb,
-                                         model_name=model_name,
-                                         suspend_deadline_s=config.server.suspend_deadline_s,
-                                         restore=config.server.restore,
-                                         freeze_heap=True))
+    runtime = Runtime(engine, RuntimeConfig(scheduler=policy, limits=limits, kv_shares=shares,
+                                            count_linear_memory=config.server.count_linear_memory,
+                                            memory_pool_mb=config.server.memory_pool_mb,
+                                            memory_pool_idle_s=config.server.memory_pool_idle_s,
+                                            start_slots=config.server.start_slots,
+                                            swap_mb=config.server.swap_mb,
+                                            model_name=model_name,
+                                            suspend_deadline_s=config.server.suspend_deadline_s,
+                                            restore=config.server.restore,
+                                            freeze_heap=True))
+    runtime.outbound.set_ca_bundle(config.server.outbound_ca_bundle or None)
+    return runtime
 
 
 def runtime_figures(runtime: Any) -> RuntimeFigures:
@@ -100,7 +102,8 @@ def runtime_figures(runtime: Any) -> RuntimeFigures:
         batch_size_counts=dict(scheduler.batch_size_histogram),
         num_output_tokens=engine.num_output_tokens, num_input_tokens=engine.num_input_tokens,
         num_spare_instances=runtime.spares.num_ready,
-        suspensions=stats.suspensions)
+        suspensions=stats.suspensions,
+        outbound=runtime.outbound.stats.snapshot(), spawns=runtime.spawns.stats())
 
 
 def model_info(config: ServerConfig, engine: Any, default_model: bool = True) -> dict[str, Any]:

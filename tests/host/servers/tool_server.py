@@ -11,12 +11,14 @@ Routes (GET unless said):
 - /gather?key=K&n=N            answers 200 once N requests of key K are in at once (all of them
                                held until then), 504 after 30 s: proof that N were in flight
 One asyncio loop in a thread of its own (no thread per connection: a burst of many agents' calls
-costs little), HTTP/1.1 with keep-alive. Only ever bound to 127.0.0.1.
+costs little), HTTP/1.1 with keep-alive. Only ever bound to 127.0.0.1. Given an ssl.SSLContext
+it serves HTTPS (`url` then gives https:// URLs).
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import threading
 from urllib.parse import parse_qs, urlsplit
 
@@ -35,8 +37,9 @@ class ToolServer:
     """The server on 127.0.0.1 and a free port, its loop in a thread of this process.
     `with ToolServer(delay_ms=100) as server: server.url("/search?q=x")`."""
 
-    def __init__(self, delay_ms: float = 0.0) -> None:
+    def __init__(self, delay_ms: float = 0.0, tls: ssl.SSLContext | None = None) -> None:
         self.delay_ms = delay_ms
+        self.tls = tls
         self.num_streamed_chunks = 0          # chunks /slow and /huge wrote so far
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
@@ -51,7 +54,8 @@ class ToolServer:
         return self._server.sockets[0].getsockname()[1]
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
 
     def __enter__(self) -> "ToolServer":
         self._thread.start()
@@ -66,7 +70,8 @@ class ToolServer:
 
     async def _start(self) -> None:
         self._stopping = asyncio.Event()
-        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0, backlog=1024)
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0, backlog=1024,
+                                                  ssl=self.tls)
 
     async def _stop(self) -> None:
         assert self._server is not None and self._stopping is not None
@@ -81,7 +86,8 @@ class ToolServer:
         try:
             while await self._one_request(reader, writer):
                 pass
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ssl.SSLError):
             pass
         finally:
             writer.close()
