@@ -61,13 +61,15 @@ class SpawnHooks:
 @dataclass(frozen=True)
 class ChildInfo:
     """A running child: its id, its parent's (None once a detached child's parent ended), its
-    program's hash, its depth (1 for a child of a launched instance), whether it is detached."""
+    program's hash, its depth (1 for a child of a launched instance), whether it is detached,
+    its page quota (its parent's limits')."""
 
     instance_id: str
     parent_id: str | None
     program_hash: str
     depth: int
     detached: bool
+    page_quota: int | None
 
 
 @dataclass(frozen=True)
@@ -155,9 +157,7 @@ class Spawns:
     def children(self, tenant: str) -> list[ChildInfo]:
         """The running children of `tenant`'s instances, at every depth."""
         with self._lock:
-            return [ChildInfo(instance_id, node.parent_id, node.program.hash, node.depth,
-                              node.detached)
-                    for instance_id, node in self._nodes.items()
+            return [_info(instance_id, node) for instance_id, node in self._nodes.items()
                     if node.depth > 0 and node.tenant == tenant]
 
     def child_of(self, tenant: str, instance_id: str) -> ChildInfo | None:
@@ -166,8 +166,7 @@ class Spawns:
             node = self._nodes.get(instance_id)
             if node is None or node.depth == 0 or node.tenant != tenant:
                 return None
-            return ChildInfo(instance_id, node.parent_id, node.program.hash, node.depth,
-                             node.detached)
+            return _info(instance_id, node)
 
     def stats(self) -> dict[str, TenantSpawns]:
         """Per tenant that ever spawned: children spawned so far and alive now."""
@@ -278,6 +277,11 @@ class Spawns:
             return hooks.admit(parent.tenant, parent.limits)
         except Exception as exc:  # noqa: BLE001 -- the host's refusal, named to the guest
             raise SpawnRefused(f"children.spawn: refused: {_message(exc)}") from None
+
+
+def _info(instance_id: str, node: _Node) -> ChildInfo:
+    return ChildInfo(instance_id, node.parent_id, node.program.hash, node.depth, node.detached,
+                     node.limits.page_quota)
 
 
 def _check_request(program: str, args: tuple[str, ...]) -> None:

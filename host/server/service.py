@@ -303,9 +303,33 @@ class PieService:
     def list_instances(self, tenant: Tenant) -> list[InstanceHandle]:
         return [h for h in self._handles.values() if h.tenant == tenant.name and h.instance_id]
 
-    def waiting_for_input(self, handle: InstanceHandle) -> bool:
-        """Whether the instance waits in a receive with no client message queued for it."""
-        return self.runtime.hub.waiting_for_client(handle.instance_id)
+    def list_children(self, tenant: Tenant) -> list[Any]:
+        """The running children (host.spawns.ChildInfo) of the tenant's instances, at every
+        depth (none on a runtime without child inferlets)."""
+        spawns = getattr(self.runtime, "spawns", None)
+        return [] if spawns is None else spawns.children(tenant.name)
+
+    def find_child(self, tenant: Tenant, instance_id: str) -> Any:
+        """The tenant's running child `instance_id` (ServiceError when it has none)."""
+        spawns = getattr(self.runtime, "spawns", None)
+        child = None if spawns is None else spawns.child_of(tenant.name, instance_id)
+        if child is None:
+            raise ServiceError(f"unknown instance {instance_id!r}")
+        return child
+
+    async def terminate_child(self, tenant: Tenant, instance_id: str, reason: str) -> None:
+        """End the tenant's child `instance_id` (its parent sees it end; no event here)."""
+        child = self.find_child(tenant, instance_id)
+        try:
+            await trio.to_thread.run_sync(self.runtime.terminate, child.instance_id, reason)
+        except KeyError:
+            pass                            # it ended meanwhile
+
+    def waiting_for_input(self, handle: InstanceHandle | str) -> bool:
+        """Whether the instance (a handle, or a child's id) waits in a receive with no client
+        message queued for it."""
+        instance_id = handle if isinstance(handle, str) else handle.instance_id
+        return self.runtime.hub.waiting_for_client(instance_id)
 
     def logs(self, tenant: Tenant, instance_id: str) -> tuple[str, ...]:
         """The log of the tenant's instance `instance_id`, running or ended: its newest lines,

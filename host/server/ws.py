@@ -236,8 +236,13 @@ class Connection:
         await self._send(p.reply_message(request.id))
 
     async def _on_Terminate(self, tenant: Tenant, request: p.Terminate) -> None:
-        handle = self.service.find(tenant, request.instance_id)
-        await self.service.terminate(handle, "terminated by client")
+        try:
+            handle = self.service.find(tenant, request.instance_id)
+        except ServiceError:                # not launched by a client: a child of one, or none
+            await self.service.terminate_child(tenant, request.instance_id,
+                                               "terminated by client")
+        else:
+            await self.service.terminate(handle, "terminated by client")
         await self._send(p.reply_message(request.id))
 
     async def _on_ListPrograms(self, tenant: Tenant, request: p.ListPrograms) -> None:
@@ -246,10 +251,16 @@ class Connection:
             {"sha256": prog.sha256, "size": prog.size} for prog in programs]))
 
     async def _on_ListInstances(self, tenant: Tenant, request: p.ListInstances) -> None:
-        await self._send(p.reply_message(request.id, instances=[
-            {"instance_id": h.instance_id, "program": h.program, "kv_pages": h.kv_pages,
-             "waiting_for_input": self.service.waiting_for_input(h)}
-            for h in self.service.list_instances(tenant)]))
+        launched = [{"instance_id": h.instance_id, "program": h.program, "kv_pages": h.kv_pages,
+                     "waiting_for_input": self.service.waiting_for_input(h),
+                     "parent_id": None, "depth": 0}
+                    for h in self.service.list_instances(tenant)]
+        children = [{"instance_id": c.instance_id, "program": c.program_hash,
+                     "kv_pages": c.page_quota,
+                     "waiting_for_input": self.service.waiting_for_input(c.instance_id),
+                     "parent_id": c.parent_id, "depth": c.depth}
+                    for c in self.service.list_children(tenant)]
+        await self._send(p.reply_message(request.id, instances=launched + children))
 
     async def _on_Logs(self, tenant: Tenant, request: p.Logs) -> None:
         await self._send(p.reply_message(request.id, lines=list(
