@@ -7,7 +7,8 @@ give more throughput; the sleeping engine uses no CPU.
 - scale_2 / scale_4: decode steps per second of 64 concurrent instances (`bench_calls step`)
   on 2 / 4 replicas over 1 replica;
 - event_latency_p50_ms: an event's time from its emission on a replica to its hand-over by the
-  front, over echo round trips (and the final events);
+  front, over echo round trips (and the final events); pushed over the front's connections,
+  and (event_latency_ray_poll_*, the baseline, same run) taken by long polls over Ray;
 - local_import_hit: launches naming an export (8 exports spread over 4 replicas, 64 importers)
   placed where it lies, with the affinity hint, and without it (random ~ 1/4);
 - instances_max_min: instances per replica, max over min, 64 launches without a key (least
@@ -52,9 +53,11 @@ NUM_INSTANCES = 64
 NUM_PAGES = 1024
 
 
-def front_over(handles, num_replicas: int, config: RuntimeConfig) -> ClusterFront:
+def front_over(handles, num_replicas: int, config: RuntimeConfig,
+               push_events: bool = True) -> ClusterFront:
     replicas = {rid: handles.replicas[rid] for rid in list(handles.replicas)[:num_replicas]}
-    return ClusterFront(handles.directory, replicas, config=config, poll_s=0.2)
+    return ClusterFront(handles.directory, replicas, config=config, poll_s=0.2,
+                        push_events=push_events)
 
 
 def run_all(front: ClusterFront, program, args: list[str], num: int, **launch) -> float:
@@ -82,8 +85,10 @@ def scaling(handles, config, guests, num_steps: int) -> dict:
             "scale_2": round(rates[2] / rates[1], 3), "scale_4": round(rates[4] / rates[1], 3)}
 
 
-def event_latency(handles, config, guests, num_messages: int) -> dict:
-    with front_over(handles, NUM_REPLICAS, config) as front:
+def event_latency(handles, config, guests, num_messages: int, push_events: bool) -> dict:
+    """Event latency p50 / p99 (ms) over echo round trips: events pushed over the front's
+    connections, or (push_events False, the baseline) taken by long polls over Ray."""
+    with front_over(handles, NUM_REPLICAS, config, push_events) as front:
         echo = front.load_program(guests.component("echo"))
         got: dict[str, threading.Semaphore] = {}
 
@@ -102,9 +107,10 @@ def event_latency(handles, config, guests, num_messages: int) -> dict:
             front.send(instance_id, "")
             front.wait(instance_id, 30)
         latencies = sorted(front.statistics().event_latencies_s)
-    return {"event_latency_p50_ms": round(statistics.median(latencies) * 1000, 3),
-            "event_latency_p99_ms": round(latencies[int(0.99 * (len(latencies) - 1))] * 1000, 3),
-            "num_events": len(latencies)}
+    prefix = "event_latency" if push_events else "event_latency_ray_poll"
+    return {f"{prefix}_p50_ms": round(statistics.median(latencies) * 1000, 3),
+            f"{prefix}_p99_ms": round(latencies[int(0.99 * (len(latencies) - 1))] * 1000, 3),
+            f"{prefix}_num_events": len(latencies)}
 
 
 def import_hits(handles, config, guests, hinted: bool, seed: int) -> float:
@@ -206,7 +212,8 @@ def main() -> None:
         handles = start_cluster(cluster, lambda rid: ReplicaSpec(rid, engine, config))
         try:
             figures = scaling(handles, config, guests, args.steps)
-            figures |= event_latency(handles, config, guests, args.messages)
+            figures |= event_latency(handles, config, guests, args.messages, True)
+            figures |= event_latency(handles, config, guests, args.messages, False)
             figures["local_import_hit"] = round(import_hits(handles, config, guests, True, 1), 3)
             figures["random_import_hit"] = round(import_hits(handles, config, guests, False, 2), 3)
             figures["instances_max_min"] = round(spread(handles, config, guests, False), 3)

@@ -78,6 +78,10 @@ class EventBuffer:
         with self._cond:
             return self._num_bytes.get(front_id, 0)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         """Wake every waiting `take` (they return what is queued, or nothing)."""
         with self._cond:

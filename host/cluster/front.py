@@ -8,10 +8,12 @@ instance_log, num_lingering, hub.waiting_for_client, close), over the cluster's 
   Ray's object store into a persistent mirror on the chosen one (charged to that tenant there);
 - instance ids are `<replica>.<local id>`: sends, terminates and logs go to the replica the id
   names, without a lookup;
-- one poller thread per replica takes its events (a long poll), hands each to the launcher's
+- one reader thread per replica takes its events, which the replica pushes over a connection
+  to this front's listener (event_channel.py; its life watched through the Ray call that
+  streams them), hands each to the launcher's
   `on_event` in order, frees the instance's reservation at its final event and forwards changed
   exports to the Directory;
-- a replica whose poll fails is lost: each of its instances ends with a final trap event naming
+- a replica whose stream call fails is lost: each of its instances ends with a final trap event naming
   it, their reservations are freed and its exports dropped from the index; the poller waits for
   Ray to restart the replica, which rejoins under a new epoch and takes placements again.
 Thread-safe. Blocking (Ray calls): the server calls it from worker threads, as it does a Runtime.
@@ -33,6 +35,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from host.cluster.directory import Reservation
 from host.cluster.errors import ClusterError, ReplicaLostError, StaleEpochError
 from host.cluster.event_buffer import ReplicaEvent
+from host.cluster.event_channel import ChannelClosed, EventListener
 from host.cluster.placement import Placement, PlacementPolicy, ReplicaLoad, place
 from host.cluster.replica import EventBatch, ReplicaFigures
 from host.runtime_config import InstanceLimits, RuntimeConfig
@@ -48,6 +51,7 @@ _MAX_EARLY_KEPT = 4096         # instances with events before their launch retur
 _MAX_LATENCIES_KEPT = 65536
 _REJOIN_WAIT_S = 5.0
 _CALL_TIMEOUT_S = 60.0
+_HEARTBEAT_GRACE_S = 1.0       # a replica's stream sends at least every poll_s; then Ray is asked
 _STATUS_OF_KIND = {"result": "ok", "error": "error", "trap": "trap", "terminated": "terminated"}
 EventCallback = Callable[[InstanceEvent], None]
 
@@ -122,14 +126,16 @@ class _Hub:
 
 class ClusterFront:
     """A Runtime-like face over a cluster's directory and replicas (see the module doc).
-    `config`: the RuntimeConfig whose `limits` launches default to."""
+    `config`: the RuntimeConfig whose `limits` launches default to; `poll_s`: how often an idle
+    replica's event stream (or long poll) answers; `push_events` False: events come by long
+    polls over Ray instead (for a front whose node replicas cannot connect to)."""
 
     places_by_affinity = True          # `launch` takes an affinity (the server passes it on)
 
     def __init__(self, directory: Any, replicas: dict[str, Any], *,
                  config: RuntimeConfig = RuntimeConfig(),
                  policy: PlacementPolicy = PlacementPolicy(), poll_s: float = 0.5,
-                 on_close: Callable[[], None] | None = None) -> None:
+                 push_events: bool = True, on_close: Callable[[], None] | None = None) -> None:
         if not replicas:
             raise ValueError("ClusterFront: no replicas")
         self.config = config
@@ -155,6 +161,7 @@ class ClusterFront:
         self._num_import_local = self._num_import_mirrored = 0
         self._num_lost_instances = self._num_replicas_lost = 0
         self._latencies: deque[float] = deque(maxlen=_MAX_LATENCIES_KEPT)
+        self._listener = EventListener(ray.util.get_node_ip_address()) if push_events else None
         self._pollers = [threading.Thread(target=self._poll, args=(rid,), daemon=True,
                                           name=f"pie-poll-{rid}") for rid in replicas]
         for poller in self._pollers:
@@ -318,8 +325,10 @@ class ClusterFront:
         for instance in live:
             instance.done.wait(max(0.0, deadline - time.monotonic()))
         self._closed.set()
+        if self._listener is not None:
+            self._listener.close()
         for poller in self._pollers:
-            poller.join(self._poll_s + _REJOIN_WAIT_S + 1.0)
+            poller.join(self._poll_s + _REJOIN_WAIT_S + _HEARTBEAT_GRACE_S + 1.0)
         if self._on_close is not None:
             self._on_close()
 
@@ -403,19 +412,58 @@ class ClusterFront:
 
     # ---- events -----------------------------------------------------------------------------
     def _poll(self, replica_id: str) -> None:
-        """The replica's poller: take its events until the front closes; on a failed poll, the
-        replica is lost; then wait for its next life."""
+        """The replica's reader: take its events (pushed over its connection to this front's
+        listener; with push_events False, by long polls over Ray) until the front closes; when
+        the replica's stream call (or poll) fails, the replica is lost; then wait for its next
+        life."""
         while not self._closed.is_set():
             with self._lock:
                 epoch = self._epochs[replica_id]
             try:
-                batch: EventBatch = ray.get(self._replicas[replica_id].next_events.remote(
-                    epoch, self.front_id, self._poll_s), timeout=self._poll_s + _CALL_TIMEOUT_S)
+                if self._listener is None:
+                    self._take(replica_id, epoch, _get(self._replicas[replica_id].next_events
+                                                       .remote(epoch, self.front_id, self._poll_s)))
+                    continue
+                stream = self._replicas[replica_id].stream_events.remote(
+                    epoch, self.front_id, self._listener.address, self._listener.token,
+                    self._poll_s)
+                self._read_stream(replica_id, epoch, stream)
             except (RayActorError, StaleEpochError, GetTimeoutError) as exc:
                 self._lose(replica_id, epoch, exc)
                 self._rejoin(replica_id, epoch)
-                continue
-            self._take(replica_id, epoch, batch)
+            except Exception:  # noqa: BLE001 -- the reader must outlive any one stream
+                _log.exception("replica %s: event stream failed", replica_id)
+                self._closed.wait(self._poll_s)
+
+    def _read_stream(self, replica_id: str, epoch: int, stream: Any) -> None:
+        """Read one stream call's connection until it ends; raises what the call raised (the
+        replica is lost) once it failed; returns when it ended otherwise (or the front closed)."""
+        reader = None
+        while reader is None and not self._closed.is_set():
+            reader = self._listener.take(replica_id, epoch, self._poll_s)
+            if reader is None and ray.wait([stream], timeout=0)[0]:
+                _log.warning("replica %s: no event stream: %s", replica_id,
+                             _get(stream))            # raises when the replica is gone
+                self._closed.wait(self._poll_s)
+                return
+        if reader is None:
+            return
+        try:
+            while not self._closed.is_set():
+                try:
+                    batch = reader.read(self._poll_s + _HEARTBEAT_GRACE_S)
+                except ChannelClosed:
+                    break
+                if batch is not None:
+                    self._take(replica_id, epoch, batch)
+                elif ray.wait([stream], timeout=0)[0]:
+                    break
+        finally:
+            reader.close()
+        if not self._closed.is_set():
+            why = _get(stream)                # raises when the replica is gone; else reconnect
+            _log.info("replica %s: event stream ended: %s", replica_id, why)
+            self._closed.wait(self._poll_s)
 
     def _take(self, replica_id: str, epoch: int, batch: EventBatch) -> None:
         now = time.time()

@@ -3,8 +3,9 @@ programs, message hub), run as a Ray actor by `cluster.py`, one per GPU (per pro
 
 Every call but the read-only ones names the replica's epoch, its life as the directory counts
 them: a call of an earlier life fails fast with StaleEpochError (the instances it named ended
-with that life). Instance events wait in an `EventBuffer` per front until that front takes them
-(`next_events`, a long poll); a front that stops reading has its instances' message events
+with that life). Instance events wait in an `EventBuffer` per front until that front takes them: pushed
+over the front's own connection (`stream_events`, event_channel.py), or by a long poll
+(`next_events`); a front that stops reading has its instances' message events
 refused once `max_buffered_bytes` wait, and such an instance is terminated (its final event
 still goes out). Exports are reported to the front with the events whenever they changed.
 An export can be read out (`read_export`: its pages' bytes, for Ray's object store) and
@@ -21,6 +22,7 @@ from typing import Any, Callable
 from engine.protocol import EngineLike
 from host.cluster.errors import ClusterError, StaleEpochError
 from host.cluster.event_buffer import EventBuffer, ReplicaEvent
+from host.cluster.event_channel import ChannelClosed, EventWriter
 from host.cluster.placement import ReplicaLoad
 from host.errors import LimitError
 from host.runtime import Runtime, RuntimeStats
@@ -195,6 +197,26 @@ class EngineReplica:
             changed = self._reported.get(front_id) != exports
             self._reported[front_id] = exports
         return EventBatch(tuple(events), self.load(), exports if changed else None)
+
+    def stream_events(self, epoch: int, front_id: str, address: tuple[str, int], token: bytes,
+                      heartbeat_s: float) -> str:
+        """Push the front's events to it over a connection to `address` (its EventListener,
+        `token` its secret), an EventBatch per frame, at least every `heartbeat_s` (an empty
+        one when idle), until the connection breaks, the replica closes or its life ends.
+        Returns why it stopped."""
+        self._check(epoch)
+        try:
+            writer = EventWriter(address, token, self.replica_id, epoch)
+        except OSError as exc:
+            return f"cannot reach the front at {address}: {exc}"
+        try:
+            while not self._events.closed:
+                writer.send(self.next_events(epoch, front_id, heartbeat_s))
+        except ChannelClosed as exc:
+            return str(exc)
+        finally:
+            writer.close()
+        return "the replica closed"
 
     # ---- exports across replicas ------------------------------------------------------------
     def read_export(self, epoch: int, tenant: str, name: str) -> ExportCopy:

@@ -77,14 +77,14 @@ def cluster(ray_cluster, tmp_path_factory):
 
 @pytest.fixture
 def make_front(cluster):
-    """make_front(policy=PlacementPolicy()) -> a ClusterFront over the module's cluster (with
-    `.handles`), closed after the test (its instances terminated)."""
+    """make_front(policy=PlacementPolicy(), **options) -> a ClusterFront over the module's
+    cluster (with `.handles`), closed after the test (its instances terminated)."""
     handles, runtime_config = cluster
     made = []
 
-    def make(policy: PlacementPolicy = PlacementPolicy()) -> ClusterFront:
+    def make(policy: PlacementPolicy = PlacementPolicy(), **options) -> ClusterFront:
         front = ClusterFront(handles.directory, handles.replicas, config=runtime_config,
-                             policy=policy, poll_s=0.2)
+                             policy=policy, poll_s=0.2, **options)
         front.handles = handles
         made.append(front)
         return front

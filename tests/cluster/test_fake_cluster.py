@@ -206,3 +206,20 @@ def test_a_lost_replica_ends_only_its_own_instances(make_front, components) -> N
     wait_until(lambda: ray.get(directory.num_reservations.remote()) == 0,
                what="every reservation back")
     assert final_after_s < 10.0                           # generous: the bench holds < 2 s
+
+
+@pytest.mark.parametrize("push_events", [True, False])
+def test_events_pushed_or_polled_arrive_in_order(make_front, components,  # noqa: F811
+                                                 push_events) -> None:
+    front = make_front(push_events=push_events)
+    echo = front.load_program(components.component("echo"))
+    events = [Events(), Events()]
+    ids = [front.launch(echo, [], on_event=e) for e in events]
+    assert {replica_of(i)[0] for i in ids} == {"r0", "r1"}
+    for instance_id, got in zip(ids, events):
+        for index in range(20):
+            assert front.send(instance_id, f"m{index}")
+        assert [got.next() for _ in range(20)] == [("message", f"m{i}") for i in range(20)]
+        front.send(instance_id, "")
+        assert front.wait(instance_id, 20).value == "bye"
+    assert len(front.statistics().event_latencies_s) >= 42
