@@ -21,6 +21,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from host.cluster.directory import Directory, TenantQuota
 from host.cluster.replica import EngineReplica, ReplicaSpec
+from host.cluster.topics import TOPICS_GROUP
 
 __all__ = ["ClusterConfig", "ClusterHandles", "init_ray", "shutdown_ray", "kept_signal_handlers", "start_directory", "start_replicas",
            "start_cluster", "stop_cluster"]
@@ -138,18 +139,28 @@ def _join(directory: Any, replica_id: str) -> int:
     return ray.get(directory.join.remote(replica_id))
 
 
+def _replica_name(config: ClusterConfig, replica_id: str) -> str:
+    return f"{config.name_prefix}-replica-{replica_id}"
+
+
+def _peer(config: ClusterConfig, replica_id: str) -> Any:
+    """Another replica's handle, by its name (in a replica's process)."""
+    return ray.get_actor(_replica_name(config, replica_id), namespace=config.namespace)
+
+
 def start_replicas(config: ClusterConfig, specs: list[ReplicaSpec],
                    directory: Any) -> dict[str, Any]:
     """One EngineReplica actor per spec (made, or the running one of that name); waits until
     each answers."""
     replicas = {}
     for spec in specs:
-        actor = ray.remote(EngineReplica).options(
-            name=f"{config.name_prefix}-replica-{spec.replica_id}", namespace=config.namespace,
+        actor = ray.remote(concurrency_groups={TOPICS_GROUP: 1})(EngineReplica).options(
+            name=_replica_name(config, spec.replica_id), namespace=config.namespace,
             lifetime=_lifetime(config), get_if_exists=True, num_cpus=config.num_cpus,
             num_gpus=config.num_gpus, max_restarts=config.max_restarts, max_task_retries=0,
             max_concurrency=_REPLICA_CONCURRENCY)
-        replicas[spec.replica_id] = actor.remote(spec, partial(_join, directory))
+        replicas[spec.replica_id] = actor.remote(spec, partial(_join, directory), directory,
+                                                 partial(_peer, config))
     ray.get([handle.ping.remote() for handle in replicas.values()])
     return replicas
 

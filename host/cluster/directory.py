@@ -6,7 +6,9 @@
 - replica epochs: each (re)start of a replica joins under a new epoch; joining again ends the
   old life's reservations and exports;
 - the export index: (tenant, name) -> the pages each replica holds of it, as the replicas report
-  them; the exports of a lost replica are dropped and remembered as lost, with the replica named.
+  them; the exports of a lost replica are dropped and remembered as lost, with the replica named;
+- topics -> subscribed replicas: (tenant, topic) -> the replicas with a subscriber of it, as
+  they register them (host/cluster/topics.py); a lost replica's are dropped.
 Plain Python (testable without Ray); `cluster.py` runs it as a Ray actor. Not thread-safe: a Ray
 actor runs one call at a time.
 """
@@ -18,9 +20,10 @@ from dataclasses import dataclass
 
 from host.cluster.errors import ReservationError, StaleEpochError
 
-__all__ = ["TenantQuota", "Reservation", "Directory", "MAX_LOST_KEPT"]
+__all__ = ["TenantQuota", "Reservation", "Directory", "MAX_LOST_KEPT", "MAX_TOPIC_CHARS"]
 
 MAX_LOST_KEPT = 4096           # lost exports remembered, newest kept
+MAX_TOPIC_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class Directory:
         self._program_bytes: dict[str, dict[str, int]] = {}      # tenant -> sha256 -> size
         self._exports: dict[tuple[str, str], dict[str, int]] = {}  # -> replica -> pages
         self._lost: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._topics: dict[tuple[str, str], set[str]] = {}       # -> subscribed replicas
 
     # ---- replicas ---------------------------------------------------------------------------
     def join(self, replica_id: str) -> int:
@@ -91,6 +95,8 @@ class Directory:
             return []
         for key in [k for k, r in self._reservations.items() if r.replica_id == replica_id]:
             del self._reservations[key]
+        for key in [k for k, held in self._topics.items() if replica_id in held]:
+            self._unsubscribe(key, replica_id)
         lines = []
         for export_key in [k for k, held in self._exports.items() if replica_id in held]:
             held = self._exports[export_key]
@@ -202,6 +208,43 @@ class Directory:
         if (tenant, name) in self._exports:
             return None
         return self._lost.get((tenant, name))
+
+
+    # ---- topics -----------------------------------------------------------------------------
+    def subscribe_topic(self, tenant: str, topic: str, replica_id: str, epoch: int) -> list[str]:
+        """The replica's life `epoch` has a subscriber of the tenant's topic; the other joined
+        replicas (to be told). Nothing changes when `epoch` is not the replica's current one."""
+        _check_name("tenant", tenant)
+        _check_topic(topic)
+        if self._epochs.get(replica_id) != epoch:
+            return []
+        self._topics.setdefault((tenant, topic), set()).add(replica_id)
+        return sorted(rid for rid in self._epochs if rid != replica_id)
+
+    def unsubscribe_topic(self, tenant: str, topic: str, replica_id: str,
+                          epoch: int) -> list[str]:
+        """The replica no longer has a subscriber of the topic; the other joined replicas."""
+        if self._epochs.get(replica_id) != epoch:
+            return []
+        self._unsubscribe((tenant, topic), replica_id)
+        return sorted(rid for rid in self._epochs if rid != replica_id)
+
+    def topic_map(self) -> dict[tuple[str, str], list[str]]:
+        """(tenant, topic) -> the replicas with a subscriber of it."""
+        return {key: sorted(held) for key, held in self._topics.items()}
+
+    def _unsubscribe(self, key: tuple[str, str], replica_id: str) -> None:
+        held = self._topics.get(key)
+        if held is not None:
+            held.discard(replica_id)
+            if not held:
+                del self._topics[key]
+
+
+def _check_topic(topic: object) -> None:
+    if not isinstance(topic, str) or len(topic) > MAX_TOPIC_CHARS:
+        raise ReservationError(f"topic must be a string of at most {MAX_TOPIC_CHARS} "
+                               f"characters, got {topic!r:.80}")
 
 
 def _check_name(what: str, value: object) -> None:

@@ -8,7 +8,8 @@ over the front's own connection (`stream_events`, event_channel.py), or by a lon
 (`next_events`); a front that stops reading has its instances' message events
 refused once `max_buffered_bytes` wait, and such an instance is terminated (its final event
 still goes out). Exports are reported to the front with the events whenever they changed.
-An export can be read out (`read_export`: its pages' bytes, for Ray's object store) and
+Topics reach the other replicas' subscribers through `ClusterTopics` (topics.py) when the
+replica is given the Directory. An export can be read out (`read_export`: its pages' bytes, for Ray's object store) and
 written into another replica as a persistent mirror of the same name (`write_export`),
 charged to the tenant's export share there.
 """
@@ -24,6 +25,7 @@ from host.cluster.errors import ClusterError, StaleEpochError
 from host.cluster.event_buffer import EventBuffer, ReplicaEvent
 from host.cluster.event_channel import ChannelClosed, EventWriter
 from host.cluster.placement import ReplicaLoad
+from host.cluster.topics import ClusterTopics, TopicMessage
 from host.errors import LimitError
 from host.runtime import Runtime, RuntimeStats
 from host.runtime_config import InstanceLimits, RuntimeConfig
@@ -117,9 +119,11 @@ class ExportCopy:
 
 class EngineReplica:
     """One engine's runtime behind Ray calls. `join(replica_id) -> epoch` registers this life
-    (the directory's `join`; None: epoch 1, for a replica without a directory)."""
+    (the directory's `join`; None: epoch 1, for a replica without a directory); `directory`
+    and `peer(replica_id)` (another replica's handle): topics across replicas (None: local)."""
 
-    def __init__(self, spec: ReplicaSpec, join: Callable[[str], int] | None = None) -> None:
+    def __init__(self, spec: ReplicaSpec, join: Callable[[str], int] | None = None,
+                 directory: Any = None, peer: Callable[[str], Any] | None = None) -> None:
         if spec.torch_threads is not None:
             import torch
             torch.set_num_threads(spec.torch_threads)
@@ -132,6 +136,12 @@ class EngineReplica:
         self._reported: dict[str, dict[tuple[str, str], int]] = {}   # front -> exports it saw
         self._reported_at: dict[str, float] = {}     # front -> when load and exports last went
         self.epoch = 1 if join is None else join(spec.replica_id)
+        self.topics = None
+        if directory is not None and peer is not None:
+            self.topics = ClusterTopics(self.replica_id, self.epoch, directory, peer,
+                                        self.runtime.hub.deliver_topic)
+            self.topics.load()
+            self.runtime.hub.set_relay(self.topics)
 
     # ---- calls of the front -----------------------------------------------------------------
     def ping(self) -> int:
@@ -218,6 +228,19 @@ class EngineReplica:
             writer.close()
         return "the replica closed"
 
+    # ---- topics across replicas (calls of other replicas, in their "topics" group) ---------
+    def topic_peer(self, tenant: str, topic: str, replica_id: str, subscribed: bool) -> None:
+        """Replica `replica_id` has (or no longer has) subscribers of the tenant's topic."""
+        if self.topics is not None:
+            self.topics.set_peer(tenant, topic, replica_id, subscribed)
+
+    def receive_topics(self, messages: list[TopicMessage]) -> list[tuple[str, str]]:
+        """Broadcasts made on another replica, delivered here in order; the topics nobody here
+        hears any more."""
+        if self.topics is None:
+            return []
+        return self.topics.receive(messages)
+
     # ---- exports across replicas ------------------------------------------------------------
     def read_export(self, epoch: int, tenant: str, name: str) -> ExportCopy:
         """The pages of the tenant's export `name`, read out with the engine held. ClusterError
@@ -291,6 +314,8 @@ class EngineReplica:
 
     def close(self) -> None:
         """Terminate every instance (their final events go out), then close the runtime."""
+        if self.topics is not None:
+            self.topics.close()
         self.runtime.close()
         self._events.close()
 

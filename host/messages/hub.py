@@ -9,18 +9,33 @@ that is a trap). Topic broadcasts reach only the instances subscribed before the
 Every store is bounded by `MessageLimits` (host/runtime_config.py) in characters as well as in
 entries: a tenant's key-value store refuses a set past its size; a subscription's inbox drops its
 oldest unread broadcasts; an instance's inbox of client messages refuses a message past its size.
+
+A `TopicRelay` (set with `set_relay`) carries topics beyond this hub: it hears when a (tenant,
+topic) gets its first subscriber here and loses its last, and every broadcast made here; what
+it brings in from elsewhere is delivered with `deliver_topic` (local subscribers only).
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
-from typing import Callable
+from typing import Callable, Protocol
 
 from host.errors import Cancelled, LimitError, TrapError
 from host.runtime_config import MessageLimits
 
-__all__ = ["Inbox", "KeyValueStore", "MessageHub", "InstanceChannel"]
+__all__ = ["Inbox", "KeyValueStore", "MessageHub", "InstanceChannel", "TopicRelay"]
+
+
+class TopicRelay(Protocol):
+    """Topics beyond one hub. `subscribed` returns once broadcasts made elsewhere after it will
+    reach this hub; each is called on the calling instance's thread, outside the hub's lock."""
+
+    def subscribed(self, tenant: str, topic: str) -> None: ...
+
+    def unsubscribed(self, tenant: str, topic: str) -> None: ...
+
+    def broadcast(self, tenant: str, topic: str, message: str) -> None: ...
 
 
 class Inbox:
@@ -190,6 +205,11 @@ class MessageHub:
         self._channels: dict[str, InstanceChannel] = {}
         self._topics: dict[tuple[str, str], dict[str, Inbox]] = {}   # (tenant, topic) -> subscribers
         self._stores: dict[str, KeyValueStore] = {}
+        self._relay: TopicRelay | None = None
+
+    def set_relay(self, relay: TopicRelay | None) -> None:
+        """Carry this hub's topics beyond it through `relay` (None: local only)."""
+        self._relay = relay
 
     def open(self, instance_id: str, tenant: str,
              send_to_client: Callable[[str], None]) -> "InstanceChannel":
@@ -223,14 +243,18 @@ class MessageHub:
     def close(self, instance_id: str, reason: str) -> None:
         """End an instance's messaging: wake its blocked receives with Cancelled(reason) and drop
         its subscriptions. Idempotent."""
+        emptied = []
         with self._lock:
             channel = self._channels.pop(instance_id, None)
             for key in list(self._topics):
-                self._topics[key].pop(instance_id, None)
-                if not self._topics[key]:
+                if self._topics[key].pop(instance_id, None) is not None and not self._topics[key]:
                     del self._topics[key]
+                    emptied.append(key)
         if channel is not None:
             channel.close(reason)
+        if self._relay is not None:
+            for tenant, topic in emptied:
+                self._relay.unsubscribed(tenant, topic)
 
     def store(self, tenant: str) -> KeyValueStore:
         with self._lock:
@@ -244,15 +268,25 @@ class MessageHub:
         with self._lock:
             if instance_id not in self._channels:
                 raise Cancelled(f"messaging.subscribe: instance {instance_id} has no open channel")
+            first = (tenant, topic) not in self._topics
             subscribers = self._topics.setdefault((tenant, topic), {})
             inbox = subscribers.get(instance_id)
             if inbox is None:
                 inbox = subscribers[instance_id] = Inbox(self.limits.topic_max_messages,
                                                          self.limits.topic_max_chars)
-            return inbox
+        if first and self._relay is not None:
+            self._relay.subscribed(tenant, topic)
+        return inbox
 
     def broadcast(self, tenant: str, topic: str, message: str) -> int:
-        """Deliver to the tenant's current subscribers of `topic`; returns how many."""
+        """Deliver to the tenant's current subscribers of `topic` (and hand it to the relay);
+        returns how many here."""
+        if self._relay is not None:
+            self._relay.broadcast(tenant, topic, message)
+        return self.deliver_topic(tenant, topic, message)
+
+    def deliver_topic(self, tenant: str, topic: str, message: str) -> int:
+        """Deliver to the tenant's subscribers of `topic` in this hub only; returns how many."""
         with self._lock:
             inboxes = list(self._topics.get((tenant, topic), {}).values())
         return sum(inbox.put(message) for inbox in inboxes)

@@ -95,3 +95,19 @@ def test_replacing_a_report_forgets_released_exports(directory: Directory) -> No
     directory.report_exports("r0", 1, {})
     assert directory.holders("acme", "p") == {}
     assert directory.why_missing("acme", "p") is None         # released, not lost
+
+
+def test_topics_map_subscribed_replicas_and_leave_with_a_lost_one() -> None:
+    directory = Directory()
+    for replica_id in ("r0", "r1", "r2"):
+        directory.join(replica_id)
+    assert directory.subscribe_topic("t", "news", "r0", 1) == ["r1", "r2"]
+    assert directory.subscribe_topic("t", "news", "r1", 1) == ["r0", "r2"]
+    assert directory.subscribe_topic("t", "news", "r2", 7) == []     # a stale life: no change
+    assert directory.topic_map() == {("t", "news"): ["r0", "r1"]}
+    directory.unsubscribe_topic("t", "news", "r0", 1)
+    assert directory.topic_map() == {("t", "news"): ["r1"]}
+    directory.drop_replica("r1", 1)
+    assert directory.topic_map() == {}
+    with pytest.raises(ReservationError, match="topic must be a string of at most 4096"):
+        directory.subscribe_topic("t", "x" * 4097, "r0", 1)
