@@ -24,7 +24,9 @@ observations, one line each, are appended as the next user turn. Tools:
 With --system-export NAME the system prompt's KV is imported from the export NAME when it exists
 (no prefill) and exported there (persistent) otherwise.
 Returns JSON: {turns, observations, answer, num_generated, num_context_tokens, imported,
-calls_per_turn}.
+calls_per_turn}; with --timings also `timings`: per turn {generate_s (the turn's pass over its
+new tokens and its decode), tool_s (its tool calls, started to last answer)}, as the guest's
+clock measures them (bench/react_turn.py).
 """
 import json
 import time
@@ -110,6 +112,7 @@ def main(args: list[str]) -> dict:
     parser.add_argument("--turn-tokens", type=int, default=16)
     parser.add_argument("--system-export", default="", help="export name of the system prompt")
     parser.add_argument("--release", action="store_true", help="release the export at the end")
+    parser.add_argument("--timings", action="store_true", help="return each turn's phases")
     opts = parser.parse_args(args)
     if not 0 <= opts.num_calls <= MAX_CALLS or opts.delay_ms < 0 or opts.calls_per_turn < 1:
         raise inferlet.InferletError(f"--num-calls must be in [0, {MAX_CALLS}], --delay-ms >= 0 "
@@ -119,9 +122,11 @@ def main(args: list[str]) -> dict:
 
     ctx, imported = inferlet.shared_system_context(opts.system, opts.system_export)
     ctx.fill_user(opts.task)
-    turns, observations, num_generated = [], [], 0
+    turns, observations, num_generated, timings = [], [], 0, []
     for num_turn_calls in turn_sizes(opts.num_calls, opts.calls_per_turn):
+        started = time.perf_counter()
         generation = ctx.generation(opts.turn_tokens).run()   # thought + actions
+        generated = time.perf_counter()
         turns.append(generation.text)
         num_generated += len(generation.token_ids)
         call_ids = list(range(len(observations), len(observations) + num_turn_calls))
@@ -131,14 +136,21 @@ def main(args: list[str]) -> dict:
             turn_observations = run_http(call_ids, generation.text, opts.tool_url)
         else:
             turn_observations = run_simulated(call_ids, opts.delay_ms / 1000)
+        timings.append({"generate_s": generated - started,
+                        "tool_s": time.perf_counter() - generated})
         observations += turn_observations
         ctx.fill_user("\n".join(turn_observations))
+    started = time.perf_counter()
     final = ctx.generation(opts.turn_tokens).run()
+    timings.append({"generate_s": time.perf_counter() - started, "tool_s": 0.0})
     num_generated += len(final.token_ids)
     num_context_tokens = len(ctx.token_ids)
     ctx.close()
     if opts.release and opts.system_export:
         inferlet.release_export(opts.system_export)
-    return {"turns": turns, "observations": observations, "answer": final.text,
-            "num_generated": num_generated, "num_context_tokens": num_context_tokens,
-            "imported": imported, "calls_per_turn": opts.calls_per_turn}
+    result = {"turns": turns, "observations": observations, "answer": final.text,
+              "num_generated": num_generated, "num_context_tokens": num_context_tokens,
+              "imported": imported, "calls_per_turn": opts.calls_per_turn}
+    if opts.timings:
+        result["timings"] = timings
+    return result

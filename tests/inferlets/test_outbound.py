@@ -33,10 +33,13 @@ def _limits(server: ToolServer, **overrides) -> InstanceLimits:
 
 def test_react_calls_a_real_http_tool(run_inferlet, server):
     run = run_inferlet("react", ["--tool", "http", "--tool-url", server.url("/search"),
-                                 "--num-calls", "4", "--calls-per-turn", "2"],
+                                 "--num-calls", "4", "--calls-per-turn", "2", "--timings"],
                        limits=_limits(server))
     result = run.json()
     assert len(result["observations"]) == 4
+    timings = result["timings"]                  # two tool turns and the answer
+    assert len(timings) == 3 and timings[-1]["tool_s"] == 0.0
+    assert all(t["generate_s"] > 0 for t in timings) and all(t["tool_s"] > 0 for t in timings[:2])
     for index, (turn, observation) in enumerate(zip(
             [t for t in result["turns"] for _ in range(2)], result["observations"])):
         expected = search_results(turn[:100])[0][:200]
