@@ -12,15 +12,20 @@ there is an order of magnitude slower on the CPU). Rows without an adapter take 
 count per projection does not grow with the number of adapters; the bytes read do (a decode
 step reads every adapter of its batch once), and the padded rows' work grows with how unevenly
 the rows are spread over them.
+
+A decode pass the model runs in its fused C decoder takes the adapters from there instead
+(`LoraPass.for_decoder`: each adapter's own tensors, no stacks, engine/quant/lora.c).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
 from engine.adapters.peft import FUSED_PROJECTIONS, LoraAdapter, ProjectionLora
+from engine.quant.decoder import DecoderShape
+from engine.quant.lora import DecoderLora, LoraTable
 
 __all__ = ["StackedAdapters", "StackedProjection", "LoraPass", "stack_adapters"]
 
@@ -43,18 +48,28 @@ class StackedAdapters:
 
     layers[i][p]: None when no adapter of the set targets projection p of layer i, else its
     StackedProjection, adapters in `names`' order. num_bytes: the memory the stacks took (0 for
-    one adapter: views of its own tensors).
+    one adapter: views of its own tensors). adapters: the set itself, in `names`' order.
     """
 
     names: tuple[str, ...]
     layers: tuple[tuple[StackedProjection | None, ...], ...]
     num_bytes: int
+    adapters: tuple[LoraAdapter, ...]
+    _tables: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def decoder_table(self, shape: DecoderShape, num_layers: int) -> LoraTable:
+        """The set as a fused C decoder of `shape` reads it, made on first use and kept."""
+        key = (shape, num_layers)
+        if key not in self._tables:
+            self._tables[key] = LoraTable([adapter.layers for adapter in self.adapters], shape,
+                                          num_layers)
+        return self._tables[key]
 
 
 def _stack(projections: Sequence[ProjectionLora | None]) -> StackedProjection:
     """One fused projection of G adapters (None: not targeted by that one) stacked."""
     present = [proj for proj in projections if proj is not None]
-    rank = max(proj.b[0].shape[1] for proj in present)
+    rank = max(proj.b_t[0].shape[0] for proj in present)
     slices = sorted({piece for proj in present for piece in proj.slices})
     like = present[0].a
     a_t = like.new_zeros(len(projections), like.shape[1], len(slices) * rank)   # [G, in, P*R]
@@ -63,20 +78,20 @@ def _stack(projections: Sequence[ProjectionLora | None]) -> StackedProjection:
     for g, proj in enumerate(projections):
         if proj is None:
             continue
-        r = proj.b[0].shape[1]
-        for k, (piece, b) in enumerate(zip(proj.slices, proj.b)):
+        r = proj.b_t[0].shape[0]
+        for k, (piece, b_t) in enumerate(zip(proj.slices, proj.b_t)):
             j = slices.index(piece)
             a_t[g, :, j * rank:j * rank + r] = proj.a[k * r:(k + 1) * r].t()
-            b_ts[j][g, :r] = b.t()
+            b_ts[j][g, :r] = b_t
     return StackedProjection(a_t, rank, tuple((start, end, b_t)
                                               for (start, end), b_t in zip(slices, b_ts)))
 
 
 def _view(proj: ProjectionLora) -> StackedProjection:
     """One adapter's projection as a stack of one, without a copy."""
-    rank = proj.b[0].shape[1]
+    rank = proj.b_t[0].shape[0]
     return StackedProjection(proj.a.t().unsqueeze(0), rank, tuple(
-        (start, end, b.t().unsqueeze(0)) for (start, end), b in zip(proj.slices, proj.b)))
+        (start, end, b_t.unsqueeze(0)) for (start, end), b_t in zip(proj.slices, proj.b_t)))
 
 
 def _nbytes(stacked: StackedProjection) -> int:
@@ -100,7 +115,7 @@ def stack_adapters(adapters: Sequence[LoraAdapter]) -> StackedAdapters:
                 layer.append(_stack(projections))
                 num_bytes += _nbytes(layer[-1])
         layers.append(tuple(layer))
-    return StackedAdapters(names, tuple(layers), num_bytes)
+    return StackedAdapters(names, tuple(layers), num_bytes, tuple(adapters))
 
 
 class LoraPass:
@@ -119,7 +134,9 @@ class LoraPass:
         if len(groups) != len(stacked.names) or not all(groups):
             raise ValueError("LoraPass: one non-empty group of rows per stacked adapter")
         self.stacked = stacked
+        self.groups = tuple(tuple(rows) for rows in groups)
         self.num_threads = num_threads
+        self._decoder: DecoderLora | None = None
         self.num_groups = len(groups)
         self.whole = len(groups) == 1 and len(groups[0]) == num_rows   # every row, one adapter
         self.group_len = max(len(rows) for rows in groups)
@@ -132,6 +149,14 @@ class LoraPass:
         self.partial = len(position) < num_rows          # some rows without an adapter
         self.inverse = torch.tensor([position.get(r, self.num_padded) for r in range(num_rows)],
                                     dtype=torch.long, device=device)   # [N] into G * L (+ 1)
+
+    def for_decoder(self, shape: DecoderShape, num_layers: int) -> DecoderLora:
+        """The pass's adapters as a fused C decoder of `shape` over `num_layers` layers takes
+        them (engine.quant.lora): the set's table, each group's rows."""
+        if self._decoder is None:
+            self._decoder = DecoderLora.of(self.stacked.decoder_table(shape, num_layers),
+                                           self.groups)
+        return self._decoder
 
     def add(self, layer: int, projection: int, x: torch.Tensor, y: torch.Tensor) -> None:
         """y [N, out] += each row's adapter delta of fused projection `projection` of `layer`

@@ -14,8 +14,8 @@ safetensors header alone (nothing is loaded); `load_adapter` then reads the tens
 per-layer, per-fused-projection layout the model applies (engine.adapters.apply): the engine's
 layers fuse q/k/v into one matmul and gate/up into another, so an adapter's A of a fused
 projection is its targeted parts' A stacked ([r * parts targeted, in]: one shrink matmul) and
-each targeted part keeps its own B [out_k, r] (scale folded in) with the columns of the fused
-output it adds to; nothing but the file's elements is kept.
+each targeted part keeps its own B, transposed ([r, out_k], scale folded in), with the columns of
+the fused output it adds to; nothing but the file's elements is kept.
 """
 from __future__ import annotations
 
@@ -85,12 +85,12 @@ class AdapterSpec:
 class ProjectionLora:
     """One adapter's share of one fused projection: a [r * len(parts), in], the targeted parts'
     A stacked in order; per targeted part, the columns (start, end) of the fused output it adds
-    to and its b [end - start, r] (scale included). The delta of part j is
-    (x @ a[j*r:(j+1)*r].T) @ b[j].T."""
+    to and its B transposed, b_t [r, end - start] (scale included), each contiguous. The delta of
+    part j is (x @ a[j*r:(j+1)*r].T) @ b_t[j]."""
 
     a: torch.Tensor
     slices: tuple[tuple[int, int], ...]
-    b: tuple[torch.Tensor, ...]
+    b_t: tuple[torch.Tensor, ...]
 
 
 @dataclass(frozen=True)
@@ -254,7 +254,8 @@ def load_adapter(name: str, directory: str | Path, config: ModelConfig, dtype: t
                         if module in targets:
                             a_rows.append(_finite(name, file, tensor_name(i, module, "A")))  # [r, in]
                             b = _finite(name, file, tensor_name(i, module, "B"))       # [out_k, r]
-                            bs.append((b * spec.scale).to(device=device, dtype=dtype).contiguous())
+                            bs.append((b.t() * spec.scale).to(device=device, dtype=dtype)
+                                      .contiguous())                                 # [r, out_k]
                             slices.append((start, end))
                         start = end
                     a = torch.cat(a_rows).to(device=device, dtype=dtype).contiguous()  # [r*P, in]
@@ -263,7 +264,7 @@ def load_adapter(name: str, directory: str | Path, config: ModelConfig, dtype: t
     except (SafetensorError, OSError) as error:
         raise AdapterError(name, f"{WEIGHTS_FILE} could not be read: {error}") from None
     num_bytes = sum(t.numel() * t.element_size() for layer in layers for proj in layer
-                    if proj is not None for t in (proj.a, *proj.b))
+                    if proj is not None for t in (proj.a, *proj.b_t))
     return LoraAdapter(name, spec, tuple(layers), num_bytes)
 
 

@@ -9,8 +9,8 @@ The residual stream and the RMSNorms are float32 whatever the weight dtype, exce
 fused kernels (`kernels`, the CUDA path: engine/model/flashinfer_kernels.py), where the residual is
 in the model dtype. Logits are computed only at the output rows of the batch; `decode_greedy` is
 the one-token-per-row step the CUDA graphs capture (engine/cuda_graphs.py). A pass with LoRA
-adapters (`lora`, engine.adapters) adds each row's low-rank delta after every base projection
-and runs layer by layer (never the fused C decoder, which has no place for it).
+adapters (`lora`, engine.adapters) adds each row's low-rank delta after every base projection:
+in the fused C decoder when it takes the pass, else layer by layer.
 """
 from __future__ import annotations
 
@@ -221,7 +221,7 @@ class LlamaModel:
         if self.kernels is not None:
             x, delta = self._kernel_layers(x, positions, kv_cache, attention, lora)
             return self._logits(x, table, delta)
-        if lora is None and self._run_fused(x, table, kv_cache, attention, positions):
+        if self._run_fused(x, table, kv_cache, attention, positions, lora):
             return self._logits(x, table, None)
         x, delta = self._torch_layers(x, positions, kv_cache, attention, lora)
         return self._logits(x, table, delta)
@@ -331,9 +331,10 @@ class LlamaModel:
         return self.lm_head(x.to(self.dtype)).float()            # [num_outputs, vocab]
 
     def _run_fused(self, x: torch.Tensor, table: PageTable, kv_cache: KVCache, attention,
-                   positions: torch.Tensor) -> bool:
-        """Run every layer in one C call when this is a plain decode pass the fused decoder takes
-        (x [N, hidden] then holds the residual stream); False, having done nothing, otherwise."""
+                   positions: torch.Tensor, lora: LoraPass | None) -> bool:
+        """Run every layer in one C call, adapters' deltas included, when this is a plain decode
+        pass the fused decoder takes (x [N, hidden] then holds the residual stream); False,
+        having done nothing, otherwise."""
         fused = self.fused_decoder
         if (fused is None or table.num_tokens > fused.max_rows
                 or kv_cache.dtype not in quant_kernels.KERNEL_KV_DTYPES):
@@ -342,7 +343,8 @@ class LlamaModel:
         if plan is None:
             return False
         fused.run(x, self.rope_cos[positions], self.rope_signed_sin[positions], kv_cache.pool,
-                  plan, self.planner.num_kernel_threads or torch.get_num_threads())
+                  plan, self.planner.num_kernel_threads or torch.get_num_threads(),
+                  None if lora is None else lora.for_decoder(fused.shape, len(fused.layers)))
         return True
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -16,15 +16,17 @@
 /* Per-pass buffers, all [m, width] float32 rows */
 typedef struct {
     float *normed, *qkv, *attn, *delta, *gate_up, *act;
+    float *lora_t;               /* [m, lora->max_width] the adapters' shrunk rows, or NULL */
     act_q16 x_blocks;            /* the activation blocks of the widest matmul input */
 } scratch;
 
 static void scratch_free(scratch *s) {
     free(s->normed); free(s->qkv); free(s->attn); free(s->delta); free(s->gate_up); free(s->act);
+    free(s->lora_t);
     act_free(&s->x_blocks);
 }
 
-static int scratch_alloc(scratch *s, const decoder *model, int64_t m) {
+static int scratch_alloc(scratch *s, const decoder *model, int64_t m, const lora_pass *lora) {
     const decoder_layer *layer = &model->layers[0];
     int64_t q_dim = (int64_t)model->num_q_heads * model->head_dim;
     int64_t widest = model->hidden > model->intermediate ? model->hidden : model->intermediate;
@@ -36,24 +38,41 @@ static int scratch_alloc(scratch *s, const decoder *model, int64_t m) {
     s->delta = malloc((size_t)(m * model->hidden) * sizeof(float));
     s->gate_up = malloc((size_t)(m * 2 * model->intermediate) * sizeof(float));
     s->act = malloc((size_t)(m * model->intermediate) * sizeof(float));
+    if (lora) s->lora_t = malloc((size_t)(m * lora->max_width) * sizeof(float));
     int blocks_failed = act_alloc(&s->x_blocks, m, widest);
-    if (s->normed && s->qkv && s->attn && s->delta && s->gate_up && s->act && !blocks_failed)
+    if (s->normed && s->qkv && s->attn && s->delta && s->gate_up && s->act && !blocks_failed
+            && (s->lora_t || !lora))
         return 0;
     scratch_free(s);
     return -1;
 }
 
-/* y[m, proj->num_out] = x[m, proj->num_cols] @ W^T, part after part */
-static void project(const decoder *model, const projection *proj, const float *x, int64_t m,
-                    act_q16 *blocks, float *y, int num_threads) {
-    blocks->k = proj->num_cols;
-    quantize_act(model->level, x, m, blocks);
+/* Projection `which` of a layer, in lora.h's order: qkv, o, gate_up, down */
+static const projection *layer_projection(const decoder_layer *layer, int which) {
+    switch (which) {
+    case 0: return &layer->qkv;
+    case 1: return &layer->o;
+    case 2: return &layer->gate_up;
+    default: return &layer->down;
+    }
+}
+
+/* y[m, proj->num_out] = x[m, proj->num_cols] @ W^T, part after part, then the adapters' deltas
+ * of projection `which` (lora.h's order) of layer `index` when the pass has adapters */
+static void project(const decoder *model, const decode_pass *pass, int index, int which,
+                    const float *x, scratch *s, float *y) {
+    const projection *proj = layer_projection(&model->layers[index], which);
+    s->x_blocks.k = proj->num_cols;
+    quantize_act(model->level, x, pass->m, &s->x_blocks);
     int64_t offset = 0;
     for (int p = 0; p < proj->num_parts; p++) {
-        matmul_rows(proj->qtypes[p], model->level, proj->blocks[p], proj->num_rows[p], blocks, m,
-                    y + offset, proj->num_out, num_threads);
+        matmul_rows(proj->qtypes[p], model->level, proj->blocks[p], proj->num_rows[p],
+                    &s->x_blocks, pass->m, y + offset, proj->num_out, pass->num_threads);
         offset += proj->num_rows[p];
     }
+    if (pass->lora)
+        lora_add(pass->lora, index, which, x, proj->num_cols, proj->num_cols, y, proj->num_out,
+                 proj->num_out, s->lora_t, model->level, pass->num_threads);
 }
 
 /* HF rotate_half RoPE on the first num_heads heads of each row of qkv, in place:
@@ -106,7 +125,7 @@ static int run_layer(const decoder *model, int index, const decode_pass *pass, s
     int64_t layer_bytes = pass->layer_values * (int64_t)kv_value_bytes(pass->kv_half);
     rms_norm_rows(pass->x, first ? NULL : s->delta, layer->input_norm, model->eps, m,
                   model->hidden, s->normed);
-    project(model, &layer->qkv, s->normed, m, &s->x_blocks, s->qkv, pass->num_threads);
+    project(model, pass, index, 0, s->normed, s, s->qkv);
     apply_rope(s->qkv, m, layer->qkv.num_out, model->num_q_heads + model->num_kv_heads,
                model->head_dim, pass->cos, pass->signed_sin);
     decode_batch batch = {
@@ -119,17 +138,17 @@ static int run_layer(const decoder *model, int index, const decode_pass *pass, s
         .num_q_heads = model->num_q_heads, .num_kv_heads = model->num_kv_heads,
         .head_dim = model->head_dim, .scale = 1.0f / sqrtf((float)d), .out = s->attn};
     if (decode_attention(&batch, model->level, pass->num_threads) != 0) return -1;
-    project(model, &layer->o, s->attn, m, &s->x_blocks, s->delta, pass->num_threads);
+    project(model, pass, index, 1, s->attn, s, s->delta);
     rms_norm_rows(pass->x, s->delta, layer->post_norm, model->eps, m, model->hidden, s->normed);
-    project(model, &layer->gate_up, s->normed, m, &s->x_blocks, s->gate_up, pass->num_threads);
+    project(model, pass, index, 2, s->normed, s, s->gate_up);
     silu_mul(s->gate_up, m, model->intermediate, s->act, pass->num_threads);
-    project(model, &layer->down, s->act, m, &s->x_blocks, s->delta, pass->num_threads);
+    project(model, pass, index, 3, s->act, s, s->delta);
     return 0;
 }
 
 int decoder_run(const decoder *model, const decode_pass *pass) {
     scratch s;
-    if (scratch_alloc(&s, model, pass->m) != 0) return -1;
+    if (scratch_alloc(&s, model, pass->m, pass->lora) != 0) return -1;
     int status = 0;
     for (int i = 0; i < model->num_layers && status == 0; i++)
         status = run_layer(model, i, pass, &s, i == 0);

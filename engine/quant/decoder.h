@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "lora.h"
+
 #define MAX_PROJECTION_PARTS 3
 
 /* One projection y = x @ W^T whose rows may come in parts of different GGUF types (a fused Q/K/V
@@ -49,10 +51,12 @@ typedef struct {
     const int64_t *kv_lens;      /* [m] */
     int64_t max_kv, page_size;
     int num_threads;
+    const lora_pass *lora;       /* the rows' adapters (lora.h), or NULL for none */
 } decode_pass;
 
 /* Runs every layer: x += attention and MLP outputs, layer after layer (x ends as the residual
- * stream before the final norm). 0 on success, -1 when out of memory (x then undefined). */
+ * stream before the final norm); with `lora`, each projection's output gets its rows' adapter
+ * deltas before it is used. 0 on success, -1 when out of memory (x then undefined). */
 int decoder_run(const decoder *model, const decode_pass *pass);
 
 #endif

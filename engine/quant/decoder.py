@@ -7,18 +7,23 @@ stack to C at once: RMSNorm, the Q/K/V, O, gate/up and down block matmuls, RoPE,
 
 It applies to passes where every request adds one token with no custom mask
 (`DecodeAttention`: the checked indices) and every weight runs on the block kernels at that many
-rows (`max_rows`); the model uses its per-layer path otherwise.
+rows (`max_rows`); the model uses its per-layer path otherwise. A pass whose rows name LoRA
+adapters (`engine.quant.lora.DecoderLora`) gets each row's low-rank deltas added after each base
+projection, in the same call (engine/quant/lora.c).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from engine.quant import kernels
 from engine.quant.kernels import DecodeAttention
 from engine.quant.tensor import QuantizedTensor
+
+if TYPE_CHECKING:
+    from engine.quant.lora import DecoderLora
 
 __all__ = ["FusedDecoder", "DecoderShape", "MAX_PARTS"]
 
@@ -84,12 +89,14 @@ class FusedDecoder:
             kernels.level_index(kernels.best_level()), table.data_ptr())
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
-            pool: torch.Tensor, plan: DecodeAttention, num_threads: int) -> None:
+            pool: torch.Tensor, plan: DecodeAttention, num_threads: int,
+            lora: DecoderLora | None = None) -> None:
         """x [m, hidden] float32 (the embeddings) becomes the residual stream after the last
         layer, in place; cos / signed_sin [m, head_dim] float32 RoPE rows of the tokens'
         positions; pool [num_layers, num_pages, 2, page_size, Hkv, D] float32 or float16
         contiguous (the new K/V written into it, rounded to float16 there); plan: the pass's
-        checked decode indices. ValueError for anything that does not fit."""
+        checked decode indices; lora: the rows' adapters, made for this decoder's shape and
+        layers. ValueError for anything that does not fit."""
         shape, m = self.shape, x.shape[0]
         if not 0 < m <= self.max_rows or plan.append_rows.shape[0] != m:
             raise ValueError(f"FusedDecoder: {m} tokens (at most {self.max_rows}, one per request "
@@ -105,8 +112,27 @@ class FusedDecoder:
                 or tuple(pool.shape) != expected):
             raise ValueError(f"FusedDecoder: pool must be contiguous float32 / float16 "
                              f"{list(expected)}")
+        table, num_groups, indptr, rows = self._lora_fields(lora)
         self._run(self._capsule, x.data_ptr(), m, cos.data_ptr(), signed_sin.data_ptr(),
                   pool.data_ptr(), pool[0].numel(), pool.dtype == torch.float16,
                   plan.append_rows.data_ptr(),
                   plan.kv_rows.data_ptr(), plan.kv_lens.data_ptr(), plan.kv_rows.shape[1],
-                  plan.page_size, num_threads)
+                  plan.page_size, num_threads, table, num_groups, indptr, rows)
+
+    def _lora_fields(self, lora: DecoderLora | None) -> tuple[int, int, int, int]:
+        """(table address, number of groups, indptr address, rows address) of decoder_run; all
+        0 without adapters. ValueError for a table of another decoder's shape."""
+        if lora is None:
+            return 0, 0, 0, 0
+        table = lora.table
+        if table.shape != self.shape or table.num_layers != len(self.layers):
+            raise ValueError(f"FusedDecoder: adapters laid out for {table.num_layers} layers of "
+                             f"{table.shape}, not {len(self.layers)} of {self.shape}")
+        for name, tensor, length in (("indptr", lora.indptr, table.num_groups + 1),
+                                     ("rows", lora.rows, None)):
+            length = int(lora.indptr[-1]) if length is None else length
+            if (tensor.dtype != torch.int64 or not tensor.is_contiguous()
+                    or tensor.shape != (length,) or tensor.device.type != "cpu" or length == 0):
+                raise ValueError(f"FusedDecoder: adapter {name} must be contiguous CPU int64 "
+                                 f"[{length}], not empty")
+        return table.table.data_ptr(), table.num_groups, lora.indptr.data_ptr(), lora.rows.data_ptr()

@@ -108,22 +108,67 @@ PyObject *py_decoder_new(PyObject *self, PyObject *args) {
     return capsule;
 }
 
+/* The pass's adapters from the table at table_addr (lora.h): 0, or -1 with a Python error set.
+ * *projections is malloc'ed for the caller to free. */
+static int read_lora(const decoder *model, lora_pass *lora, lora_projection **projections,
+                     unsigned long long table_addr, int num_groups, unsigned long long indptr,
+                     unsigned long long rows, int64_t m) {
+    int64_t q_dim = (int64_t)model->num_q_heads * model->head_dim;
+    int64_t kv_dim = (int64_t)model->num_kv_heads * model->head_dim;
+    const int64_t in_dims[LORA_NUM_PROJECTIONS] = {model->hidden, q_dim, model->hidden,
+                                                   model->intermediate};
+    const int64_t out_dims[LORA_NUM_PROJECTIONS] = {q_dim + 2 * kv_dim, model->hidden,
+                                                    2 * model->intermediate, model->hidden};
+    if (num_groups <= 0 || table_addr == 0 || indptr == 0 || rows == 0) {
+        PyErr_Format(PyExc_ValueError, "decoder_run: %d adapter groups, or a missing table",
+                     num_groups);
+        return -1;
+    }
+    *lora = (lora_pass){.num_groups = num_groups, .num_layers = model->num_layers,
+                        .indptr = (const int64_t *)(uintptr_t)indptr,
+                        .rows = (const int64_t *)(uintptr_t)rows};
+    *projections = malloc((size_t)num_groups * (size_t)model->num_layers
+                          * LORA_NUM_PROJECTIONS * sizeof **projections);
+    if (!*projections) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    const char *error = NULL;
+    if (lora_read_table(lora, *projections, (const int64_t *)(uintptr_t)table_addr, in_dims,
+                        out_dims, m, &error) != 0) {
+        PyErr_Format(PyExc_ValueError, "decoder_run: adapter table: %s", error);
+        return -1;
+    }
+    return 0;
+}
+
 /* decoder_run(capsule, x, m, cos, signed_sin, pool, layer_values, kv_half, append_rows, kv_rows,
- * kv_lens, max_kv, page_size, num_threads): see decode_pass in decoder.h */
+ * kv_lens, max_kv, page_size, num_threads, lora_table, num_groups, lora_indptr, lora_rows): see
+ * decode_pass in decoder.h; num_groups 0: no adapters (the three addresses unread), else the
+ * int64 table [num_groups, num_layers, 4, LORA_FIELDS] and the groups' rows (lora.h). */
 PyObject *py_decoder_run(PyObject *self, PyObject *args) {
     PyObject *capsule;
     unsigned long long x, cos, signed_sin, pool, append_rows, kv_rows, kv_lens;
+    unsigned long long lora_table, lora_indptr, lora_rows;
     long long m, layer_values, max_kv, page_size;
-    int kv_half, num_threads;
-    if (!PyArg_ParseTuple(args, "OKLKKKLpKKKLLi", &capsule, &x, &m, &cos, &signed_sin, &pool,
+    int kv_half, num_threads, num_groups;
+    if (!PyArg_ParseTuple(args, "OKLKKKLpKKKLLiKiKK", &capsule, &x, &m, &cos, &signed_sin, &pool,
                           &layer_values, &kv_half, &append_rows, &kv_rows, &kv_lens, &max_kv,
-                          &page_size, &num_threads))
+                          &page_size, &num_threads, &lora_table, &num_groups, &lora_indptr,
+                          &lora_rows))
         return NULL;
     const decoder *model = PyCapsule_GetPointer(capsule, CAPSULE_NAME);
     if (!model) return NULL;
     if (m <= 0 || max_kv < 0 || page_size <= 0 || layer_values <= 0)
         return PyErr_Format(PyExc_ValueError, "decoder_run: bad pass (m %lld, max_kv %lld)", m,
                             max_kv);
+    lora_pass lora;
+    lora_projection *projections = NULL;
+    if (num_groups != 0 && read_lora(model, &lora, &projections, lora_table, num_groups,
+                                     lora_indptr, lora_rows, m) != 0) {
+        free(projections);
+        return NULL;
+    }
     decode_pass pass = {
         .x = (float *)(uintptr_t)x, .m = m, .cos = (const float *)(uintptr_t)cos,
         .signed_sin = (const float *)(uintptr_t)signed_sin, .pool = (void *)(uintptr_t)pool,
@@ -131,11 +176,13 @@ PyObject *py_decoder_run(PyObject *self, PyObject *args) {
         .append_rows = (const int64_t *)(uintptr_t)append_rows,
         .kv_rows = (const int64_t *)(uintptr_t)kv_rows,
         .kv_lens = (const int64_t *)(uintptr_t)kv_lens, .max_kv = max_kv,
-        .page_size = page_size, .num_threads = num_threads};
+        .page_size = page_size, .num_threads = num_threads,
+        .lora = num_groups != 0 ? &lora : NULL};
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = decoder_run(model, &pass);
     Py_END_ALLOW_THREADS
+    free(projections);
     if (status != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }

@@ -183,39 +183,6 @@ def test_decode_step_carries_the_adapter():
     assert ForwardRequest.decode_step(5, 3, (0,), 4, GREEDY).adapter is None
 
 
-# ---- the quantized CPU path: an adapter's decode step never takes the fused C decoder ----------
-
-def test_quantized_decode_with_an_adapter_skips_the_fused_decoder(tmp_path, monkeypatch,
-                                                                  one_torch_thread):
-    from engine import load_default_engine
-
-    engine = load_default_engine(dtype="quantized", num_pages=64, progress=False, seed=0)
-    fused = engine.model.fused_decoder
-    assert fused is not None
-    calls = []
-    real_run = fused.run
-    monkeypatch.setattr(fused, "run", lambda *args: (calls.append(1), real_run(*args))[1])
-    path, _, _ = write_adapter(tmp_path, engine.model_config, "r16-all")
-    engine.adapters.register("q", path)
-    prompt = engine.tokenizer.encode(PROMPT)
-
-    def decode_logits(adapter):
-        """Prefill the prompt, then one decode step; the step's logits."""
-        n = len(prompt)
-        engine.logits(ForwardBatch((ForwardRequest(tuple(prompt), tuple(range(n)), (0,), n, (n - 1,),
-                                                   (GREEDY,), adapter=adapter),)))
-        step = ForwardRequest.decode_step(prompt[-1], n, (0,), n + 1, GREEDY, adapter=adapter)
-        return engine.logits(ForwardBatch((step,)))[0]
-
-    base = decode_logits(None)
-    assert len(calls) == 1                     # a plain decode step runs every layer in one C call
-    adapted = decode_logits("q")
-    assert len(calls) == 1                     # ... one with an adapter does not
-    full = engine.prompt_logits(prompt + [prompt[-1]], adapter="q")   # the per-layer prefill
-    assert relative_error(adapted, full) < 1e-2
-    assert relative_error(base, full) > 10 * relative_error(adapted, full)
-
-
 # ---- validation of the files against the base model --------------------------------------------
 
 def _tiny_adapter(tmp_path: Path, name="a", rank=4, modules=("q_proj", "down_proj"), seed=0,
