@@ -126,11 +126,11 @@ def start_directory(config: ClusterConfig, quotas: tuple[TenantQuota, ...] = (),
                     default_quota: TenantQuota | None = None) -> Any:
     """The cluster's Directory actor (made, or the running one of that name), on this process's
     node: it lives with the front that made it, never on a replica's node whose loss would
-    take it along."""
+    take it along. Ray restarts it there when its process dies (the fronts restore it)."""
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     actor = ray.remote(Directory).options(
         name=f"{config.name_prefix}-directory", namespace=config.namespace,
-        lifetime=_lifetime(config), get_if_exists=True, num_cpus=0, max_restarts=0,
+        lifetime=_lifetime(config), get_if_exists=True, num_cpus=0, max_restarts=-1,
         scheduling_strategy=here)
     return actor.remote(quotas, default_quota)
 

@@ -9,12 +9,15 @@
   them; the exports of a lost replica are dropped and remembered as lost, with the replica named;
 - topics -> subscribed replicas: (tenant, topic) -> the replicas with a subscriber of it, as
   they register them (host/cluster/topics.py); a lost replica's are dropped.
-Plain Python (testable without Ray); `cluster.py` runs it as a Ray actor. Not thread-safe: a Ray
+Its state lives in its process only: when Ray restarts it (a new `life`), the fronts `restore`
+what they know (replica epochs, their instances' reservations, counted programs, the exports
+replicas reported). Plain Python (testable without Ray); `cluster.py` runs it as a Ray actor. Not thread-safe: a Ray
 actor runs one call at a time.
 """
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -67,10 +70,38 @@ class Directory:
         self._epochs: dict[str, int] = {}
         self._reservations: dict[str, Reservation] = {}
         self._keys = itertools.count()
+        self._life = uuid.uuid4().hex
         self._program_bytes: dict[str, dict[str, int]] = {}      # tenant -> sha256 -> size
         self._exports: dict[tuple[str, str], dict[str, int]] = {}  # -> replica -> pages
         self._lost: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._topics: dict[tuple[str, str], set[str]] = {}       # -> subscribed replicas
+
+    # ---- lives ------------------------------------------------------------------------------
+    def life(self) -> str:
+        """This Directory's life: another value once Ray restarted it (its state then empty)."""
+        return self._life
+
+    def restore(self, epochs: dict[str, int], reservations: list[Reservation],
+                programs: list[tuple[str, str, int]],
+                exports: dict[str, tuple[int, dict[tuple[str, str], int]]]) -> int:
+        """Take back what a front knows after a restart: replicas' epochs (the highest wins),
+        its instances' reservations (those of a replica's current epoch, keys kept), programs
+        counted (tenant, sha256, size), the exports each replica reported (its epoch, them).
+        Quotas are not checked: what runs, runs. Returns how many reservations it took."""
+        for replica_id, epoch in epochs.items():
+            _check_name("replica_id", replica_id)
+            self._epochs[replica_id] = max(self._epochs.get(replica_id, 0), int(epoch))
+        taken = 0
+        for reservation in reservations:
+            if (self._epochs.get(reservation.replica_id) == reservation.epoch
+                    and reservation.key not in self._reservations):
+                self._reservations[reservation.key] = reservation
+                taken += 1
+        for tenant, sha256, size in programs:
+            self._program_bytes.setdefault(tenant, {}).setdefault(sha256, int(size))
+        for replica_id, (epoch, held) in exports.items():
+            self.report_exports(replica_id, epoch, held)
+        return taken
 
     # ---- replicas ---------------------------------------------------------------------------
     def join(self, replica_id: str) -> int:
@@ -138,7 +169,8 @@ class Directory:
                     f"tenant {tenant!r}: KV page quota: {num_pages} more pages would pass "
                     f"max_kv_pages ({quota.max_kv_pages}) with {num_reserved} reserved across "
                     f"the cluster")
-        reservation = Reservation(f"v{next(self._keys)}", tenant, replica_id, epoch, num_pages)
+        reservation = Reservation(f"{self._life[:8]}.{next(self._keys)}", tenant, replica_id,
+                                  epoch, num_pages)
         self._reservations[reservation.key] = reservation
         return reservation
 

@@ -41,6 +41,7 @@ class EventBuffer:
         self._queues: dict[str, deque[ReplicaEvent]] = {}
         self._num_bytes: dict[str, int] = {}
         self._closed = False
+        self._stopped: set[str] = set()      # fronts that let go: their events wait, untaken
 
     def put(self, front_id: str, event: ReplicaEvent, final: bool) -> bool:
         """Queue `event` for `front_id`; False (dropped) when it is a message event that would
@@ -59,13 +60,14 @@ class EventBuffer:
         for the first one (an empty list after that, or once closed)."""
         deadline = time.monotonic() + max_wait_s
         with self._cond:
-            while not self._queues.get(front_id) and not self._closed:
+            while (not self._queues.get(front_id) and not self._closed
+                   and front_id not in self._stopped):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return []
                 self._cond.wait(left)
             queue = self._queues.get(front_id)
-            if not queue:
+            if not queue or front_id in self._stopped:
                 return []
             taken = [queue.popleft() for _ in range(min(max_events, len(queue)))]
             self._num_bytes[front_id] -= sum(event.num_bytes for event in taken)
@@ -73,6 +75,44 @@ class EventBuffer:
                 del self._queues[front_id]
                 del self._num_bytes[front_id]
             return taken
+
+    def move(self, local_id: str, from_front: str, to_front: str) -> None:
+        """The events of instance `local_id` waiting for `from_front` go to `to_front` (after
+        those waiting there already), in order."""
+        with self._cond:
+            source = self._queues.get(from_front)
+            if not source or from_front == to_front:
+                return
+            moving = [event for event in source if event.local_id == local_id]
+            if not moving:
+                return
+            kept = deque(event for event in source if event.local_id != local_id)
+            num_bytes = sum(event.num_bytes for event in moving)
+            if kept:
+                self._queues[from_front] = kept
+                self._num_bytes[from_front] -= num_bytes
+            else:
+                del self._queues[from_front]
+                del self._num_bytes[from_front]
+            self._queues.setdefault(to_front, deque()).extend(moving)
+            self._num_bytes[to_front] = self._num_bytes.get(to_front, 0) + num_bytes
+            self._cond.notify_all()
+
+    def stop(self, front_id: str) -> None:
+        """The front let go: its events stay queued (for `move`), `take` returns none of them."""
+        with self._cond:
+            self._stopped.add(front_id)
+            self._cond.notify_all()
+
+    def stopped(self, front_id: str) -> bool:
+        with self._cond:
+            return front_id in self._stopped
+
+    def waiting_ids(self) -> set[tuple[str, str]]:
+        """(front id, local id) of every instance with events waiting."""
+        with self._cond:
+            return {(front_id, event.local_id) for front_id, queue in self._queues.items()
+                    for event in queue}
 
     def num_bytes(self, front_id: str) -> int:
         with self._cond:

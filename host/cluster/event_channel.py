@@ -15,6 +15,7 @@ from __future__ import annotations
 import hmac
 import os
 import pickle
+import select
 import socket
 import struct
 import threading
@@ -189,6 +190,18 @@ class EventWriter:
         self._sock.settimeout(send_timeout_s)
         self._sock.sendall(bytes(token))
         _send_frame(self._sock, f"{replica_id}:{epoch}".encode())
+
+    def peer_closed(self) -> bool:
+        """Whether the front closed its end (checked without waiting)."""
+        readable, _, _ = select.select([self._sock], [], [], 0)
+        if not readable:
+            return False
+        try:
+            return self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
 
     def send(self, obj: Any) -> None:
         """Send one object; ChannelClosed when the front is gone or stopped reading."""

@@ -13,6 +13,10 @@ instance_log, num_lingering, hub.waiting_for_client, close), over the cluster's 
   streams them), hands each to the launcher's
   `on_event` in order, frees the instance's reservation at its final event and forwards changed
   exports to the Directory;
+- the Directory is watched (`directory_check_s`): while it does not answer, launches and
+  uploads fail with an error naming it (running instances go on); once Ray restarted it (a new
+  life), the front restores it: replica epochs, its instances' reservations, the programs it
+  counted, the exports the replicas reported;
 - a replica whose stream call fails is lost: each of its instances ends with a final trap event naming
   it, their reservations are freed and its exports dropped from the index; the poller waits for
   Ray to restart the replica, which rejoins under a new epoch and takes placements again.
@@ -41,7 +45,7 @@ from host.cluster.replica import EventBatch, ReplicaFigures
 from host.runtime_config import InstanceLimits, RuntimeConfig
 from host.sandbox.events import InstanceEvent, InstanceOutcome
 
-__all__ = ["ClusterFront", "ClusterProgram", "FrontStats", "MAX_AFFINITY_CHARS",
+__all__ = ["ClusterFront", "ClusterInstance", "ClusterProgram", "FrontStats", "MAX_AFFINITY_CHARS",
            "replica_of"]
 
 _log = logging.getLogger("pie.cluster")
@@ -50,6 +54,7 @@ _MAX_ENDED_KEPT = 4096
 _MAX_EARLY_KEPT = 4096         # instances with events before their launch returned
 _MAX_LATENCIES_KEPT = 65536
 _REJOIN_WAIT_S = 5.0
+_DIRECTORY_WAIT_S = 5.0
 _CALL_TIMEOUT_S = 60.0
 _HEARTBEAT_GRACE_S = 1.0       # a replica's stream sends at least every poll_s; then Ray is asked
 _STATUS_OF_KIND = {"result": "ok", "error": "error", "trap": "trap", "terminated": "terminated"}
@@ -79,6 +84,17 @@ class _Instance:
     on_event: EventCallback | None
     done: threading.Event = field(default_factory=threading.Event)
     outcome: InstanceOutcome | None = None
+
+
+@dataclass(frozen=True)
+class ClusterInstance:
+    """An instance running on some replica: its id, tenant, program and whether its events come
+    to this front."""
+
+    instance_id: str
+    tenant: str
+    program_hash: str
+    attached_here: bool
 
 
 @dataclass(frozen=True)
@@ -135,7 +151,7 @@ class ClusterFront:
     def __init__(self, directory: Any, replicas: dict[str, Any], *,
                  config: RuntimeConfig = RuntimeConfig(),
                  policy: PlacementPolicy = PlacementPolicy(), poll_s: float = 0.5,
-                 push_events: bool = True, on_close: Callable[[], None] | None = None) -> None:
+                 push_events: bool = True, directory_check_s: float = 1.0, on_close: Callable[[], None] | None = None) -> None:
         if not replicas:
             raise ValueError("ClusterFront: no replicas")
         self.config = config
@@ -161,9 +177,18 @@ class ClusterFront:
         self._num_import_local = self._num_import_mirrored = 0
         self._num_lost_instances = self._num_replicas_lost = 0
         self._latencies: deque[float] = deque(maxlen=_MAX_LATENCIES_KEPT)
+        self._counted: dict[tuple[str, str], int] = {}     # (tenant, sha256) -> program bytes
+        self._exports_seen: dict[str, tuple[int, dict[tuple[str, str], int]]] = {}
+        self._directory_life = _get(directory.life.remote())
+        self._directory_down: str | None = None      # why the Directory does not answer
+        self.directory_restorations = 0
+        self._directory_check_s = directory_check_s
+        self._directory_lock = threading.Lock()      # one restore at a time
         self._listener = EventListener(ray.util.get_node_ip_address()) if push_events else None
         self._pollers = [threading.Thread(target=self._poll, args=(rid,), daemon=True,
                                           name=f"pie-poll-{rid}") for rid in replicas]
+        self._pollers.append(threading.Thread(target=self._watch_directory, daemon=True,
+                                              name="pie-watch-directory"))
         for poller in self._pollers:
             poller.start()
 
@@ -187,7 +212,9 @@ class ClusterFront:
     def count_program(self, tenant: str, sha256: str, num_bytes: int) -> None:
         """Count a stored program against the tenant's max_program_bytes across the cluster
         (once per program). ReservationError when it would pass it."""
-        _get(self._directory.add_program.remote(tenant, sha256, num_bytes))
+        self._ask_directory("add_program", tenant, sha256, num_bytes)
+        with self._lock:
+            self._counted[(tenant, sha256)] = num_bytes
 
     # ---- instances --------------------------------------------------------------------------
     def launch(self, program: ClusterProgram | str, args: Iterable[str] = (), *,
@@ -207,18 +234,18 @@ class ClusterFront:
                 program = self._programs[program]
         limits = limits or self.config.limits
         args = tuple(str(arg) for arg in args)
-        held = _get(self._directory.held_pages.remote(tenant, (affinity,))) if affinity else {}
+        held = self._ask_directory("held_pages", tenant, (affinity,)) if affinity else {}
         placement = self._place(affinity, held)
         replica_id = placement.replica_id
         try:
             with self._lock:
                 epoch = self._epochs[replica_id]
-            reservation = _get(self._directory.reserve.remote(
-                tenant, replica_id, epoch, limits.page_quota or 0))
+            reservation = self._reserve(tenant, replica_id, epoch, limits.page_quota or 0)
             try:
                 if affinity and held:
                     self._bring_export(tenant, affinity, held, replica_id, epoch)
-                local_id = self._start(replica_id, epoch, program, args, tenant, limits)
+                local_id = self._start(replica_id, epoch, program, args, tenant, limits,
+                                       reservation.key)
             except BaseException:
                 self._directory.release.remote(reservation.key)
                 raise
@@ -278,6 +305,60 @@ class ClusterFront:
         except (ReplicaLostError, StaleEpochError):
             return False
 
+    def running_instances(self, tenant: str | None = None) -> list[ClusterInstance]:
+        """Every instance running on the live replicas (the tenant's, or all), whichever front
+        launched it: what a front taking over another's can `attach`."""
+        with self._lock:
+            live = [(rid, self._epochs[rid]) for rid in self._replicas if rid not in self._down]
+        found = []
+        for replica_id, epoch in live:
+            try:
+                held = self._call(replica_id, "instances", epoch)
+            except (ReplicaLostError, StaleEpochError):
+                continue
+            found.extend(ClusterInstance(f"{replica_id}.{i.local_id}", i.tenant, i.program_hash,
+                                         i.front_id == self.front_id)
+                         for i in held if tenant is None or i.tenant == tenant)
+        return found
+
+    def attach(self, instance_id: str, tenant: str, on_event: EventCallback | None = None) -> str:
+        """Take over the tenant's running instance `instance_id` (launched by any front, e.g.
+        one that closed without ending it): its events, those still waiting first, go to
+        `on_event` from now on, and this front frees its reservation at its end. KeyError
+        when the tenant has no such instance running."""
+        replica_id, local_id = replica_of(instance_id)
+        with self._lock:
+            if replica_id not in self._replicas or replica_id in self._down:
+                raise KeyError(f"unknown instance {instance_id!r}: replica {replica_id} is not "
+                               f"live")
+            epoch = self._epochs[replica_id]
+            mine = self._live.get(instance_id)
+        if mine is not None:
+            if mine.tenant != tenant:
+                raise KeyError(f"unknown instance {instance_id!r}")
+            mine.on_event = on_event
+            return instance_id
+        try:
+            held = self._call(replica_id, "instances", epoch)
+        except (ReplicaLostError, StaleEpochError) as exc:
+            raise KeyError(f"unknown instance {instance_id!r}: {exc}") from None
+        if not any(i.local_id == local_id and i.tenant == tenant for i in held):
+            raise KeyError(f"unknown instance {instance_id!r}")
+        with self._lock:
+            self._starting[replica_id] += 1           # its events wait until it is registered
+        try:
+            attached = self._call(replica_id, "attach", epoch, local_id, self.front_id)
+        except ClusterError as exc:
+            self._started(replica_id)
+            raise KeyError(f"unknown instance {instance_id!r}: {exc}") from None
+        reservation = Reservation(attached.reservation_key or "", tenant, replica_id, epoch, 0)
+        try:
+            return self._register(_Instance(instance_id, replica_id, epoch, local_id, tenant,
+                                            reservation, on_event), Placement(replica_id,
+                                                                              "attached"))
+        finally:
+            self._started(replica_id)
+
     def num_lingering(self, tenant: str | None = None) -> int:
         """Lingering instances are a replica's own business: the front counts none."""
         return 0
@@ -312,13 +393,19 @@ class ClusterFront:
             return {rid: self._load(rid) for rid in self._replicas if rid not in self._down}
 
     # ---- lifecycle --------------------------------------------------------------------------
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0, terminate: bool = True) -> None:
         """Terminate this front's instances, wait for their final events, stop the pollers,
-        then `on_close` (e.g. stop the cluster)."""
+        then `on_close` (e.g. stop the cluster). `terminate` False: leave them running on
+        their replicas (for a front that another takes over: `attach`)."""
         if self._closed.is_set():
             return
         with self._lock:
-            live = list(self._live.values())
+            live = list(self._live.values()) if terminate else []
+            replicas = [handle for rid, handle in self._replicas.items()
+                        if rid not in self._down]
+        if not terminate:             # events of its instances wait on the replicas, untaken
+            ray.wait([handle.let_go.remote(self.front_id) for handle in replicas],
+                     num_returns=len(replicas), timeout=timeout)
         for instance in live:
             self.terminate(instance.instance_id, "the runtime is closing")
         deadline = time.monotonic() + timeout
@@ -386,12 +473,14 @@ class ClusterFront:
             self._num_import_mirrored += 1
 
     def _start(self, replica_id: str, epoch: int, program: ClusterProgram,
-               args: tuple[str, ...], tenant: str, limits: InstanceLimits) -> str:
+               args: tuple[str, ...], tenant: str, limits: InstanceLimits,
+               reservation_key: str) -> str:
         key = (replica_id, epoch, program.hash)
         with self._lock:
             loaded = key in self._loaded
         local_id = self._call(replica_id, "launch", epoch, self.front_id, program.hash,
-                              None if loaded else program.ref, args, tenant, limits)
+                              None if loaded else program.ref, args, tenant, limits,
+                              reservation_key)
         with self._lock:
             self._loaded.add(key)
         return local_id
@@ -471,6 +560,8 @@ class ClusterFront:
             with self._lock:
                 self._loads[replica_id] = batch.load
         if batch.exports is not None:
+            with self._lock:
+                self._exports_seen[replica_id] = (epoch, batch.exports)
             self._directory.report_exports.remote(replica_id, epoch, batch.exports)
         for event in batch.events:
             instance_id = f"{replica_id}.{event.local_id}"
@@ -580,6 +671,74 @@ class ClusterFront:
                            "its front ended it as lost with its replica")
             except ClusterError:
                 pass
+
+    # ---- the Directory ----------------------------------------------------------------------
+    def _ask_directory(self, method: str, *args: Any) -> Any:
+        """A call of the Directory; ClusterError naming it when it does not answer."""
+        down = self._directory_down
+        if down is not None:
+            raise ClusterError(f"the cluster's directory is not answering ({down}); launches "
+                               f"and uploads are refused until it is back")
+        try:
+            return ray.get(getattr(self._directory, method).remote(*args),
+                           timeout=_DIRECTORY_WAIT_S)
+        except RayTaskError as exc:
+            if isinstance(exc.cause, Exception):
+                raise exc.cause from None
+            raise
+        except (RayActorError, GetTimeoutError) as exc:
+            cause = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            raise ClusterError(f"the cluster's directory is not answering ({cause}); launches "
+                               f"and uploads are refused until it is back") from None
+
+    def _reserve(self, tenant: str, replica_id: str, epoch: int, num_pages: int) -> Reservation:
+        """Reserve in the Directory; a Directory restarted since the last check is restored
+        first (its epochs were empty), then asked again."""
+        try:
+            return self._ask_directory("reserve", tenant, replica_id, epoch, num_pages)
+        except StaleEpochError:
+            if not self._check_directory():
+                raise
+            return self._ask_directory("reserve", tenant, replica_id, epoch, num_pages)
+
+    def _watch_directory(self) -> None:
+        while not self._closed.wait(self._directory_check_s):
+            self._check_directory()
+
+    def _check_directory(self) -> bool:
+        """Ask the Directory its life: note when it does not answer; restore it when Ray
+        restarted it. True when it was restored now."""
+        with self._directory_lock:
+            try:
+                life = ray.get(self._directory.life.remote(), timeout=_DIRECTORY_WAIT_S)
+            except (RayActorError, GetTimeoutError) as exc:
+                if self._directory_down is None:
+                    _log.warning("the cluster's directory does not answer: %s", exc)
+                self._directory_down = (str(exc).splitlines()[0][:200] if str(exc)
+                                        else type(exc).__name__)
+                return False
+            if life == self._directory_life:
+                self._directory_down = None
+                return False
+            with self._lock:
+                epochs = {rid: self._epochs[rid] for rid in self._replicas
+                          if rid not in self._down}
+                reservations = [inst.reservation for inst in self._live.values()
+                                if inst.reservation.key]
+                programs = [(tenant, sha, size) for (tenant, sha), size in self._counted.items()]
+                exports = dict(self._exports_seen)
+            try:
+                taken = ray.get(self._directory.restore.remote(epochs, reservations, programs,
+                                                                exports),
+                                timeout=_DIRECTORY_WAIT_S)
+            except (RayActorError, GetTimeoutError) as exc:
+                self._directory_down = str(exc).splitlines()[0][:200]
+                return False
+            self._directory_life = life
+            self._directory_down = None
+            self.directory_restorations += 1
+            _log.warning("the cluster's directory restarted; restored %d reservations", taken)
+            return True
 
     # ---- helpers ----------------------------------------------------------------------------
     def _instance(self, instance_id: str) -> _Instance:

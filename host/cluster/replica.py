@@ -15,8 +15,10 @@ charged to the tenant's export share there.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -33,7 +35,7 @@ from host.sandbox.events import InstanceEvent
 from host.sandbox.programs import ProgramError
 
 __all__ = ["ReplicaSpec", "EngineReplica", "EventBatch", "ReplicaFigures", "ExportCopy",
-           "ReplicaDescription", "EXPORT_METADATA_PREFIX",
+           "ReplicaDescription", "ReplicaInstance", "EXPORT_METADATA_PREFIX",
            "MIRROR_OWNER"]
 
 MIRROR_OWNER = "pie.mirror"      # the owner id of an export copied in from another replica
@@ -42,6 +44,7 @@ MIRROR_OWNER = "pie.mirror"      # the owner id of an export copied in from anot
 EXPORT_METADATA_PREFIX = "inferlet.export."
 _MAX_EVENTS_PER_BATCH = 4096
 _REPORT_EVERY_S = 0.05         # a front gets the load and the exports this often at most
+_MAX_ENDED_KEPT = 4096         # ended instances kept attachable while their events wait
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,18 @@ class ReplicaDescription:
 
 
 @dataclass(frozen=True)
+class ReplicaInstance:
+    """A running instance as its replica knows it: its local id, tenant, program, the front
+    its events go to and its reservation's key in the Directory (None: it has none)."""
+
+    local_id: str
+    tenant: str
+    program_hash: str
+    front_id: str
+    reservation_key: str | None
+
+
+@dataclass(frozen=True)
 class ExportCopy:
     """An export's pages read out of one replica: the engine's bytes of them (its read_pages
     value), how many pages they are, and the export's token metadata from the tenant's store
@@ -133,6 +148,11 @@ class EngineReplica:
                         else spec.make_runtime(engine))
         self._events = EventBuffer(spec.max_buffered_bytes)
         self._lock = threading.Lock()
+        self._route_lock = threading.Lock()          # who an instance's events go to
+        self._running: dict[str, ReplicaInstance] = {}   # local id -> it, until its end
+        self._ended_early: set[str] = set()          # ended before their launch returned
+        self._ended: OrderedDict[str, ReplicaInstance] = OrderedDict()   # newest kept
+        self._directory = directory
         self._reported: dict[str, dict[tuple[str, str], int]] = {}   # front -> exports it saw
         self._reported_at: dict[str, float] = {}     # front -> when load and exports last went
         self.epoch = 1 if join is None else join(spec.replica_id)
@@ -157,9 +177,12 @@ class EngineReplica:
             raise ClusterError(f"not a valid inferlet component: {exc}") from None
 
     def launch(self, epoch: int, front_id: str, program_hash: str, wasm_bytes: bytes | None,
-               args: tuple[str, ...], tenant: str, limits: InstanceLimits) -> str:
+               args: tuple[str, ...], tenant: str, limits: InstanceLimits,
+               reservation_key: str | None = None) -> str:
         """Start an instance for `front_id` (its events wait for that front); its local id.
-        `wasm_bytes`: the program's bytes when this replica may not hold it yet."""
+        `wasm_bytes`: the program's bytes when this replica may not hold it yet;
+        `reservation_key`: its reservation in the Directory, freed here at its end (as the
+        front frees it: whichever comes first), so a front's loss leaks none."""
         self._check(epoch)
         if wasm_bytes is not None:
             program_hash = self.load_program(epoch, wasm_bytes)
@@ -167,8 +190,51 @@ class EngineReplica:
             program = self.runtime.programs.get(program_hash)
         except ProgramError as exc:
             raise ClusterError(f"replica {self.replica_id}: {exc}") from None
-        return self.runtime.launch(program, args, tenant=tenant, limits=limits,
-                                   on_event=lambda event: self._on_event(front_id, event))
+        local_id = self.runtime.launch(
+            program, args, tenant=tenant, limits=limits,
+            on_event=lambda event: self._on_event(front_id, reservation_key, event))
+        with self._route_lock:
+            if local_id in self._ended_early:        # it ended before the launch returned
+                self._ended_early.discard(local_id)
+            else:
+                self._running[local_id] = ReplicaInstance(local_id, tenant, program.hash,
+                                                          front_id, reservation_key)
+        return local_id
+
+    def let_go(self, front_id: str) -> None:
+        """The front closes without ending its instances: their events wait here, untaken, for
+        a front that attaches them; its event stream ends."""
+        self._events.stop(front_id)
+
+    def instances(self, epoch: int) -> list[ReplicaInstance]:
+        """The instances running here, and those ended whose events still wait for a front (for
+        a front taking over another's)."""
+        self._check(epoch)
+        with self._route_lock:
+            return [*self._running.values(), *self._unclaimed()]
+
+    def attach(self, epoch: int, local_id: str, front_id: str) -> ReplicaInstance:
+        """From now on the instance's events go to `front_id`, those still waiting for its
+        earlier front first, in order. ClusterError when it is not running here."""
+        self._check(epoch)
+        with self._route_lock:
+            held = self._running.get(local_id)
+            table = self._running
+            if held is None and local_id in {i.local_id for i in self._unclaimed()}:
+                held, table = self._ended[local_id], self._ended
+            if held is None:
+                raise ClusterError(f"instance {self.replica_id}.{local_id} is not running on "
+                                   f"replica {self.replica_id}")
+            moved = dataclasses.replace(held, front_id=front_id)
+            table[local_id] = moved
+            self._events.move(local_id, held.front_id, front_id)
+        return moved
+
+    def _unclaimed(self) -> list[ReplicaInstance]:
+        """Under the route lock: ended instances whose events still wait for their front."""
+        waiting = self._events.waiting_ids()
+        return [held for held in self._ended.values()
+                if (held.front_id, held.local_id) in waiting]
 
     def send(self, epoch: int, local_id: str, message: str) -> bool:
         self._check(epoch)
@@ -220,7 +286,9 @@ class EngineReplica:
         except OSError as exc:
             return f"cannot reach the front at {address}: {exc}"
         try:
-            while not self._events.closed:
+            while not self._events.closed and not self._events.stopped(front_id):
+                if writer.peer_closed():
+                    return "the front closed the connection"
                 writer.send(self.next_events(epoch, front_id, heartbeat_s))
         except ChannelClosed as exc:
             return str(exc)
@@ -325,11 +393,27 @@ class EngineReplica:
             raise StaleEpochError(f"replica {self.replica_id} is at epoch {self.epoch}; a call "
                                   f"of epoch {epoch} names what ended with that life")
 
-    def _on_event(self, front_id: str, event: InstanceEvent) -> None:
-        """On the instance's thread: queue the event for its front; a front not reading has the
-        instance terminated (its final event is always queued)."""
+    def _on_event(self, launching_front: str, reservation_key: str | None,
+                  event: InstanceEvent) -> None:
+        """On the instance's thread: queue the event for its front (the one it was attached to
+        last, else the launching one); at its end, free its reservation. A front not reading
+        has the instance terminated (its final event is always queued)."""
         crossing = ReplicaEvent(event.instance_id, event.kind, event.data, time.time())
-        if self._events.put(front_id, crossing, event.is_final):
+        with self._route_lock:
+            held = self._running.get(event.instance_id)
+            front_id = launching_front if held is None else held.front_id
+            kept = self._events.put(front_id, crossing, event.is_final)
+            if event.is_final:
+                ended = self._running.pop(event.instance_id, None)
+                if ended is None:
+                    self._ended_early.add(event.instance_id)
+                else:
+                    self._ended[event.instance_id] = ended
+                    while len(self._ended) > _MAX_ENDED_KEPT:
+                        self._ended.popitem(last=False)
+        if event.is_final and reservation_key is not None and self._directory is not None:
+            self._directory.release.remote(reservation_key)
+        if kept:
             return
         self.runtime.terminate(event.instance_id, (
             f"front not reading: over {self._events.max_bytes} bytes of events waiting on "
