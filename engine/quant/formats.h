@@ -143,7 +143,9 @@ dot_rows_fn dot_rows_x8_avx2(int qtype);      /* interleaved_avx2.c */
 /* AVX-512 F/BW/VL/DQ + AVX512-VNNI kernels of every type, _X8 ones included (kernels_avx512.c;
  * call only when matmul.h's level_supported(LEVEL_AVX512)) */
 dot_rows_fn dot_rows_avx512(int qtype);
-/* dequantize_x8's values for an _X8 type (0), -1 (nothing written) for any other type */
+/* interleaved_avx512.c: the _X8 types' kernels (NULL for another type), and dequantize_x8's
+ * values for an _X8 type (0), -1 (nothing written) for any other type */
+dot_rows_fn dot_rows_x8_avx512(int qtype);
 int dequantize_x8_avx512(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, float *out);
 
 #endif

@@ -101,20 +101,46 @@ void pool_run(pool_task_fn fn, void *ctx, int nth) {
     pthread_mutex_unlock(&pool_mutex);
 }
 
+/* pool_run_rows' job: rows handed out guided, each grab a share of what is left (half of it
+ * split over the threads, whole multiples of min_chunk, at least min_chunk), so the chunks shrink
+ * towards the end and the threads finish together: a fixed chunk left the last thread working
+ * up to one chunk after the others, every job, while they waited. */
 typedef struct {
     pool_rows_fn fn;
     void *ctx;
-    row_cursor rows;
+    int64_t num_rows, min_chunk, share_divisor;
+    atomic_llong next_row;
 } rows_job;
+
+/* 1 and the next chunk [*start, *start + *count), or 0 when every row is taken */
+static int next_guided_chunk(rows_job *job, int64_t *start, int64_t *count) {
+    long long begin = atomic_load_explicit(&job->next_row, memory_order_relaxed);
+    for (;;) {
+        int64_t left = job->num_rows - begin;
+        if (left <= 0) return 0;
+        int64_t size = left / job->share_divisor / job->min_chunk * job->min_chunk;
+        if (size < job->min_chunk) size = job->min_chunk;
+        if (size > left) size = left;
+        if (atomic_compare_exchange_weak_explicit(&job->next_row, &begin, begin + size,
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+            *start = begin;
+            *count = size;
+            return 1;
+        }
+    }
+}
 
 static void rows_task(void *ctx) {
     rows_job *job = ctx;
     int64_t start, count;
-    while (next_chunk(&job->rows, &start, &count)) job->fn(job->ctx, start, count);
+    while (next_guided_chunk(job, &start, &count)) job->fn(job->ctx, start, count);
 }
 
 void pool_run_rows(pool_rows_fn fn, void *ctx, int64_t num_rows, int64_t min_chunk, int nth) {
-    rows_job job = {.fn = fn, .ctx = ctx};
-    row_cursor_init(&job.rows, num_rows, nth, min_chunk);
+    if (nth > POOL_MAX_THREADS) nth = POOL_MAX_THREADS;
+    rows_job job = {.fn = fn, .ctx = ctx, .num_rows = num_rows,
+                    .min_chunk = min_chunk > 0 ? min_chunk : 1,
+                    .share_divisor = 2 * (int64_t)(nth > 1 ? nth : 1)};
+    atomic_init(&job.next_row, 0);
     pool_run(rows_task, &job, nth);
 }

@@ -46,8 +46,9 @@ static inline int next_chunk(row_cursor *rows, int64_t *start, int64_t *count) {
     return 1;
 }
 
-/* fn(ctx, start, count) over chunks of [0, num_rows) (multiples of min_chunk rows, a few per
- * thread) on up to nth threads: the row-splitting job of pool_run, written once */
+/* fn(ctx, start, count) over chunks of [0, num_rows) on up to nth threads: the row-splitting
+ * job of pool_run, written once. Chunks start at multiples of min_chunk and are whole multiples
+ * of it (the last one the rest); they shrink as the rows run out (pool.c). */
 typedef void (*pool_rows_fn)(void *ctx, int64_t start, int64_t count);
 void pool_run_rows(pool_rows_fn fn, void *ctx, int64_t num_rows, int64_t min_chunk, int nth);
 

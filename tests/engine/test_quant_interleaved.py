@@ -33,7 +33,7 @@ def test_same_bytes_and_values_as_the_gguf_blocks(qtype: Q) -> None:
 
 
 @pytest.mark.parametrize("level", kernels.levels())
-@pytest.mark.parametrize("num_x_rows", [1, 3, 4, 5, 9])
+@pytest.mark.parametrize("num_x_rows", [1, 2, 3, 4, 5, 8, 9])
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
 def test_matmul_matches_float32_reference(qtype: Q, num_x_rows: int, level: str) -> None:
     _, interleaved, reference = weights(qtype, 104, 768, seed=num_x_rows)  # 13 groups of 8
