@@ -53,6 +53,13 @@ class Tokenizer:
         self._template = _compile_template(chat_template) if chat_template else None
         self._added_ids = frozenset(backend.get_added_tokens_decoder())
 
+    def __reduce__(self) -> tuple:
+        """Pickled as what it was built from (its compiled chat template is built again)."""
+        return (functools.partial(Tokenizer, chat_template=self.chat_template,
+                                  bos_token=self.bos_token, eos_token=self.eos_token,
+                                  stop_token_ids=self.stop_token_ids),
+                (self._backend, self._vocabulary))
+
     # -- TokenizerLike -------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`; special tokens written in the text are matched whole.

@@ -144,18 +144,22 @@ class ClusterFront:
     """A Runtime-like face over a cluster's directory and replicas (see the module doc).
     `config`: the RuntimeConfig whose `limits` launches default to; `poll_s`: how often an idle
     replica's event stream (or long poll) answers; `push_events` False: events come by long
-    polls over Ray instead (for a front whose node replicas cannot connect to)."""
+    polls over Ray instead (for a front whose node replicas cannot connect to); `engine`: what
+    the server reads of the served engine here (its model's name, page size, tokenizer), a
+    description, not an engine (None: none)."""
 
     places_by_affinity = True          # `launch` takes an affinity (the server passes it on)
 
     def __init__(self, directory: Any, replicas: dict[str, Any], *,
                  config: RuntimeConfig = RuntimeConfig(),
                  policy: PlacementPolicy = PlacementPolicy(), poll_s: float = 0.5,
-                 push_events: bool = True, directory_check_s: float = 1.0, on_close: Callable[[], None] | None = None) -> None:
+                 push_events: bool = True, directory_check_s: float = 1.0,
+                 engine: Any = None, on_close: Callable[[], None] | None = None) -> None:
         if not replicas:
             raise ValueError("ClusterFront: no replicas")
         self.config = config
         self.policy = policy
+        self.engine = engine
         self.front_id = uuid.uuid4().hex[:12]
         self.hub = _Hub(self)
         self._directory = directory
@@ -208,6 +212,24 @@ class ClusterFront:
         with self._lock:
             self._loaded.add((replica_id, epoch, program_hash))
             return self._programs.setdefault(program_hash, program)
+
+    def keep_spares(self, program: ClusterProgram | str, num_spares: int,
+                    limits: InstanceLimits | None = None) -> None:
+        """Keep `num_spares` instances of `program` instantiated ahead on every live replica
+        (Runtime.keep_spares there). ClusterError naming a replica that refused."""
+        if isinstance(program, str):
+            with self._lock:
+                program = self._programs[program]
+        with self._lock:
+            live = [(rid, self._epochs[rid]) for rid in self._replicas if rid not in self._down]
+        for replica_id, epoch in live:
+            key = (replica_id, epoch, program.hash)
+            with self._lock:
+                loaded = key in self._loaded
+            self._call(replica_id, "keep_spares", epoch, program.hash,
+                       None if loaded else program.ref, num_spares, limits or self.config.limits)
+            with self._lock:
+                self._loaded.add(key)
 
     def count_program(self, tenant: str, sha256: str, num_bytes: int) -> None:
         """Count a stored program against the tenant's max_program_bytes across the cluster

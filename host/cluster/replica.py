@@ -361,6 +361,22 @@ class EngineReplica:
                     held[(tenant, name)] = len(info.page_ids)
         return held
 
+    def tokenizer(self) -> Any:
+        """The engine's tokenizer (pickled across: a front counts prompts with it)."""
+        return self.runtime.engine.tokenizer
+
+    def keep_spares(self, epoch: int, program_hash: str, wasm_bytes: bytes | None,
+                    num_spares: int, limits: InstanceLimits) -> None:
+        """Keep `num_spares` instances of the program instantiated ahead (Runtime.keep_spares);
+        `wasm_bytes`: the program when this replica may not hold it yet."""
+        self._check(epoch)
+        if wasm_bytes is not None:
+            program_hash = self.load_program(epoch, wasm_bytes)
+        try:
+            self.runtime.keep_spares(program_hash, num_spares, limits=limits)
+        except (ProgramError, ValueError) as exc:
+            raise ClusterError(f"replica {self.replica_id}: {exc}") from None
+
     def describe(self) -> ReplicaDescription:
         """The served model and the instances' default limits, as the server shows them."""
         engine = self.runtime.engine

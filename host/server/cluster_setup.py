@@ -4,7 +4,8 @@
 quotas, across the cluster) and `cluster.replicas` EngineReplica actors, each building the
 configured engine and the Runtime `build_runtime` would build in one process, and returns the
 front with the served model's description and the /metrics figures summed over the replicas.
-The OpenAI API is not served in this mode. Imported by setup.py only when the mode is on (Ray
+The front holds the served engine's description and tokenizer (from a replica), so the OpenAI
+API counts prompts and checks contexts as in one process. Imported by setup.py only when the mode is on (Ray
 is an optional dependency).
 """
 from __future__ import annotations
@@ -75,13 +76,13 @@ def build_front(config: ServerConfig, engine_factory: Callable[[], Any] | None =
         rid, factory, make_runtime=make_runtime, torch_threads=section.torch_threads), quotas)
     first = next(iter(handles.replicas.values()))
     described: ReplicaDescription = ray.get(first.describe.remote())
-    front = ClusterFront(handles.directory, handles.replicas,
-                         config=RuntimeConfig(limits=described.limits),
-                         on_close=partial(_stop, handles, started_ray, cluster.detached))
     engine_view = SimpleNamespace(
         model_name=described.model_name, page_size=described.page_size,
-        num_pages=described.num_pages, tokenizer=SimpleNamespace(vocab_size=described.vocab_size),
+        num_pages=described.num_pages, tokenizer=ray.get(first.tokenizer.remote()),
         model_config=SimpleNamespace(max_position=described.max_position))
+    front = ClusterFront(handles.directory, handles.replicas,
+                         config=RuntimeConfig(limits=described.limits), engine=engine_view,
+                         on_close=partial(_stop, handles, started_ray, cluster.detached))
     model = model_info(config, engine_view, default_model)
     _log.info("serving on %d Ray replicas (%s)", section.replicas,
               section.address or "a local Ray started here")

@@ -164,7 +164,7 @@ async def build_context(config: ServerConfig, engine: Any = None) -> ServerConte
         runtime.set_spawn_hooks(server_spawn_hooks(service, tenants,
                                                    trio.lowlevel.current_trio_token()))
     openai = None
-    if config.server.openai and not config.cluster.enabled:
+    if config.server.openai:
         from host.server.openai import OpenAIFrontend
         openai = await OpenAIFrontend.create(service, tenants, data_dir,
                                              warm_prefixes=config.server.warm_prefixes,

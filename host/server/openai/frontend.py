@@ -186,7 +186,7 @@ class OpenAIFrontend:
         try:
             argument = json.dumps(dict(parsed, prefix_cache_pages=tenant.prefix_cache_pages))
             handle = await self.service.launch(tenant, self.program, BUILTIN_NAME, (argument,),
-                                               receive)
+                                               receive, affinity=_affinity(body))
         except ServiceError as exc:
             return _error(503 if "shutting down" in str(exc) else 429, str(exc),
                           "server_error" if "shutting down" in str(exc) else "rate_limit_error")
@@ -254,6 +254,13 @@ class OpenAIFrontend:
             receive.close()
             with trio.CancelScope(shield=True):
                 await self.service.terminate_and_wait([handle], "http client went away")
+
+
+def _affinity(body: dict) -> str | None:
+    """The request's session key for placement on a cluster (`pie serve --ray`): its `user`,
+    when a string of 1..256 characters (else none: placed by load)."""
+    user = body.get("user")
+    return user if isinstance(user, str) and 0 < len(user) <= 256 else None
 
 
 async def _final_event(receive: EventSink) -> Any:
