@@ -115,7 +115,13 @@ class BatchPlanner:
             x = torch.randn(num_x_rows, weight.num_cols)
             return _best_times(lambda: kernels.matmul(x, sample),
                                lambda: self.dequantized_matmul(x, sample))
-        return crossover_limit(time_pair)
+        try:
+            return crossover_limit(time_pair)
+        finally:
+            # the scratch sized for the sample is not kept: a model whose passes all stay on the
+            # block kernels (every decode pass, prompts up to the limit) never needs it, and it
+            # would stay resident for the process's life
+            self.scratch = torch.empty(0, dtype=torch.float32)
 
 
 def crossover_limit(time_pair: Callable[[int], tuple[float, float]]) -> int:

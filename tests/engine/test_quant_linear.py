@@ -60,6 +60,15 @@ def test_calibration_picks_a_limit_from_the_ladder() -> None:
     assert limit == 1 or limit in quant_linear.CALIBRATION_LADDER
 
 
+def test_calibration_keeps_no_dequantization_scratch() -> None:
+    planner = BatchPlanner()
+    planner.block_rows_limit(random_weight(Q.Q8_0, 64, 128, seed=4)[0])
+    assert planner.scratch.numel() == 0          # measured through it, then let go
+    weight, reference = random_weight(Q.Q8_0, 64, 128, seed=5)
+    x = torch.randn(3, 128)
+    assert_rows_close(planner.dequantized_matmul(x, weight), x @ reference.T)
+
+
 def rounds_of(rounds_by_rows: dict[int, list[tuple[float, float]]]):
     """A time_pair for crossover_limit that replays given rounds per M (block faster by
     default), recording how many rounds each M was timed."""
