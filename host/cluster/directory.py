@@ -72,6 +72,7 @@ class Directory:
         self._keys = itertools.count()
         self._life = uuid.uuid4().hex
         self._program_bytes: dict[str, dict[str, int]] = {}      # tenant -> sha256 -> size
+        self._program_refs: dict[tuple[str, str], list] = {}     # -> [its bytes' ObjectRef]
         self._exports: dict[tuple[str, str], dict[str, int]] = {}  # -> replica -> pages
         self._lost: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._topics: dict[tuple[str, str], set[str]] = {}       # -> subscribed replicas
@@ -82,11 +83,11 @@ class Directory:
         return self._life
 
     def restore(self, epochs: dict[str, int], reservations: list[Reservation],
-                programs: list[tuple[str, str, int]],
+                programs: list[tuple[str, str, int, list]],
                 exports: dict[str, tuple[int, dict[tuple[str, str], int]]]) -> int:
         """Take back what a front knows after a restart: replicas' epochs (the highest wins),
         its instances' reservations (those of a replica's current epoch, keys kept), programs
-        counted (tenant, sha256, size), the exports each replica reported (its epoch, them).
+        counted (tenant, sha256, size, [its bytes' ObjectRef] or []), the exports each replica reported (its epoch, them).
         Quotas are not checked: what runs, runs. Returns how many reservations it took."""
         for replica_id, epoch in epochs.items():
             _check_name("replica_id", replica_id)
@@ -97,8 +98,10 @@ class Directory:
                     and reservation.key not in self._reservations):
                 self._reservations[reservation.key] = reservation
                 taken += 1
-        for tenant, sha256, size in programs:
+        for tenant, sha256, size, refs in programs:
             self._program_bytes.setdefault(tenant, {}).setdefault(sha256, int(size))
+            if refs:
+                self._program_refs.setdefault((tenant, sha256), list(refs[:1]))
         for replica_id, (epoch, held) in exports.items():
             self.report_exports(replica_id, epoch, held)
         return taken
@@ -187,10 +190,13 @@ class Directory:
         return len(self._reservations)
 
     # ---- programs ---------------------------------------------------------------------------
-    def add_program(self, tenant: str, sha256: str, size: int) -> None:
-        """Count a program of `size` bytes against the tenant (once per sha256).
-        ReservationError when it would pass max_program_bytes."""
+    def add_program(self, tenant: str, sha256: str, size: int, refs: list | None = None) -> None:
+        """Count a program of `size` bytes against the tenant (once per sha256); `refs`: [the
+        ObjectRef of its bytes] (a list, so Ray keeps it a reference), for replicas resolving
+        children of it. ReservationError when it would pass max_program_bytes."""
         _check_name("tenant", tenant)
+        if refs:
+            self._program_refs.setdefault((tenant, sha256), list(refs[:1]))
         held = self._program_bytes.setdefault(tenant, {})
         if sha256 in held:
             return
@@ -201,6 +207,13 @@ class Directory:
                                    f"pass max_program_bytes ({quota.max_program_bytes}); "
                                    f"using {used}")
         held[sha256] = size
+
+    def program_ref(self, tenant: str, sha256: str) -> list:
+        """[the ObjectRef of the bytes of the tenant's upload `sha256`], or [] when the tenant
+        has no such upload (or its bytes were not registered)."""
+        if sha256 not in self._program_bytes.get(tenant, {}):
+            return []
+        return list(self._program_refs.get((tenant, sha256), []))
 
     def program_bytes(self, tenant: str) -> int:
         return sum(self._program_bytes.get(tenant, {}).values())

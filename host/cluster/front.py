@@ -233,8 +233,12 @@ class ClusterFront:
 
     def count_program(self, tenant: str, sha256: str, num_bytes: int) -> None:
         """Count a stored program against the tenant's max_program_bytes across the cluster
-        (once per program). ReservationError when it would pass it."""
-        self._ask_directory("add_program", tenant, sha256, num_bytes)
+        (once per program), and register its bytes (when loaded here) for replicas resolving
+        children of it. ReservationError when it would pass it."""
+        with self._lock:
+            known = self._programs.get(sha256)
+        refs = [known.ref] if known is not None else []
+        self._ask_directory("add_program", tenant, sha256, num_bytes, refs)
         with self._lock:
             self._counted[(tenant, sha256)] = num_bytes
 
@@ -747,7 +751,9 @@ class ClusterFront:
                           if rid not in self._down}
                 reservations = [inst.reservation for inst in self._live.values()
                                 if inst.reservation.key]
-                programs = [(tenant, sha, size) for (tenant, sha), size in self._counted.items()]
+                programs = [(tenant, sha, size, [self._programs[sha].ref]
+                             if sha in self._programs else [])
+                            for (tenant, sha), size in self._counted.items()]
                 exports = dict(self._exports_seen)
             try:
                 taken = ray.get(self._directory.restore.remote(epochs, reservations, programs,

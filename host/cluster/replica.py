@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from engine.protocol import EngineLike
+from host.cluster.children import cluster_spawn_hooks
 from host.cluster.errors import ClusterError, StaleEpochError
 from host.cluster.event_buffer import EventBuffer, ReplicaEvent
 from host.cluster.event_channel import ChannelClosed, EventWriter
@@ -162,6 +163,9 @@ class EngineReplica:
                                         self.runtime.hub.deliver_topic)
             self.topics.load()
             self.runtime.hub.set_relay(self.topics)
+            self.runtime.set_spawn_hooks(cluster_spawn_hooks(
+                self.replica_id, self.epoch, directory, self.runtime.programs,
+                self.runtime.load_program))
 
     # ---- calls of the front -----------------------------------------------------------------
     def ping(self) -> int:
