@@ -106,11 +106,11 @@ static inline int64_t qtype_row_bytes(int qtype, int64_t k) {
 
 /* The SIMD kernels stream their weights once per pass, each row group or row in address order.
  * One thread's hardware prefetcher does not run far enough ahead to overlap the stream with the
- * arithmetic (gate/up of 30 layers at one activation row, one thread, AVX2 machine: 1.9x the time
- * of the same work on a cache-resident weight). So each step asks for the bytes PREFETCH_BYTES
- * ahead of what it reads: ~ DRAM latency (100 ns) x one thread's read rate (10 GB/s). A hint only:
- * past the end of the weight it reads nothing and cannot fault. */
-#define PREFETCH_BYTES 1024
+ * arithmetic, so each step asks for the bytes PREFETCH_BYTES ahead of what it reads: at least
+ * DRAM latency x one thread's read rate, with room for a loaded machine's longer latency (the
+ * distances measured: docs/performance/2026-11-29-avx512-decode.md). A hint only: past the end
+ * of the weight it reads nothing and cannot fault. */
+#define PREFETCH_BYTES 4096
 #define CACHE_LINE_BYTES 64
 static inline void prefetch_ahead(const uint8_t *next, int64_t num_bytes) {
     for (int64_t line = 0; line < num_bytes; line += CACHE_LINE_BYTES)
