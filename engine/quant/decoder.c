@@ -3,6 +3,7 @@
 #include "decoder.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "decode_attention.h"
@@ -12,17 +13,21 @@
 #include "pool.h"
 
 #define SILU_CHUNK 1024      /* elements per chunk of the SiLU job (~4 us) */
+/* weight rows of a base matmul task beside adapters' deltas: a multiple of every kernel's row
+ * group (matmul_rows splits at multiples of 8 or 16 rows) */
+#define SLICE_ROWS 64
 
 /* Per-pass buffers, all [m, width] float32 rows */
 typedef struct {
     float *normed, *qkv, *attn, *delta, *gate_up, *act;
     float *lora_t;               /* [m, lora->max_width] the adapters' shrunk rows, or NULL */
+    float *lora_delta;           /* [m, widest output] the adapters' deltas, or NULL */
     act_q16 x_blocks;            /* the activation blocks of the widest matmul input */
 } scratch;
 
 static void scratch_free(scratch *s) {
     free(s->normed); free(s->qkv); free(s->attn); free(s->delta); free(s->gate_up); free(s->act);
-    free(s->lora_t);
+    free(s->lora_t); free(s->lora_delta);
     act_free(&s->x_blocks);
 }
 
@@ -38,10 +43,16 @@ static int scratch_alloc(scratch *s, const decoder *model, int64_t m, const lora
     s->delta = malloc((size_t)(m * model->hidden) * sizeof(float));
     s->gate_up = malloc((size_t)(m * 2 * model->intermediate) * sizeof(float));
     s->act = malloc((size_t)(m * model->intermediate) * sizeof(float));
-    if (lora) s->lora_t = malloc((size_t)(m * lora->max_width) * sizeof(float));
+    int64_t widest_out = layer->qkv.num_out > 2 * model->intermediate ? layer->qkv.num_out
+                                                                       : 2 * model->intermediate;
+    if (model->hidden > widest_out) widest_out = model->hidden;
+    if (lora) {
+        s->lora_t = malloc((size_t)(m * lora->max_width) * sizeof(float));
+        s->lora_delta = malloc((size_t)(m * widest_out) * sizeof(float));
+    }
     int blocks_failed = act_alloc(&s->x_blocks, m, widest);
     if (s->normed && s->qkv && s->attn && s->delta && s->gate_up && s->act && !blocks_failed
-            && (s->lora_t || !lora))
+            && ((s->lora_t && s->lora_delta) || !lora))
         return 0;
     scratch_free(s);
     return -1;
@@ -57,22 +68,94 @@ static const projection *layer_projection(const decoder_layer *layer, int which)
     }
 }
 
-/* y[m, proj->num_out] = x[m, proj->num_cols] @ W^T, part after part, then the adapters' deltas
+/* A projection's base matmul in SLICE_ROWS-row tasks beside its adapters' groups: the first
+ * thread in takes matmul slices first, the next the groups first (reading the adapters from
+ * memory while the other computes), each then helps with what is left */
+typedef struct {
+    const decoder *model;
+    const projection *proj;
+    const act_q16 *blocks;
+    int64_t m;
+    float *y;
+    int64_t num_slices[MAX_PROJECTION_PARTS], total_slices;
+    const lora_job *lora;
+    int num_groups;
+    atomic_llong next_slice;
+    atomic_int next_group, num_joined;
+} project_job;
+
+static int run_slice(project_job *job) {
+    int64_t slice = atomic_fetch_add(&job->next_slice, 1), offset = 0;
+    if (slice >= job->total_slices) return 0;
+    const projection *proj = job->proj;
+    int p = 0;
+    for (; slice >= job->num_slices[p]; p++) {
+        slice -= job->num_slices[p];
+        offset += proj->num_rows[p];
+    }
+    int64_t start = slice * SLICE_ROWS;
+    int64_t count = proj->num_rows[p] - start < SLICE_ROWS ? proj->num_rows[p] - start : SLICE_ROWS;
+    matmul_rows(proj->qtypes[p], job->model->level,
+                proj->blocks[p] + start * qtype_row_bytes(proj->qtypes[p], proj->num_cols), count,
+                job->blocks, job->m, job->y + offset + start, proj->num_out, 1);
+    return 1;
+}
+
+static int run_group(project_job *job) {
+    int g = atomic_fetch_add(&job->next_group, 1);
+    if (g >= job->num_groups) return 0;
+    lora_group_delta(job->lora, g);
+    return 1;
+}
+
+static void project_task(void *ctx) {
+    project_job *job = ctx;
+    if (atomic_fetch_add(&job->num_joined, 1) % 2) {
+        while (run_group(job)) {}
+        while (run_slice(job)) {}
+    } else {
+        while (run_slice(job)) {}
+        while (run_group(job)) {}
+    }
+}
+
+/* y = x @ W^T beside the adapters' deltas of `lora` (prepared for this projection), then y +=
+ * the deltas */
+static void project_with_lora(const decoder *model, const projection *proj, const act_q16 *blocks,
+                              int64_t m, float *y, const lora_job *lora, int num_threads) {
+    project_job job = {.model = model, .proj = proj, .blocks = blocks, .m = m, .y = y,
+                       .lora = lora, .num_groups = lora->pass->num_groups};
+    for (int p = 0; p < proj->num_parts; p++) {
+        job.num_slices[p] = (proj->num_rows[p] + SLICE_ROWS - 1) / SLICE_ROWS;
+        job.total_slices += job.num_slices[p];
+    }
+    atomic_init(&job.next_slice, 0);
+    atomic_init(&job.next_group, 0);
+    atomic_init(&job.num_joined, 0);
+    pool_run(project_task, &job, num_threads);
+    lora_add_deltas(lora, y, proj->num_out);
+}
+
+/* y[m, proj->num_out] = x[m, proj->num_cols] @ W^T, part after part, plus the adapters' deltas
  * of projection `which` (lora.h's order) of layer `index` when the pass has adapters */
 static void project(const decoder *model, const decode_pass *pass, int index, int which,
                     const float *x, scratch *s, float *y) {
     const projection *proj = layer_projection(&model->layers[index], which);
     s->x_blocks.k = proj->num_cols;
     quantize_act(model->level, x, pass->m, &s->x_blocks);
+    lora_job lora;
+    if (pass->lora && lora_job_init(&lora, pass->lora, index, which, x, proj->num_cols,
+                                    proj->num_cols, s->lora_delta, proj->num_out, s->lora_t,
+                                    model->level)) {
+        project_with_lora(model, proj, &s->x_blocks, pass->m, y, &lora, pass->num_threads);
+        return;
+    }
     int64_t offset = 0;
     for (int p = 0; p < proj->num_parts; p++) {
         matmul_rows(proj->qtypes[p], model->level, proj->blocks[p], proj->num_rows[p],
                     &s->x_blocks, pass->m, y + offset, proj->num_out, pass->num_threads);
         offset += proj->num_rows[p];
     }
-    if (pass->lora)
-        lora_add(pass->lora, index, which, x, proj->num_cols, proj->num_cols, y, proj->num_out,
-                 proj->num_out, s->lora_t, model->level, pass->num_threads);
 }
 
 /* HF rotate_half RoPE on the first num_heads heads of each row of qkv, in place:

@@ -1,25 +1,21 @@
-/* See lora.h. Two phases a projection, each one job on the thread pool:
- *   shrink: t[r, k] = dot(x[r], a[k]) for the rows of each group, a task per (group, K_CHUNK
- *           rows of a): those rows of A read once for every row of the group;
- *   expand: y[r, start + c] += sum_k t[r, j*rank + k] * b_t[j][k, c], a task per (group,
- *           C_CHUNK columns of the fused output): the columns' B read once for the group.
- * Rows go ROW_BLOCK at a time through kernels at the kernel level (AVX-512 F, AVX2 + FMA,
- * plain C); a block of fewer rows repeats its last row's input and stores only its own rows. */
+/* See lora.h. A group's delta: its rows ROW_BLOCK at a time, shrink (t[r, k] = dot(x[r], a[k])
+ * over every row k of A), then expand (delta[r, start_j + c] = sum_k t[r, j*rank + k] *
+ * b_t[j][k, c] over each part j), through kernels at the kernel level (AVX-512 F, AVX2 + FMA,
+ * plain C); a block of fewer rows repeats its last row's input and stores only its own rows.
+ * A group's A and B are read from memory once a pass (its later row blocks find them in cache). */
 #include "lora.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "matmul.h"
 #include "pool.h"
 
 #define ROW_BLOCK 4
-#define K_CHUNK 8          /* rows of A a shrink task takes (8 x 576 floats: 18 KiB) */
 #define K_STEP 4           /* rows of A an AVX-512 shrink kernel multiplies at once */
 /* B read this far ahead of the expand kernels' columns: the kernels walk rank rows of B side by
- * side, short runs the hardware prefetcher alone leaves waiting (a sixth of an 8-adapter decode
- * step's adapter time without it) */
+ * side, short runs the hardware prefetcher alone leaves waiting */
 #define PREFETCH_FLOATS 64
-#define C_CHUNK 128        /* output columns an expand task takes */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -183,98 +179,68 @@ static void expand_scalar(const float *const *tr, int nr, const float *b_t, int6
         }
 }
 
-typedef void (*shrink_fn)(const float *const *, int, const float *, int64_t, int64_t, int64_t,
-                          float *const *);
-typedef void (*expand_fn)(const float *const *, int, const float *, int64_t, int64_t, int64_t,
-                          int64_t, float *const *);
-
-/* One projection's two phases over every group */
-typedef struct {
-    const lora_pass *pass;
-    const lora_projection *first;      /* group 0's projection; group g's is pass-strided */
-    int64_t stride;                    /* projections between one group's and the next's */
-    const float *x;
-    float *y, *t;
-    int64_t ldx, in, ldy, out;
-    int64_t num_chunks;                /* tasks per group */
-    shrink_fn shrink;
-    expand_fn expand;
-} lora_job;
-
-/* The rows rows[start..start + nr) of a group, as ROW_BLOCK row pointers into base (row
- * stride ld, plus offset), the last repeated */
+/* The rows rows[0..nr) of a group, as ROW_BLOCK row pointers into base (row stride ld, plus
+ * offset), the last repeated */
 static void row_block(float **out, const int64_t *rows, int nr, float *base, int64_t ld,
                       int64_t offset) {
     for (int b = 0; b < ROW_BLOCK; b++) out[b] = base + rows[b < nr ? b : nr - 1] * ld + offset;
 }
 
-static void shrink_tasks(void *ctx, int64_t start, int64_t count) {
-    const lora_job *job = ctx;
-    for (int64_t task = start; task < start + count; task++) {
-        int64_t g = task / job->num_chunks, k0 = task % job->num_chunks * K_CHUNK;
-        const lora_projection *proj = job->first + g * job->stride;
-        int64_t width = proj->num_parts * proj->rank, k1 = k0 + K_CHUNK < width ? k0 + K_CHUNK : width;
-        const int64_t *rows = job->pass->rows;
-        for (int64_t r = job->pass->indptr[g]; r < job->pass->indptr[g + 1] && k0 < k1; r += ROW_BLOCK) {
-            int nr = job->pass->indptr[g + 1] - r < ROW_BLOCK ? (int)(job->pass->indptr[g + 1] - r) : ROW_BLOCK;
-            float *xr[ROW_BLOCK], *tr[ROW_BLOCK];
-            row_block(xr, rows + r, nr, (float *)job->x, job->ldx, 0);
-            row_block(tr, rows + r, nr, job->t, job->pass->max_width, 0);
-            job->shrink((const float *const *)xr, nr, proj->a, job->in, k0, k1, tr);
-        }
-    }
-}
-
-static void expand_tasks(void *ctx, int64_t start, int64_t count) {
-    const lora_job *job = ctx;
-    for (int64_t task = start; task < start + count; task++) {
-        int64_t g = task / job->num_chunks, c0 = task % job->num_chunks * C_CHUNK;
-        int64_t c1 = c0 + C_CHUNK < job->out ? c0 + C_CHUNK : job->out;
-        const lora_projection *proj = job->first + g * job->stride;
-        const int64_t *rows = job->pass->rows;
-        for (int j = 0; j < proj->num_parts; j++) {
-            int64_t lo = proj->starts[j] > c0 ? proj->starts[j] : c0;
-            int64_t hi = proj->ends[j] < c1 ? proj->ends[j] : c1;
-            if (lo >= hi) continue;
-            for (int64_t r = job->pass->indptr[g]; r < job->pass->indptr[g + 1]; r += ROW_BLOCK) {
-                int nr = job->pass->indptr[g + 1] - r < ROW_BLOCK ? (int)(job->pass->indptr[g + 1] - r) : ROW_BLOCK;
-                float *tr[ROW_BLOCK], *yr[ROW_BLOCK];
-                row_block(tr, rows + r, nr, job->t, job->pass->max_width, j * proj->rank);
-                row_block(yr, rows + r, nr, job->y, job->ldy, proj->starts[j]);
-                job->expand((const float *const *)tr, nr, proj->b_t[j], proj->rank,
-                            proj->ends[j] - proj->starts[j], lo - proj->starts[j],
-                            hi - proj->starts[j], yr);
-            }
-        }
-    }
-}
-
-void lora_add(const lora_pass *pass, int layer, int projection, const float *x, int64_t ldx,
-              int64_t in, float *y, int64_t ldy, int64_t out, float *t, int level,
-              int num_threads) {
-    int64_t stride = (int64_t)pass->num_layers * LORA_NUM_PROJECTIONS, targeted = 0;
-    const lora_projection *first = pass->projections
-        + (int64_t)layer * LORA_NUM_PROJECTIONS + projection;
-    for (int g = 0; g < pass->num_groups; g++)
-        targeted += first[g * stride].num_parts > 0 && pass->indptr[g + 1] > pass->indptr[g];
-    if (targeted == 0) return;
-    lora_job job = {.pass = pass, .first = first, .stride = stride, .x = x, .y = y, .t = t,
-                    .ldx = ldx, .in = in, .ldy = ldy, .out = out,
-                    .shrink = shrink_scalar, .expand = expand_scalar};
+int lora_job_init(lora_job *job, const lora_pass *pass, int layer, int projection,
+                  const float *x, int64_t ldx, int64_t in, float *delta, int64_t out, float *t,
+                  int level) {
+    *job = (lora_job){.pass = pass, .stride = (int64_t)pass->num_layers * LORA_NUM_PROJECTIONS,
+                      .first = pass->projections + (int64_t)layer * LORA_NUM_PROJECTIONS + projection,
+                      .x = x, .ldx = ldx, .in = in, .delta = delta, .out = out, .t = t,
+                      .shrink = shrink_scalar, .expand = expand_scalar};
 #if defined(__x86_64__) || defined(__i386__)
     if (level == LEVEL_AVX512) {
-        job.shrink = shrink_avx512;
-        job.expand = expand_avx512;
+        job->shrink = shrink_avx512;
+        job->expand = expand_avx512;
     } else if (level == LEVEL_AVX2) {
-        job.shrink = shrink_avx2;
-        job.expand = expand_avx2;
+        job->shrink = shrink_avx2;
+        job->expand = expand_avx2;
     }
 #endif
-    job.num_chunks = (pass->max_width + K_CHUNK - 1) / K_CHUNK;
-    int threads = targeted > 1 || pass->indptr[pass->num_groups] > ROW_BLOCK ? num_threads : 1;
-    pool_run_rows(shrink_tasks, &job, pass->num_groups * job.num_chunks, 1, threads);
-    job.num_chunks = (out + C_CHUNK - 1) / C_CHUNK;
-    pool_run_rows(expand_tasks, &job, pass->num_groups * job.num_chunks, 1, threads);
+    for (int g = 0; g < pass->num_groups; g++)
+        if (job->first[g * job->stride].num_parts > 0 && pass->indptr[g + 1] > pass->indptr[g])
+            return 1;
+    return 0;
+}
+
+void lora_group_delta(const lora_job *job, int g) {
+    const lora_projection *proj = job->first + g * job->stride;
+    const int64_t *rows = job->pass->rows, end = job->pass->indptr[g + 1];
+    int64_t width = proj->num_parts * proj->rank, ldt = job->pass->max_width;
+    if (width == 0) return;
+    for (int64_t r = job->pass->indptr[g]; r < end; r += ROW_BLOCK) {
+        int nr = end - r < ROW_BLOCK ? (int)(end - r) : ROW_BLOCK;
+        float *xr[ROW_BLOCK], *tr[ROW_BLOCK], *dr[ROW_BLOCK];
+        row_block(xr, rows + r, nr, (float *)job->x, job->ldx, 0);
+        row_block(tr, rows + r, nr, job->t, ldt, 0);
+        job->shrink((const float *const *)xr, nr, proj->a, job->in, 0, width, tr);
+        for (int b = 0; b < nr; b++) memset(job->delta + rows[r + b] * job->out, 0,
+                                            (size_t)job->out * sizeof(float));
+        for (int j = 0; j < proj->num_parts; j++) {
+            int64_t num_cols = proj->ends[j] - proj->starts[j];
+            row_block(tr, rows + r, nr, job->t, ldt, j * proj->rank);
+            row_block(dr, rows + r, nr, job->delta, job->out, proj->starts[j]);
+            job->expand((const float *const *)tr, nr, proj->b_t[j], proj->rank, num_cols, 0,
+                        num_cols, dr);
+        }
+    }
+}
+
+VECTOR_CLONES void lora_add_deltas(const lora_job *job, float *y, int64_t ldy) {
+    const lora_pass *pass = job->pass;
+    for (int g = 0; g < pass->num_groups; g++) {
+        if (job->first[g * job->stride].num_parts == 0) continue;
+        for (int64_t i = pass->indptr[g]; i < pass->indptr[g + 1]; i++) {
+            float *restrict out = y + pass->rows[i] * ldy;
+            const float *restrict d = job->delta + pass->rows[i] * job->out;
+            for (int64_t c = 0; c < job->out; c++) out[c] += d[c];
+        }
+    }
 }
 
 static int read_projection(lora_projection *proj, const int64_t *fields, int64_t in_dim,

@@ -1,7 +1,7 @@
-/* LoRA deltas inside the fused decode step (lora.c): after the base block matmul of a projection
- * for the whole pass, each adapter's rows get scale * (x @ A^T) @ B^T added to their outputs, the
- * rows of one adapter together (A and B read once a step for all of them), on the decoder's
- * thread pool. Rows without an adapter are not touched. */
+/* LoRA deltas inside the fused decode step (lora.c): beside the base block matmul of a projection
+ * for the whole pass, each adapter's rows get scale * (x @ A^T) @ B^T made, the rows of one
+ * adapter together (its A and B read once a pass for all of them), then added to their outputs.
+ * Rows without an adapter are not touched. */
 #ifndef PIE_QUANT_LORA_H
 #define PIE_QUANT_LORA_H
 
@@ -33,12 +33,40 @@ typedef struct {
     int64_t max_width;                  /* the largest num_parts * rank: t's row width */
 } lora_pass;
 
-/* y[r, :out] += the delta of projection `projection` of `layer` for every row r of every group,
- * from x[r, :in] (row strides ldx, ldy); t: scratch of [m, pass->max_width] floats (m: the pass's
- * rows). level: matmul.h's LEVEL_*, supported here. */
-void lora_add(const lora_pass *pass, int layer, int projection, const float *x, int64_t ldx,
-              int64_t in, float *y, int64_t ldy, int64_t out, float *t, int level,
-              int num_threads);
+typedef void (*lora_shrink_fn)(const float *const *xr, int nr, const float *a, int64_t in,
+                               int64_t k0, int64_t k1, float *const *tr);
+typedef void (*lora_expand_fn)(const float *const *tr, int nr, const float *b_t, int64_t rank,
+                               int64_t ldb, int64_t c0, int64_t c1, float *const *yr);
+
+/* One projection of one layer for a pass: its groups' deltas from x, made group by group
+ * (lora_group_delta, from any thread), then added to the projection's output (lora_add_deltas) */
+typedef struct {
+    const lora_pass *pass;
+    const lora_projection *first;      /* group 0's share of the projection */
+    int64_t stride;                    /* projections from one group's share to the next's */
+    const float *x;                    /* [m, ldx] the projection's input */
+    int64_t ldx, in;
+    float *delta;                      /* [m, out] the deltas of the groups' rows */
+    float *t;                          /* [m, pass->max_width] scratch */
+    int64_t out;
+    lora_shrink_fn shrink;
+    lora_expand_fn expand;
+} lora_job;
+
+/* Prepares projection `projection` (decoder_layer's order) of `layer` over x [m, ldx] (in
+ * values a row) for the deltas [m, out]; level: matmul.h's LEVEL_*, supported here. 1 when some
+ * group's adapter targets the projection, else 0 (nothing to do). */
+int lora_job_init(lora_job *job, const lora_pass *pass, int layer, int projection,
+                  const float *x, int64_t ldx, int64_t in, float *delta, int64_t out, float *t,
+                  int level);
+
+/* delta[r, :] = group g's adapter's delta of each of its rows r (0 outside its parts' columns);
+ * nothing when the adapter does not target the projection. Groups may run concurrently. */
+void lora_group_delta(const lora_job *job, int g);
+
+/* y[r, :out] += delta[r, :] for the rows of every group whose adapter targets the projection
+ * (row stride ldy), once every group's delta is made */
+void lora_add_deltas(const lora_job *job, float *y, int64_t ldy);
 
 /* Fills pass->projections[g][l][p] from the int64 table [num_groups][num_layers][4][LORA_FIELDS]
  * and pass->max_width, checking every field against the decoder's projections (in_dims[p],
