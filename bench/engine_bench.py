@@ -15,8 +15,10 @@ ours, and transformers beside it, run with the PASSIVE one `import engine` sets)
 Rows: prefill_512 (one 512-token prompt, tok/s), decode_b1 / decode_b8 / decode_b32 (greedy decode
 of `--new-tokens` tokens after 32-token prompts, aggregate tok/s over the batch, timed from the end
 of the prefill to the last step for ours and llama.cpp), decode_b1_ctx1024 (the same after one
-1024-token prompt: attention over a long context); plus our load time and peak RSS (measured before
-any baseline is loaded). Each figure is the median of `--repeats` runs. Each row is also run on 1
+1024-token prompt: attention over a long context); plus our load time and peak RSS: the bench
+process's ru_maxrss read after our rows and before transformers is loaded, in a process that has
+run nothing but our engine (llama.cpp always runs in processes of its own, whose peak RSS is shown
+beside ours). Each figure is the median of `--repeats` runs. Each row is also run on 1
 thread, ours and llama.cpp's, and the table shows each side's 1 -> N thread speed-up, so a second
 core that does not pay is visible (`--no-scaling` skips the 1-thread runs).
 
@@ -233,8 +235,11 @@ def print_table(report: dict) -> None:
           f"here {', '.join(machine['kernel_levels']) or 'none'}")
     print(f"llama.cpp: {machine['llama_cpp_amx']}; {machine['llama_cpp_system_info'] or '-'}")
     print(f"ours: {report['kernels']}")
+    cpp_rss = report["llama_cpp_peak_rss_mb"]
     print(f"load {report['load_s']:.2f} s, peak RSS {report['peak_rss_mb']:.0f} MB "
-          f"(ours, dtype {report['dtype']}, before baselines); threads: ours {report['threads']}, "
+          f"(ours: ru_maxrss of a process that ran only our engine, dtype {report['dtype']}; "
+          f"llama.cpp's own process {f'{cpp_rss:.0f} MB' if cpp_rss else '-'}); "
+          f"threads: ours {report['threads']}, "
           f"llama.cpp {report['llama_cpp_threads']}; OpenMP wait policy: ours "
           f"{report['omp_wait_policy']}, llama.cpp {report['llama_cpp_omp_wait_policy']}")
     threads = report["threads"]
@@ -280,17 +285,19 @@ def main() -> None:
     hf = {} if args.no_hf else bench_hf(rows, args.new_tokens, args.repeats, vocab)
     cpp_threads = args.threads or DEFAULT_THREADS
     row_prompts = {row: prompts_for(row, vocab) for row in rows}
-    cpp = {} if args.no_llama_cpp else bench_in_child(
+    cpp, cpp_rss_mb = ({}, None) if args.no_llama_cpp else bench_in_child(
         str(default_gguf_path()), row_prompts, args.new_tokens, args.repeats, cpp_threads,
         USER_OMP_WAIT_POLICY)
     cpp_1t = {} if args.no_llama_cpp or not scaling or cpp_threads <= 1 or not cpp else bench_in_child(
         str(default_gguf_path()), row_prompts, args.new_tokens, args.repeats, 1,
-        USER_OMP_WAIT_POLICY)
+        USER_OMP_WAIT_POLICY)[0]
     report = {
         "rows": [{"name": r, "ours_tok_s": ours.get(r), "hf_tok_s": hf.get(r),
                   "llama_cpp_tok_s": cpp.get(r), "ours_1t_tok_s": ours_1t.get(r),
                   "llama_cpp_1t_tok_s": cpp_1t.get(r)} for r in rows],
-        "load_s": load_s, "peak_rss_mb": peak_rss_mb, "dtype": args.dtype,
+        "load_s": load_s, "peak_rss_mb": peak_rss_mb, "llama_cpp_peak_rss_mb": cpp_rss_mb,
+        "peak_rss_method": "ru_maxrss of the bench process after our rows only; llama.cpp's of "
+                           "its own process", "dtype": args.dtype,
         "new_tokens": args.new_tokens, "repeats": args.repeats, "threads": torch_threads(),
         "llama_cpp_threads": args.threads or DEFAULT_THREADS,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -122,9 +123,11 @@ def median_seconds(run: Callable[[], object], repeats: int) -> float:
 
 
 def bench_in_child(path: str, row_prompts: dict[str, list[list[int]]], new_tokens: int,
-                   repeats: int, num_threads: int, omp_wait_policy: str | None) -> dict:
-    """bench_llama_cpp in a fresh process whose OMP_WAIT_POLICY is `omp_wait_policy` (None:
-    unset, libgomp's default); {} without llama-cpp-python."""
+                   repeats: int, num_threads: int,
+                   omp_wait_policy: str | None) -> tuple[dict, float | None]:
+    """(bench_llama_cpp's results, that process's peak RSS MB) from a fresh process whose
+    OMP_WAIT_POLICY is `omp_wait_policy` (None: unset, libgomp's default); ({}, None) without
+    llama-cpp-python."""
     env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
     if omp_wait_policy is not None:
         env["OMP_WAIT_POLICY"] = omp_wait_policy
@@ -134,7 +137,8 @@ def bench_in_child(path: str, row_prompts: dict[str, list[list[int]]], new_token
                          capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"the llama.cpp baseline failed: {run.stderr[-2000:]}")
-    return json.loads(run.stdout)
+    answer = json.loads(run.stdout)
+    return answer["rows"], answer["peak_rss_mb"] if answer["rows"] else None
 
 
 def system_info_in_child() -> str:
@@ -181,5 +185,7 @@ if __name__ == "__main__":
         info = llama_cpp.llama_print_system_info()
         print(info.decode() if isinstance(info, bytes) else str(info))
         sys.exit(0)
-    print(json.dumps(bench_llama_cpp(job["path"], job["row_prompts"], job["new_tokens"],
-                                     job["repeats"], job["num_threads"])))
+    rows = bench_llama_cpp(job["path"], job["row_prompts"], job["new_tokens"], job["repeats"],
+                           job["num_threads"])
+    print(json.dumps({"rows": rows,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
