@@ -188,6 +188,7 @@ class ClusterFront:
         self.directory_restorations = 0
         self._directory_check_s = directory_check_s
         self._directory_lock = threading.Lock()      # one restore at a time
+        self._rejoin_hooks: list[Callable[[str, int], None]] = []
         self._listener = EventListener(ray.util.get_node_ip_address()) if push_events else None
         self._pollers = [threading.Thread(target=self._poll, args=(rid,), daemon=True,
                                           name=f"pie-poll-{rid}") for rid in replicas]
@@ -388,6 +389,22 @@ class ClusterFront:
     def num_lingering(self, tenant: str | None = None) -> int:
         """Lingering instances are a replica's own business: the front counts none."""
         return 0
+
+    def live_replicas(self) -> list[tuple[str, int]]:
+        """(replica id, epoch) of each live replica."""
+        with self._lock:
+            return [(rid, self._epochs[rid]) for rid in self._replicas if rid not in self._down]
+
+    def call_replica(self, replica_id: str, method: str, *args: Any) -> Any:
+        """A blocking call of one replica's `method`; ReplicaLostError when it is gone, what
+        it raised as it raised it."""
+        return self._call(replica_id, method, *args)
+
+    def add_rejoin_hook(self, hook: Callable[[str, int], None]) -> None:
+        """`hook(replica_id, epoch)` runs when a replica rejoins under a new life, before the
+        front places on it again (e.g. to register what the replica's last life held)."""
+        with self._lock:
+            self._rejoin_hooks.append(hook)
 
     def list_instances(self) -> list[str]:
         with self._lock:
@@ -674,6 +691,8 @@ class ClusterFront:
             except (RayActorError, GetTimeoutError):
                 self._closed.wait(0.5)
                 continue
+            if epoch != lost_epoch:
+                self._run_rejoin_hooks(replica_id, epoch)
             with self._lock:
                 self._epochs[replica_id] = epoch
                 self._loads[replica_id] = ReplicaLoad(replica_id, 0)
@@ -685,6 +704,15 @@ class ClusterFront:
                     self._down.discard(replica_id)
             _log.info("replica %s rejoined at epoch %d", replica_id, epoch)
             return
+
+    def _run_rejoin_hooks(self, replica_id: str, epoch: int) -> None:
+        with self._lock:
+            hooks = list(self._rejoin_hooks)
+        for hook in hooks:
+            try:
+                hook(replica_id, epoch)
+            except Exception:  # noqa: BLE001 -- logged: the replica takes placements anyway
+                _log.exception("replica %s: a rejoin hook failed", replica_id)
 
     def _orphans(self, replica_id: str, epoch: int) -> None:
         """Terminate what still runs of instances this front already ended as lost."""

@@ -16,10 +16,14 @@ charged to the tenant's export share there.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import shutil
+import tempfile
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from engine.protocol import EngineLike
@@ -133,6 +137,13 @@ class ExportCopy:
     metadata: str | None = None
 
 
+def _digest(files: dict[str, bytes]) -> str:
+    digest = hashlib.sha256()
+    for file_name in sorted(files):
+        digest.update(file_name.encode() + b"\0" + hashlib.sha256(files[file_name]).digest())
+    return digest.hexdigest()[:16]
+
+
 class EngineReplica:
     """One engine's runtime behind Ray calls. `join(replica_id) -> epoch` registers this life
     (the directory's `join`; None: epoch 1, for a replica without a directory); `directory`
@@ -154,6 +165,7 @@ class EngineReplica:
         self._ended_early: set[str] = set()          # ended before their launch returned
         self._ended: OrderedDict[str, ReplicaInstance] = OrderedDict()   # newest kept
         self._directory = directory
+        self._adapter_dir = Path(tempfile.mkdtemp(prefix=f"pie-adapters-{spec.replica_id}-"))
         self._reported: dict[str, dict[tuple[str, str], int]] = {}   # front -> exports it saw
         self._reported_at: dict[str, float] = {}     # front -> when load and exports last went
         self.epoch = 1 if join is None else join(spec.replica_id)
@@ -381,6 +393,40 @@ class EngineReplica:
         except (ProgramError, ValueError) as exc:
             raise ClusterError(f"replica {self.replica_id}: {exc}") from None
 
+    def model_config(self) -> Any:
+        """The engine's model config (what adapters are checked against)."""
+        return self.runtime.engine.model_config
+
+    def has_adapters(self) -> bool:
+        """Whether the engine serves LoRA adapters (an `adapters` store)."""
+        return getattr(self.runtime.engine, "adapters", None) is not None
+
+    def register_adapter(self, epoch: int, name: str, scope: str,
+                         files: dict[str, bytes]) -> Any:
+        """Write an adapter's files (file name -> bytes) to this replica's disk and register it
+        in the engine's store as `name` of `scope`; its AdapterInfo. ClusterError naming what
+        is wrong (the tensor at fault, the file names)."""
+        self._check(epoch)
+        store = getattr(self.runtime.engine, "adapters", None)
+        if store is None:
+            raise ClusterError(f"replica {self.replica_id} serves no adapters")
+        if not files or any(not n or "/" in n or n.startswith(".") for n in files):
+            raise ClusterError(f"adapter {name!r}: file names must be plain, got "
+                               f"{sorted(files)[:4]!r}")
+        folder = self._adapter_dir / scope / f"{name}-{_digest(files)}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for file_name, data in files.items():
+            (folder / file_name).write_bytes(data)
+        try:
+            return store.register(name, folder, scope=scope)
+        except ValueError as exc:          # AdapterError: its message names the cause
+            raise ClusterError(str(exc)) from None
+
+    def unregister_adapter(self, epoch: int, name: str, scope: str) -> bool:
+        self._check(epoch)
+        store = getattr(self.runtime.engine, "adapters", None)
+        return store is not None and store.unregister(name, scope=scope)
+
     def describe(self) -> ReplicaDescription:
         """The served model and the instances' default limits, as the server shows them."""
         engine = self.runtime.engine
@@ -406,6 +452,7 @@ class EngineReplica:
             self.topics.close()
         self.runtime.close()
         self._events.close()
+        shutil.rmtree(self._adapter_dir, ignore_errors=True)
 
     # ---- internal ---------------------------------------------------------------------------
     def _check(self, epoch: int) -> None:

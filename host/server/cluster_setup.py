@@ -30,7 +30,8 @@ from host.server.metrics import RuntimeFigures
 from host.server.server_config import ServerConfig
 from host.server.setup import build_runtime, load_engine_for, model_info
 
-__all__ = ["start_ray", "build_front", "cluster_figures", "register_cluster_metrics"]
+__all__ = ["start_ray", "build_front", "cluster_adapters", "cluster_figures",
+           "register_cluster_metrics"]
 
 _log = logging.getLogger("pie.serve")
 
@@ -87,6 +88,24 @@ def build_front(config: ServerConfig, engine_factory: Callable[[], Any] | None =
     _log.info("serving on %d Ray replicas (%s)", section.replicas,
               section.address or "a local Ray started here")
     return front, model, partial(cluster_figures, front)
+
+
+def cluster_adapters(front: ClusterFront, data_dir: Any) -> Any:
+    """The tenants' adapters (host.server.adapters.TenantAdapters under data_dir/adapters) over
+    every replica's engine, those stored before registered again; None when the replicas'
+    engine serves no adapters."""
+    from pathlib import Path
+
+    from host.cluster.adapters import ClusterAdapterStore
+    from host.server.adapters import TenantAdapters
+    replica_id, _ = front.live_replicas()[0]
+    if not front.call_replica(replica_id, "has_adapters"):
+        return None
+    model_config = front.call_replica(replica_id, "model_config")
+    adapters = TenantAdapters(Path(data_dir) / "adapters", ClusterAdapterStore(front),
+                              model_config)
+    adapters.restore()
+    return adapters
 
 
 def _stop(handles: Any, started_ray: bool, shared: bool) -> None:

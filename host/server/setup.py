@@ -135,11 +135,11 @@ async def build_context(config: ServerConfig, engine: Any = None) -> ServerConte
     loaded_here = engine is None
     data_dir = config.server.resolved_data_dir()
     if config.cluster.enabled:        # --ray: a ClusterFront (cluster_setup.py); engine: a factory
-        from host.server.cluster_setup import build_front, start_ray
+        from host.server.cluster_setup import build_front, cluster_adapters, start_ray
         started_ray = start_ray(config)   # on this thread: Ray's processes die with it
         runtime, model, figures = await trio.to_thread.run_sync(build_front, config, engine,
                                                                 started_ray)
-        adapters = None
+        adapters = await trio.to_thread.run_sync(cluster_adapters, runtime, data_dir)
     else:
         if engine is None:
             engine = await trio.to_thread.run_sync(load_engine_for, config)
