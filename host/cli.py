@@ -79,6 +79,9 @@ def _add_run_parser(subparsers) -> None:
                              "subdomains; no port: 80 and 443; a name resolving to a private or "
                              "loopback address is refused: give the IP, e.g. 127.0.0.1:8080); "
                              "repeatable; default none")
+    parser.add_argument("--ca-bundle", default=None, metavar="FILE",
+                        help="PEM CA certificates the inferlet's https requests trust besides "
+                             "the default ones (a private CA's server)")
     parser.add_argument("--mcp", action="append", default=[], type=_mcp_arg,
                         metavar="NAME=COMMAND|URL",
                         help="an MCP server the inferlet may call as NAME: a command run over "
@@ -144,6 +147,7 @@ def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
                                 max_receive_wait_s=namespace.max_receive_wait_s,
                                 outbound=outbound)
         RuntimeConfig(swap_mb=namespace.swap_mb)          # checked before the model loads
+        _check_ca_bundle(namespace.ca_bundle)
     except ValueError as err:
         print(f"pie run: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -178,8 +182,21 @@ def _run_run(namespace: argparse.Namespace, inferlet_args: list[str]) -> int:
         if program is None:
             return EXIT_ERROR
         runtime.set_spawn_hooks(_own_program_hooks(program, namespace.program.stem))
+        runtime.outbound.set_ca_bundle(namespace.ca_bundle)
         return _run_instance(runtime, program, inferlet_args, limits, lines=namespace.lines,
                              forward_stdin=namespace.stdin, show_logs=namespace.logs)
+
+
+def _check_ca_bundle(path: str | None) -> None:
+    """ValueError naming --ca-bundle when `path` holds no PEM CA certificate."""
+    if path is None:
+        return
+    import ssl
+    try:
+        ssl.create_default_context(cafile=path)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"--ca-bundle {path!r}: not a readable PEM bundle of CA certificates "
+                         f"({exc})") from None
 
 
 def _program_path(program: Path, cache_dir: Path) -> Path | None:

@@ -134,3 +134,14 @@ def test_a_bad_ca_bundle_is_refused_naming_the_file(tmp_path, ca_file, tls_serve
             outbound.set_ca_bundle(ca_file)
     finally:
         outbound.close()
+
+
+def test_pie_run_refuses_a_bad_ca_bundle_before_the_model_loads(tmp_path, ca_file, capsys):
+    from host.cli import EXIT_USAGE, _check_ca_bundle, build_parser, main
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate\n")
+    assert main(["run", str(tmp_path / "app.py"), "--ca-bundle", str(bad)]) == EXIT_USAGE
+    assert f"pie run: --ca-bundle '{bad}': not a readable PEM bundle" in capsys.readouterr().err
+    _check_ca_bundle(ca_file)                                      # a good one passes
+    assert build_parser().parse_args(["run", "app.py", "--ca-bundle", ca_file]).ca_bundle == \
+        ca_file
