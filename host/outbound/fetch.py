@@ -80,7 +80,7 @@ def check_request(request: HttpRequest, limits: OutboundLimits) -> None:
                           f"header {name!r}: the value must be ASCII without CR, LF, NUL")
     if len(request.body) > limits.max_request_bytes:
         raise Refused("size", f"request body of {len(request.body)} bytes, more than "
-                              f"max_request_bytes {limits.max_request_bytes}")
+                      f"max_request_bytes {limits.max_request_bytes}")
 
 
 async def fetch(client: httpx.AsyncClient, request: HttpRequest, limits: OutboundLimits,
@@ -93,7 +93,7 @@ async def fetch(client: httpx.AsyncClient, request: HttpRequest, limits: Outboun
             return await _follow(client, request, limits, rules, ca_bundle)
     except TimeoutError:
         raise Refused("timeout", f"no complete answer within {limits.timeout_s:g} s "
-                              f"(timeout_s)") from None
+                      f"(timeout_s)") from None
     except httpx.HTTPError as exc:
         raise Refused("failed", f"{type(exc).__name__}: {exc}"[:500]) from None
 
@@ -162,7 +162,7 @@ async def _read_capped(response: httpx.Response, cap: int) -> bytes:
     declared = response.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > cap:
         raise Refused("size", f"a response of {int(declared)} bytes is more than "
-                              f"max_response_bytes {cap}")
+                      f"max_response_bytes {cap}")
     chunks, size = [], 0
     async for chunk in response.aiter_raw(_CHUNK_BYTES):
         size += len(chunk)

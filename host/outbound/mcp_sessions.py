@@ -124,7 +124,7 @@ class McpSessions:
         except TimeoutError:
             self._drop(key, session)
             raise Refused("timeout", f"MCP server {name!r}: no answer to {what} within "
-                                  f"{limits.mcp_timeout_s:g} s (mcp_timeout_s)") from None
+                          f"{limits.mcp_timeout_s:g} s (mcp_timeout_s)") from None
         except OutboundRefused:
             raise
         except Exception as exc:  # noqa: BLE001 -- a protocol error of this server
@@ -143,4 +143,4 @@ class McpSessions:
 def _check_size(name: str, size: int, limits: OutboundLimits) -> None:
     if size > limits.max_mcp_result_chars:
         raise Refused("size", f"MCP server {name!r}: an answer of {size} characters is more "
-                              f"than max_mcp_result_chars {limits.max_mcp_result_chars}")
+                      f"than max_mcp_result_chars {limits.max_mcp_result_chars}")

@@ -88,8 +88,8 @@ class Outbound:
                 window.popleft()
             if len(window) >= limits.requests_per_minute:
                 raise Refused("rate", f"{len(window)} requests of this tenant in the last "
-                                      f"minute, its limit (requests_per_minute "
-                                      f"{limits.requests_per_minute})")
+                              f"minute, its limit (requests_per_minute "
+                              f"{limits.requests_per_minute})")
             window.append(now)
 
     def submit(self, make: Any) -> Future:

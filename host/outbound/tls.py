@@ -40,7 +40,7 @@ def certificate_error(exc: BaseException, host: str, port: int,
             reason = seen.verify_message or seen.reason or str(seen)
             trusted = "the default CAs" + (f" and {ca_bundle}" if ca_bundle else "")
             return Refused("tls", f"https://{host}:{port}: the server's TLS certificate is not "
-                                   f"accepted ({reason}; trusted: {trusted})")
+                           f"accepted ({reason}; trusted: {trusted})")
         nxt = seen.__cause__ or seen.__context__
         if nxt is None:
             return None
