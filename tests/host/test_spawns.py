@@ -113,3 +113,30 @@ def test_pie_run_resolves_its_own_program_by_name_or_hash_only() -> None:
     assert hooks.resolve("default", "f" * 64) is program
     with pytest.raises(LookupError, match="runs one program: 'research_agent'"):
         hooks.resolve("default", "other_app")
+
+
+def test_children_are_listed_per_tenant_with_their_parents_and_counted() -> None:
+    from types import SimpleNamespace
+    recorder = Recorder()
+    spawns = Spawns(recorder.launch, recorder.terminate, lambda instance_id, message: True)
+    program = SimpleNamespace(hash="ab" * 32)
+    spawns.add_root("root", "alice", program, InstanceLimits(page_quota=7))
+    spawns.add_root("other", "bob", program, InstanceLimits())
+    spawns.set_hooks(SpawnHooks())
+    attached = spawns.spawn("root", "", (), False, lambda event: None)
+    detached = spawns.spawn("root", "", (), True, lambda event: None)
+    grandchild = spawns.spawn(attached, "", (), False, lambda event: None)
+    listed = {c.instance_id: c for c in spawns.children("alice")}
+    assert set(listed) == {attached, detached, grandchild} and spawns.children("bob") == []
+    assert (listed[attached].parent_id, listed[attached].depth) == ("root", 1)
+    assert (listed[grandchild].parent_id, listed[grandchild].depth) == (attached, 2)
+    assert listed[detached].detached and listed[detached].page_quota == 7
+    assert listed[attached].program_hash == "ab" * 32
+    assert spawns.child_of("bob", attached) is None and spawns.child_of("alice", "root") is None
+    assert spawns.stats()["alice"].num_spawns == 3
+    assert spawns.stats()["alice"].num_live_children == 3
+    spawns.ended("root")                       # the detached child runs on, parentless
+    assert spawns.child_of("alice", detached).parent_id is None
+    for child_id in (attached, grandchild):
+        spawns.ended(child_id)
+    assert spawns.stats()["alice"].num_live_children == 1 and "bob" not in spawns.stats()
