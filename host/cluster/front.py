@@ -547,19 +547,20 @@ class ClusterFront:
         """The replica's reader: take its events (pushed over its connection to this front's
         listener; with push_events False, by long polls over Ray) until the front closes; when
         the replica's stream call (or poll) fails, the replica is lost; then wait for its next
-        life."""
+        life. A replica that cannot connect to the listener has its events polled instead."""
+        polled = self._listener is None
         while not self._closed.is_set():
             with self._lock:
                 epoch = self._epochs[replica_id]
             try:
-                if self._listener is None:
+                if polled:
                     self._take(replica_id, epoch, _get(self._replicas[replica_id].next_events
                                                        .remote(epoch, self.front_id, self._poll_s)))
                     continue
                 stream = self._replicas[replica_id].stream_events.remote(
                     epoch, self.front_id, self._listener.address, self._listener.token,
                     self._poll_s)
-                self._read_stream(replica_id, epoch, stream)
+                polled = not self._read_stream(replica_id, epoch, stream)
             except (RayActorError, StaleEpochError, GetTimeoutError) as exc:
                 self._lose(replica_id, epoch, exc)
                 self._rejoin(replica_id, epoch)
@@ -567,19 +568,22 @@ class ClusterFront:
                 _log.exception("replica %s: event stream failed", replica_id)
                 self._closed.wait(self._poll_s)
 
-    def _read_stream(self, replica_id: str, epoch: int, stream: Any) -> None:
+    def _read_stream(self, replica_id: str, epoch: int, stream: Any) -> bool:
         """Read one stream call's connection until it ends; raises what the call raised (the
-        replica is lost) once it failed; returns when it ended otherwise (or the front closed)."""
+        replica is lost) once it failed; returns when it ended otherwise (or the front closed):
+        False when the replica never connected."""
         reader = None
         while reader is None and not self._closed.is_set():
             reader = self._listener.take(replica_id, epoch, self._poll_s)
             if reader is None and ray.wait([stream], timeout=0)[0]:
-                _log.warning("replica %s: no event stream: %s", replica_id,
+                reader = self._listener.take(replica_id, epoch, 0.0)   # it came and went
+            if reader is None and ray.wait([stream], timeout=0)[0]:
+                _log.warning("replica %s cannot push its events here (%s); they come by long "
+                             "polls over Ray instead", replica_id,
                              _get(stream))            # raises when the replica is gone
-                self._closed.wait(self._poll_s)
-                return
+                return False
         if reader is None:
-            return
+            return True
         try:
             while not self._closed.is_set():
                 try:
@@ -596,6 +600,7 @@ class ClusterFront:
             why = _get(stream)                # raises when the replica is gone; else reconnect
             _log.info("replica %s: event stream ended: %s", replica_id, why)
             self._closed.wait(self._poll_s)
+        return True
 
     def _take(self, replica_id: str, epoch: int, batch: EventBatch) -> None:
         now = time.time()

@@ -9,8 +9,8 @@ over the front's own connection (`stream_events`, event_channel.py), or by a lon
 refused once `max_buffered_bytes` wait, and such an instance is terminated (its final event
 still goes out). Exports are reported to the front with the events whenever they changed.
 Topics reach the other replicas' subscribers through `ClusterTopics` (topics.py) when the
-replica is given the Directory. An export can be read out (`read_export`: its pages' bytes, for Ray's object store) and
-written into another replica as a persistent mirror of the same name (`write_export`),
+replica is given the Directory. An export can be read out (`read_export`: its pages' bytes,
+for Ray's object store) and written into another replica as a persistent mirror of the same name (`write_export`),
 charged to the tenant's export share there.
 """
 from __future__ import annotations

@@ -223,3 +223,25 @@ def test_events_pushed_or_polled_arrive_in_order(make_front, components,  # noqa
         front.send(instance_id, "")
         assert front.wait(instance_id, 20).value == "bye"
     assert len(front.statistics().event_latencies_s) >= 42
+
+
+def test_replicas_that_cannot_reach_the_front_are_polled(make_front, components,  # noqa: F811
+                                                         monkeypatch) -> None:
+    from host.cluster import front as front_module
+
+    class Unreachable(front_module.EventListener):
+        """A listener whose advertised address nobody listens on."""
+
+        def __init__(self, host: str) -> None:
+            super().__init__(host)
+            self.address = (host, 9)
+
+    monkeypatch.setattr(front_module, "EventListener", Unreachable)
+    front = make_front()
+    echo = front.load_program(components.component("echo"))
+    events = Events()
+    instance_id = front.launch(echo, [], on_event=events)
+    front.send(instance_id, "by poll")
+    assert events.next() == ("message", "by poll")
+    front.send(instance_id, "")
+    assert front.wait(instance_id, 20).value == "bye"
