@@ -37,6 +37,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from host.cluster.directory import Reservation
+from host.cluster.directory_client import DirectoryClient, DirectoryState
 from host.cluster.errors import ClusterError, ReplicaLostError, StaleEpochError
 from host.cluster.event_buffer import ReplicaEvent
 from host.cluster.event_channel import ChannelClosed, EventListener
@@ -54,7 +55,6 @@ _MAX_ENDED_KEPT = 4096
 _MAX_EARLY_KEPT = 4096         # instances with events before their launch returned
 _MAX_LATENCIES_KEPT = 65536
 _REJOIN_WAIT_S = 5.0
-_DIRECTORY_WAIT_S = 5.0
 _CALL_TIMEOUT_S = 60.0
 _HEARTBEAT_GRACE_S = 1.0       # a replica's stream sends at least every poll_s; then Ray is asked
 _STATUS_OF_KIND = {"result": "ok", "error": "error", "trap": "trap", "terminated": "terminated"}
@@ -162,7 +162,6 @@ class ClusterFront:
         self.engine = engine
         self.front_id = uuid.uuid4().hex[:12]
         self.hub = _Hub(self)
-        self._directory = directory
         self._replicas = dict(replicas)
         self._poll_s = poll_s
         self._on_close = on_close
@@ -183,16 +182,13 @@ class ClusterFront:
         self._latencies: deque[float] = deque(maxlen=_MAX_LATENCIES_KEPT)
         self._counted: dict[tuple[str, str], int] = {}     # (tenant, sha256) -> program bytes
         self._exports_seen: dict[str, tuple[int, dict[tuple[str, str], int]]] = {}
-        self._directory_life = _get(directory.life.remote())
-        self._directory_down: str | None = None      # why the Directory does not answer
-        self.directory_restorations = 0
-        self._directory_check_s = directory_check_s
-        self._directory_lock = threading.Lock()      # one restore at a time
+        self._directory = DirectoryClient(directory, self._directory_state, directory_check_s)
         self._rejoin_hooks: list[Callable[[str, int], None]] = []
         self._listener = EventListener(ray.util.get_node_ip_address()) if push_events else None
         self._pollers = [threading.Thread(target=self._poll, args=(rid,), daemon=True,
                                           name=f"pie-poll-{rid}") for rid in replicas]
-        self._pollers.append(threading.Thread(target=self._watch_directory, daemon=True,
+        self._pollers.append(threading.Thread(target=self._directory.watch,
+                                              args=(self._closed,), daemon=True,
                                               name="pie-watch-directory"))
         for poller in self._pollers:
             poller.start()
@@ -239,7 +235,7 @@ class ClusterFront:
         with self._lock:
             known = self._programs.get(sha256)
         refs = [known.ref] if known is not None else []
-        self._ask_directory("add_program", tenant, sha256, num_bytes, refs)
+        self._directory.ask("add_program", tenant, sha256, num_bytes, refs)
         with self._lock:
             self._counted[(tenant, sha256)] = num_bytes
 
@@ -261,20 +257,21 @@ class ClusterFront:
                 program = self._programs[program]
         limits = limits or self.config.limits
         args = tuple(str(arg) for arg in args)
-        held = self._ask_directory("held_pages", tenant, (affinity,)) if affinity else {}
+        held = self._directory.ask("held_pages", tenant, (affinity,)) if affinity else {}
         placement = self._place(affinity, held)
         replica_id = placement.replica_id
         try:
             with self._lock:
                 epoch = self._epochs[replica_id]
-            reservation = self._reserve(tenant, replica_id, epoch, limits.page_quota or 0)
+            reservation = self._directory.reserve(tenant, replica_id, epoch,
+                                                  limits.page_quota or 0)
             try:
                 if affinity and held:
                     self._bring_export(tenant, affinity, held, replica_id, epoch)
                 local_id = self._start(replica_id, epoch, program, args, tenant, limits,
                                        reservation.key)
             except BaseException:
-                self._directory.release.remote(reservation.key)
+                self._directory.tell("release", reservation.key)
                 raise
             return self._register(_Instance(f"{replica_id}.{local_id}", replica_id, epoch,
                                             local_id, tenant, reservation, on_event), placement)
@@ -429,6 +426,11 @@ class ClusterFront:
             except (RayActorError, GetTimeoutError):
                 continue
         return figures
+
+    @property
+    def directory_restorations(self) -> int:
+        """How often this front restored a Directory Ray restarted."""
+        return self._directory.num_restorations
 
     def loads(self) -> dict[str, ReplicaLoad]:
         """The live replicas' loads as placement sees them."""
@@ -610,7 +612,7 @@ class ClusterFront:
         if batch.exports is not None:
             with self._lock:
                 self._exports_seen[replica_id] = (epoch, batch.exports)
-            self._directory.report_exports.remote(replica_id, epoch, batch.exports)
+            self._directory.tell("report_exports", replica_id, epoch, batch.exports)
         for event in batch.events:
             instance_id = f"{replica_id}.{event.local_id}"
             with self._lock:
@@ -647,7 +649,7 @@ class ClusterFront:
 
     def _end(self, instance: _Instance, outcome: InstanceOutcome) -> None:
         instance.outcome = outcome
-        self._directory.release.remote(instance.reservation.key)
+        self._directory.tell("release", instance.reservation.key)
         with self._lock:
             self._live.pop(instance.instance_id, None)
             self._ended[instance.instance_id] = instance
@@ -669,7 +671,7 @@ class ClusterFront:
         reason = str(cause).splitlines()[0][:200] if str(cause) else type(cause).__name__
         _log.warning("replica %s (epoch %d) lost: %s", replica_id, epoch, reason)
         try:
-            lines = ray.get(self._directory.drop_replica.remote(replica_id, epoch),
+            lines = ray.get(self._directory.actor.drop_replica.remote(replica_id, epoch),
                             timeout=_CALL_TIMEOUT_S)
         except (RayActorError, GetTimeoutError):
             lines = []
@@ -732,74 +734,15 @@ class ClusterFront:
                 pass
 
     # ---- the Directory ----------------------------------------------------------------------
-    def _ask_directory(self, method: str, *args: Any) -> Any:
-        """A call of the Directory; ClusterError naming it when it does not answer."""
-        down = self._directory_down
-        if down is not None:
-            raise ClusterError(f"the cluster's directory is not answering ({down}); launches "
-                               f"and uploads are refused until it is back")
-        try:
-            return ray.get(getattr(self._directory, method).remote(*args),
-                           timeout=_DIRECTORY_WAIT_S)
-        except RayTaskError as exc:
-            if isinstance(exc.cause, Exception):
-                raise exc.cause from None
-            raise
-        except (RayActorError, GetTimeoutError) as exc:
-            cause = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-            raise ClusterError(f"the cluster's directory is not answering ({cause}); launches "
-                               f"and uploads are refused until it is back") from None
-
-    def _reserve(self, tenant: str, replica_id: str, epoch: int, num_pages: int) -> Reservation:
-        """Reserve in the Directory; a Directory restarted since the last check is restored
-        first (its epochs were empty), then asked again."""
-        try:
-            return self._ask_directory("reserve", tenant, replica_id, epoch, num_pages)
-        except StaleEpochError:
-            if not self._check_directory():
-                raise
-            return self._ask_directory("reserve", tenant, replica_id, epoch, num_pages)
-
-    def _watch_directory(self) -> None:
-        while not self._closed.wait(self._directory_check_s):
-            self._check_directory()
-
-    def _check_directory(self) -> bool:
-        """Ask the Directory its life: note when it does not answer; restore it when Ray
-        restarted it. True when it was restored now."""
-        with self._directory_lock:
-            try:
-                life = ray.get(self._directory.life.remote(), timeout=_DIRECTORY_WAIT_S)
-            except (RayActorError, GetTimeoutError) as exc:
-                if self._directory_down is None:
-                    _log.warning("the cluster's directory does not answer: %s", exc)
-                self._directory_down = (str(exc).splitlines()[0][:200] if str(exc)
-                                        else type(exc).__name__)
-                return False
-            if life == self._directory_life:
-                self._directory_down = None
-                return False
-            with self._lock:
-                epochs = {rid: self._epochs[rid] for rid in self._replicas
-                          if rid not in self._down}
-                reservations = [inst.reservation for inst in self._live.values()
-                                if inst.reservation.key]
-                programs = [(tenant, sha, size, [self._programs[sha].ref]
-                             if sha in self._programs else [])
-                            for (tenant, sha), size in self._counted.items()]
-                exports = dict(self._exports_seen)
-            try:
-                taken = ray.get(self._directory.restore.remote(epochs, reservations, programs,
-                                                                exports),
-                                timeout=_DIRECTORY_WAIT_S)
-            except (RayActorError, GetTimeoutError) as exc:
-                self._directory_down = str(exc).splitlines()[0][:200]
-                return False
-            self._directory_life = life
-            self._directory_down = None
-            self.directory_restorations += 1
-            _log.warning("the cluster's directory restarted; restored %d reservations", taken)
-            return True
+    def _directory_state(self) -> DirectoryState:
+        """What this front gives a restarted Directory."""
+        with self._lock:
+            return DirectoryState(
+                {rid: self._epochs[rid] for rid in self._replicas if rid not in self._down},
+                [inst.reservation for inst in self._live.values() if inst.reservation.key],
+                [(tenant, sha, size, [self._programs[sha].ref] if sha in self._programs else [])
+                 for (tenant, sha), size in self._counted.items()],
+                dict(self._exports_seen))
 
     # ---- helpers ----------------------------------------------------------------------------
     def _instance(self, instance_id: str) -> _Instance:
