@@ -7,6 +7,8 @@
   old life's reservations and exports;
 - the export index: (tenant, name) -> the pages each replica holds of it, as the replicas report
   them; the exports of a lost replica are dropped and remembered as lost, with the replica named;
+- the tenants' key-value stores (host/messages/hub.py KeyValueStore, bounded by the limits
+  the first replica to use one gives), so every replica's instances share one per tenant;
 - topics -> subscribed replicas: (tenant, topic) -> the replicas with a subscriber of it, as
   they register them (host/cluster/topics.py); a lost replica's are dropped.
 Its state lives in its process only: when Ray restarts it (a new `life`), the fronts `restore`
@@ -22,6 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from host.cluster.errors import ReservationError, StaleEpochError
+from host.messages.hub import KeyValueStore
 
 __all__ = ["TenantQuota", "Reservation", "Directory", "MAX_LOST_KEPT", "MAX_TOPIC_CHARS"]
 
@@ -76,6 +79,7 @@ class Directory:
         self._exports: dict[tuple[str, str], dict[str, int]] = {}  # -> replica -> pages
         self._lost: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._topics: dict[tuple[str, str], set[str]] = {}       # -> subscribed replicas
+        self._stores: dict[str, KeyValueStore] = {}
 
     # ---- lives ------------------------------------------------------------------------------
     def life(self) -> str:
@@ -254,6 +258,27 @@ class Directory:
             return None
         return self._lost.get((tenant, name))
 
+
+    # ---- tenants' stores ---------------------------------------------------------------------
+    def store_get(self, tenant: str, key: str) -> str | None:
+        store = self._stores.get(tenant)
+        return None if store is None else store.get(key)
+
+    def store_set(self, tenant: str, key: str, value: str, max_keys: int,
+                  max_chars: int) -> None:
+        """Set `key` in the tenant's store (made with these bounds at its first set);
+        LimitError (host.errors) naming the bound it would pass."""
+        _check_name("tenant", tenant)
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ReservationError("store_set: key and value must be strings")
+        store = self._stores.get(tenant)
+        if store is None:
+            store = self._stores[tenant] = KeyValueStore(int(max_keys), int(max_chars))
+        store.set(key, value)
+
+    def store_delete(self, tenant: str, key: str) -> bool:
+        store = self._stores.get(tenant)
+        return store is not None and store.delete(key)
 
     # ---- topics -----------------------------------------------------------------------------
     def subscribe_topic(self, tenant: str, topic: str, replica_id: str, epoch: int) -> list[str]:

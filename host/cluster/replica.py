@@ -23,6 +23,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +33,7 @@ from host.cluster.errors import ClusterError, StaleEpochError
 from host.cluster.event_buffer import EventBuffer, ReplicaEvent
 from host.cluster.event_channel import ChannelClosed, EventWriter
 from host.cluster.placement import ReplicaLoad
+from host.cluster.tenant_store import ClusterStore
 from host.cluster.topics import ClusterTopics, TopicMessage
 from host.errors import LimitError
 from host.runtime import Runtime, RuntimeStats
@@ -175,6 +177,8 @@ class EngineReplica:
                                         self.runtime.hub.deliver_topic)
             self.topics.load()
             self.runtime.hub.set_relay(self.topics)
+            self.runtime.hub.set_store_source(
+                partial(ClusterStore, directory, self.runtime.hub.limits))
             self.runtime.set_spawn_hooks(cluster_spawn_hooks(
                 self.replica_id, self.epoch, directory, self.runtime.programs,
                 self.runtime.load_program))

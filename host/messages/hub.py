@@ -12,7 +12,8 @@ oldest unread broadcasts; an instance's inbox of client messages refuses a messa
 
 A `TopicRelay` (set with `set_relay`) carries topics beyond this hub: it hears when a (tenant,
 topic) gets its first subscriber here and loses its last, and every broadcast made here; what
-it brings in from elsewhere is delivered with `deliver_topic` (local subscribers only).
+it brings in from elsewhere is delivered with `deliver_topic` (local subscribers only). A
+store source (`set_store_source`) gives each tenant's key-value store from elsewhere instead.
 """
 from __future__ import annotations
 
@@ -206,10 +207,16 @@ class MessageHub:
         self._topics: dict[tuple[str, str], dict[str, Inbox]] = {}   # (tenant, topic) -> subscribers
         self._stores: dict[str, KeyValueStore] = {}
         self._relay: TopicRelay | None = None
+        self._store_source: Callable[[str], KeyValueStore] | None = None
 
     def set_relay(self, relay: TopicRelay | None) -> None:
         """Carry this hub's topics beyond it through `relay` (None: local only)."""
         self._relay = relay
+
+    def set_store_source(self, source: "Callable[[str], KeyValueStore] | None") -> None:
+        """Take each tenant's key-value store from `source(tenant)` (an object with
+        KeyValueStore's get / set / delete) instead of this hub (None: this hub's own)."""
+        self._store_source = source
 
     def open(self, instance_id: str, tenant: str,
              send_to_client: Callable[[str], None]) -> "InstanceChannel":
@@ -257,6 +264,8 @@ class MessageHub:
                 self._relay.unsubscribed(tenant, topic)
 
     def store(self, tenant: str) -> KeyValueStore:
+        if self._store_source is not None:
+            return self._store_source(tenant)
         with self._lock:
             store = self._stores.get(tenant)
             if store is None:

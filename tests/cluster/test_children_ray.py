@@ -62,3 +62,26 @@ def test_children_resolve_through_the_directory_within_quotas(kids_server, probe
             assert refused.startswith("refused:")
             assert "max_instances is 1" in refused
     trio.run(main)
+
+
+def test_a_tenants_store_is_one_across_replicas(kids_server, probe_wasm) -> None:  # noqa: F811
+    """What an instance sets on one replica, an instance on the other reads (the Directory holds
+    the store); another tenant's store stays apart."""
+    async def on(client, replica_id: str, program: str, *args: str) -> str:
+        for key in range(64):                 # session keys until one lands on `replica_id`
+            instance = await client.launch(program, list(args), affinity=f"key-{key}")
+            event = await instance.wait()
+            if instance.id.startswith(replica_id + "."):
+                assert event.kind == "result", event
+                return event.data
+        raise AssertionError(f"no key placed on {replica_id}")
+
+    async def main() -> None:
+        async with connect(kids_server.url, TOKENS["alice"]) as alice, \
+                connect(kids_server.url, TOKENS["bob"]) as bob:
+            program = await alice.upload(probe_wasm)
+            await bob.upload(probe_wasm)
+            assert await on(alice, "r0", program, "store-set", "colour", "teal") == "ok"
+            assert await on(alice, "r1", program, "store-get", "colour") == "teal"
+            assert await on(bob, "r1", program, "store-get", "colour") == "<none>"
+    trio.run(main)
