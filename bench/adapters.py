@@ -4,7 +4,10 @@ Rows:
 - decode_base_32 / decode_mix_32: greedy decode tok/s (aggregate) of a batch of 32 sequences
   after 32-token prompts, without adapters, then with 8 different rank-16 adapters (4 sequences
   each; targets `--targets`, default every projection), timed over `--steps` decode steps after
-  the prefill; `adapter_mix_vs_base_32` is their ratio (goal >= 0.8);
+  the prefill; `adapter_mix_vs_base_32` is their ratio (goal >= 0.8). On the CPU's GGUF-block
+  kernels both run every layer in one C call (engine/quant/decoder.c, the adapters' products in
+  engine/quant/lora.c); decode_mix_32_per_layer is the mixed batch on the per-layer path
+  (engine/adapters/apply.py) in the same run, for comparison;
 - adapter_load_ms: the median time of an adapter's first load (files read, laid out per fused
   projection) once registered; adapter_register_ms: checking its files against the model;
 - adapter_resident_mib: what one resident adapter holds; stacked_mib_per_adapter: the stacks of
@@ -92,6 +95,19 @@ def decode_tok_s(engine, prompts: list[list[int]], adapters: list[str | None], s
     return len(prompts) * steps / (time.perf_counter() - begin)
 
 
+def per_layer_tok_s(engine, prompts: list[list[int]], adapters: list[str | None],
+                    steps: int) -> float | None:
+    """decode_tok_s with the model's fused C decoder set aside (None when it has none)."""
+    fused = engine.model.fused_decoder
+    if fused is None:
+        return None
+    engine.model.fused_decoder = None
+    try:
+        return decode_tok_s(engine, prompts, adapters, steps)
+    finally:
+        engine.model.fused_decoder = fused
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="one JSON object on the last line")
@@ -125,14 +141,17 @@ def main() -> None:
         names = [f"bench-{b % NUM_ADAPTERS}" for b in range(BATCH)]
         decode_tok_s(engine, prompts, [None] * BATCH, 2)          # warm both paths
         decode_tok_s(engine, prompts, names, 2)
-        base, mix = [], []
+        base, mix, per_layer = [], [], []
         for _ in range(opts.repeats):
             base.append(decode_tok_s(engine, prompts, [None] * BATCH, opts.steps))
             mix.append(decode_tok_s(engine, prompts, names, opts.steps))
+            per_layer.append(per_layer_tok_s(engine, prompts, names, opts.steps))
         summary = {
             "decode_base_32_tok_s": round(statistics.median(base), 1),
             "decode_mix_32_tok_s": round(statistics.median(mix), 1),
             "adapter_mix_vs_base_32": round(statistics.median(mix) / statistics.median(base), 3),
+            "decode_mix_32_per_layer_tok_s": (round(statistics.median(per_layer), 1)
+                                              if all(per_layer) else None),
             "adapter_register_ms": round(1e3 * statistics.median(register_s), 2),
             "adapter_load_ms": round(1e3 * statistics.median(load_s), 2),
             "adapter_resident_mib": round(info.resident_bytes / 2**20, 2),
