@@ -13,8 +13,8 @@
   they register them (host/cluster/topics.py); a lost replica's are dropped.
 Its state lives in its process only: when Ray restarts it (a new `life`), the fronts `restore`
 what they know (replica epochs, their instances' reservations, counted programs, the exports
-replicas reported). Plain Python (testable without Ray); `cluster.py` runs it as a Ray actor. Not thread-safe: a Ray
-actor runs one call at a time.
+replicas reported). Plain Python (testable without Ray); `cluster.py` runs it as a Ray actor.
+Not thread-safe: a Ray actor runs one call at a time.
 """
 from __future__ import annotations
 
@@ -91,8 +91,9 @@ class Directory:
                 exports: dict[str, tuple[int, dict[tuple[str, str], int]]]) -> int:
         """Take back what a front knows after a restart: replicas' epochs (the highest wins),
         its instances' reservations (those of a replica's current epoch, keys kept), programs
-        counted (tenant, sha256, size, [its bytes' ObjectRef] or []), the exports each replica reported (its epoch, them).
-        Quotas are not checked: what runs, runs. Returns how many reservations it took."""
+        counted (tenant, sha256, size, [its bytes' ObjectRef] or []), the exports each replica
+        reported (its epoch, them). Quotas are not checked: what runs, runs. Returns how many
+        reservations it took."""
         for replica_id, epoch in epochs.items():
             _check_name("replica_id", replica_id)
             self._epochs[replica_id] = max(self._epochs.get(replica_id, 0), int(epoch))

@@ -10,16 +10,16 @@ instance_log, num_lingering, hub.waiting_for_client, close), over the cluster's 
   names, without a lookup;
 - one reader thread per replica takes its events, which the replica pushes over a connection
   to this front's listener (event_channel.py; its life watched through the Ray call that
-  streams them), hands each to the launcher's
-  `on_event` in order, frees the instance's reservation at its final event and forwards changed
-  exports to the Directory;
-- the Directory is watched (`directory_check_s`): while it does not answer, launches and
-  uploads fail with an error naming it (running instances go on); once Ray restarted it (a new
-  life), the front restores it: replica epochs, its instances' reservations, the programs it
-  counted, the exports the replicas reported;
-- a replica whose stream call fails is lost: each of its instances ends with a final trap event naming
-  it, their reservations are freed and its exports dropped from the index; the poller waits for
-  Ray to restart the replica, which rejoins under a new epoch and takes placements again.
+  streams them; long polls over Ray when it cannot connect), hands each to the launcher's
+  `on_event` in order, frees the instance's reservation at its final event and forwards
+  changed exports to the Directory;
+- the Directory is watched and restored once Ray restarted it (directory_client.py);
+- a front closed with `terminate=False` leaves its instances running; another front lists
+  them (`running_instances`) and takes them over (`attach`);
+- a replica whose stream call fails is lost: each of its instances ends with a final trap
+  event naming it, their reservations are freed and its exports dropped from the index; the
+  reader waits for Ray to restart the replica, which rejoins under a new epoch (the rejoin
+  hooks run: adapters registered again) and takes placements again.
 Thread-safe. Blocking (Ray calls): the server calls it from worker threads, as it does a Runtime.
 """
 from __future__ import annotations

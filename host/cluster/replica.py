@@ -3,15 +3,18 @@ programs, message hub), run as a Ray actor by `cluster.py`, one per GPU (per pro
 
 Every call but the read-only ones names the replica's epoch, its life as the directory counts
 them: a call of an earlier life fails fast with StaleEpochError (the instances it named ended
-with that life). Instance events wait in an `EventBuffer` per front until that front takes them: pushed
-over the front's own connection (`stream_events`, event_channel.py), or by a long poll
-(`next_events`); a front that stops reading has its instances' message events
+with that life). Instance events wait in an `EventBuffer` per front until that front takes
+them: pushed over the front's own connection (`stream_events`, event_channel.py), or by a
+long poll (`next_events`); a front that stops reading has its instances' message events
 refused once `max_buffered_bytes` wait, and such an instance is terminated (its final event
 still goes out). Exports are reported to the front with the events whenever they changed.
 Topics reach the other replicas' subscribers through `ClusterTopics` (topics.py) when the
 replica is given the Directory. An export can be read out (`read_export`: its pages' bytes,
-for Ray's object store) and written into another replica as a persistent mirror of the same name (`write_export`),
-charged to the tenant's export share there.
+for Ray's object store) and written into another replica as a persistent mirror of the same
+name (`write_export`), charged to the tenant's export share there. A front may hand its
+instances over (`let_go`); another takes them (`instances`, `attach`). With the Directory, the
+replica's topics, children (children.py), tenant stores (tenant_store.py) and adapters
+(`register_adapter`) are the cluster's.
 """
 from __future__ import annotations
 

@@ -5,8 +5,9 @@ quotas, across the cluster) and `cluster.replicas` EngineReplica actors, each bu
 configured engine and the Runtime `build_runtime` would build in one process, and returns the
 front with the served model's description and the /metrics figures summed over the replicas.
 The front holds the served engine's description and tokenizer (from a replica), so the OpenAI
-API counts prompts and checks contexts as in one process. Imported by setup.py only when the mode is on (Ray
-is an optional dependency).
+API counts prompts and checks contexts as in one process; `cluster_adapters` the tenants'
+adapters over every replica. Imported by setup.py only when the mode is on (Ray is an
+optional dependency).
 """
 from __future__ import annotations
 

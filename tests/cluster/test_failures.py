@@ -28,7 +28,8 @@ def reservations(front) -> int:
     return ray.get(front.handles.directory.num_reservations.remote())
 
 
-def test_another_front_attaches_a_closed_fronts_instances(make_front, components) -> None:  # noqa: F811
+def test_another_front_attaches_a_closed_fronts_instances(make_front,
+                                                          components) -> None:  # noqa: F811
     first = make_front()
     echo = first.load_program(components.component("echo"))
     subscriber = first.load_program(components.component("subscriber"))

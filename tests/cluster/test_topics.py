@@ -25,7 +25,8 @@ def wait_for(check, what: str, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-def test_broadcast_reaches_subscribers_on_every_replica(make_front, components) -> None:  # noqa: F811
+def test_broadcast_reaches_subscribers_on_every_replica(make_front,
+                                                       components) -> None:  # noqa: F811
     front = make_front()
     subscriber = front.load_program(components.component("subscriber"))
     broadcaster = front.load_program(components.component("broadcaster"))
