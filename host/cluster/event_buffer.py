@@ -104,6 +104,13 @@ class EventBuffer:
             self._stopped.add(front_id)
             self._cond.notify_all()
 
+    def drop(self, front_id: str) -> None:
+        """Forget the front: its waiting events go."""
+        with self._cond:
+            self._queues.pop(front_id, None)
+            self._num_bytes.pop(front_id, None)
+            self._stopped.discard(front_id)
+
     def stopped(self, front_id: str) -> bool:
         with self._cond:
             return front_id in self._stopped

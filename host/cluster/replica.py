@@ -35,6 +35,7 @@ from host.cluster.children import cluster_spawn_hooks
 from host.cluster.errors import ClusterError, StaleEpochError
 from host.cluster.event_buffer import EventBuffer, ReplicaEvent
 from host.cluster.event_channel import ChannelClosed, EventWriter
+from host.cluster.front_presence import FrontPresence
 from host.cluster.placement import ReplicaLoad
 from host.cluster.tenant_store import ClusterStore
 from host.cluster.topics import ClusterTopics, TopicMessage
@@ -62,7 +63,8 @@ class ReplicaSpec:
     """What a replica is built from. `engine_factory()` makes its engine in the replica's
     process; `make_runtime(engine)` its Runtime there (None: `Runtime(engine,
     runtime_config)`); `torch_threads`: torch's intra-op threads there (None: torch's
-    default)."""
+    default); `orphan_grace_s`: how long the instances of a front no longer heard from (or
+    that let go) wait for another front to attach them before they are terminated."""
 
     replica_id: str
     engine_factory: Callable[[], EngineLike]
@@ -70,8 +72,12 @@ class ReplicaSpec:
     make_runtime: Callable[[EngineLike], Runtime] | None = None
     torch_threads: int | None = 1
     max_buffered_bytes: int = 16 << 20
+    orphan_grace_s: float = 300.0
 
     def __post_init__(self) -> None:
+        if not self.orphan_grace_s > 0:
+            raise ValueError(f"ReplicaSpec.orphan_grace_s must be positive, "
+                             f"got {self.orphan_grace_s}")
         if (not isinstance(self.replica_id, str) or not self.replica_id.isalnum()
                 or len(self.replica_id) > 32):
             raise ValueError(f"ReplicaSpec.replica_id must be 1-32 letters or digits, "
@@ -169,11 +175,14 @@ class EngineReplica:
         self._running: dict[str, ReplicaInstance] = {}   # local id -> it, until its end
         self._ended_early: set[str] = set()          # ended before their launch returned
         self._ended: OrderedDict[str, ReplicaInstance] = OrderedDict()   # newest kept
+        self._fronts = FrontPresence(spec.orphan_grace_s)
         self._directory = directory
         self._adapter_dir = Path(tempfile.mkdtemp(prefix=f"pie-adapters-{spec.replica_id}-"))
         self._reported: dict[str, dict[tuple[str, str], int]] = {}   # front -> exports it saw
         self._reported_at: dict[str, float] = {}     # front -> when load and exports last went
         self.epoch = 1 if join is None else join(spec.replica_id)
+        threading.Thread(target=self._sweep_orphans, daemon=True,
+                         name="pie-orphan-sweeper").start()
         self.topics = None
         if directory is not None and peer is not None:
             self.topics = ClusterTopics(self.replica_id, self.epoch, directory, peer,
@@ -207,6 +216,7 @@ class EngineReplica:
         `reservation_key`: its reservation in the Directory, freed here at its end (as the
         front frees it: whichever comes first), so a front's loss leaks none."""
         self._check(epoch)
+        self._fronts.seen(front_id)
         if wasm_bytes is not None:
             program_hash = self.load_program(epoch, wasm_bytes)
         try:
@@ -228,6 +238,7 @@ class EngineReplica:
         """The front closes without ending its instances: their events wait here, untaken, for
         a front that attaches them; its event stream ends."""
         self._events.stop(front_id)
+        self._fronts.left(front_id)
 
     def instances(self, epoch: int) -> list[ReplicaInstance]:
         """The instances running here, and those ended whose events still wait for a front (for
@@ -252,6 +263,26 @@ class EngineReplica:
             table[local_id] = moved
             self._events.move(local_id, held.front_id, front_id)
         return moved
+
+    def _sweep_orphans(self) -> None:
+        """Every quarter grace: end the instances of fronts gone longer than the grace; once
+        none of them runs, drop the front's waiting events and forget it."""
+        while not self._events.closed:
+            time.sleep(min(self._fronts.grace_s / 4, 5.0))
+            for front_id in self._fronts.gone():
+                with self._route_lock:
+                    orphans = [i.local_id for i in self._running.values()
+                               if i.front_id == front_id]
+                for local_id in orphans:
+                    try:
+                        self.runtime.terminate(local_id, (
+                            f"its front is gone: no front took its events for "
+                            f"{self._fronts.grace_s:g} s (orphan_grace_s)"))
+                    except KeyError:
+                        pass
+                if not orphans:
+                    self._events.drop(front_id)
+                    self._fronts.forget(front_id)
 
     def _unclaimed(self) -> list[ReplicaInstance]:
         """Under the route lock: ended instances whose events still wait for their front."""
@@ -281,6 +312,7 @@ class EngineReplica:
     def next_events(self, epoch: int, front_id: str, max_wait_s: float) -> EventBatch:
         """The front's events (waiting up to `max_wait_s` for one), the load, changed exports."""
         self._check(epoch)
+        self._fronts.seen(front_id)
         events = self._events.take(front_id, min(max(max_wait_s, 0.0), 5.0),
                                    _MAX_EVENTS_PER_BATCH)
         now = time.monotonic()
