@@ -13,8 +13,9 @@
 
 #define ROW_BLOCK 4
 #define K_STEP 4           /* rows of A an AVX-512 shrink kernel multiplies at once */
-/* B read this far ahead of the expand kernels' columns: the kernels walk rank rows of B side by
- * side, short runs the hardware prefetcher alone leaves waiting */
+/* A and B asked for this far ahead of the kernels (into L2 for A, L1 for B): the kernels walk a
+ * few rows of A, or rank rows of B, side by side, and read each once a pass */
+#define PREFETCH_A_FLOATS 1024
 #define PREFETCH_FLOATS 64
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -38,7 +39,10 @@ TARGET_AVX512 static void shrink_avx512(const float *const *xr, int nr, const fl
             for (int kk = 0; kk < K_STEP; kk++) s[b][kk] = _mm512_setzero_ps();
         for (int64_t i = 0; i < full; i += 16) {
             __m512 w[K_STEP];
-            for (int kk = 0; kk < K_STEP; kk++) w[kk] = _mm512_loadu_ps(ak[kk] + i);
+            for (int kk = 0; kk < K_STEP; kk++) {
+                w[kk] = _mm512_loadu_ps(ak[kk] + i);
+                _mm_prefetch((const char *)(ak[kk] + i + PREFETCH_A_FLOATS), _MM_HINT_T1);
+            }
             for (int b = 0; b < ROW_BLOCK; b++) {
                 __m512 xv = _mm512_loadu_ps(xr[b] + i);
                 for (int kk = 0; kk < K_STEP; kk++) s[b][kk] = _mm512_fmadd_ps(xv, w[kk], s[b][kk]);
@@ -106,6 +110,8 @@ TARGET_AVX2 static void shrink_avx2(const float *const *xr, int nr, const float 
         for (int b = 0; b < ROW_BLOCK; b++) s0[b] = s1[b] = _mm256_setzero_ps();
         for (int64_t i = 0; i < full; i += 8) {
             __m256 w0 = _mm256_loadu_ps(a0 + i), w1 = _mm256_loadu_ps(a1 + i);
+            _mm_prefetch((const char *)(a0 + i + PREFETCH_A_FLOATS), _MM_HINT_T1);
+            _mm_prefetch((const char *)(a1 + i + PREFETCH_A_FLOATS), _MM_HINT_T1);
             for (int b = 0; b < ROW_BLOCK; b++) {
                 __m256 xv = _mm256_loadu_ps(xr[b] + i);
                 s0[b] = _mm256_fmadd_ps(xv, w0, s0[b]);
