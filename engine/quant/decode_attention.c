@@ -66,7 +66,7 @@ static inline float load_f16(const void *row, int d) {
 SCALAR_LOOPS(f32, load_f32)
 SCALAR_LOOPS(f16, load_f16)
 
-static void softmax_weights(float *scores, int64_t n, float scale) {
+NO_FP_TRAPS static void softmax_weights(float *scores, int64_t n, float scale) {
     float max_score = -INFINITY;
     for (int64_t j = 0; j < n; j++) {
         scores[j] *= scale;

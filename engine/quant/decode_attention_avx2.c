@@ -122,7 +122,7 @@ ATTENTION_LOOPS(f32, load8_f32, 4)
 ATTENTION_LOOPS(f16, load8_f16, 2)
 
 /* scores = exp(scores * scale - max(scores * scale)) in place (softmax's weights, unnormalized) */
-TARGET static void softmax_weights(float *scores, int64_t n, float scale) {
+NO_FP_TRAPS TARGET static void softmax_weights(float *scores, int64_t n, float scale) {
     __m256 scale8 = _mm256_set1_ps(scale), max8 = _mm256_set1_ps(-INFINITY);
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {

@@ -9,7 +9,16 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float exp_approx(float x) {
+/* No FP exception is ever read, so none needs keeping: without this, GCC keeps floorf and the
+ * clamp's comparisons scalar (they may raise one) and no loop calling exp_approx vectorizes.
+ * Callers' loops carry the same option (pool.h VECTOR_CLONES), so that it inlines there. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_FP_TRAPS __attribute__((optimize("no-trapping-math")))
+#else
+#define NO_FP_TRAPS
+#endif
+
+NO_FP_TRAPS static inline float exp_approx(float x) {
     x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
     float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
     float r = x - n * 0.693359375f;                 /* ln2, high part (exact product) */

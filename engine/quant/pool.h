@@ -13,9 +13,10 @@ void pool_run(pool_task_fn fn, void *ctx, int nth);
 #define POOL_MAX_THREADS 64
 
 /* Plain-C loops that -O3 vectorizes: an AVX2 clone beside the baseline one, picked at load by
- * the CPU (an ifunc; no -march flag). */
+ * the CPU (an ifunc; no -march flag). No FP exception is read anywhere, so the loops need not
+ * keep them (floorf and float comparisons, as fast_exp.h's exp_approx has, stay scalar else). */
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__clang__)
-#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#define VECTOR_CLONES __attribute__((target_clones("avx2", "default"), optimize("no-trapping-math")))
 #else
 #define VECTOR_CLONES
 #endif
