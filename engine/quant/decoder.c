@@ -68,8 +68,8 @@ static const projection *layer_projection(const decoder_layer *layer, int which)
     }
 }
 
-/* A projection's base matmul in SLICE_ROWS-row tasks beside its adapters' groups: the first
- * thread in takes matmul slices first, the next the groups first (reading the adapters from
+/* A projection's base matmul in SLICE_ROWS-row tasks beside its adapters' units (lora.h): the
+ * first thread in takes matmul slices first, the next the units first (reading the adapters from
  * memory while the other computes), each then helps with what is left */
 typedef struct {
     const decoder *model;
@@ -79,9 +79,9 @@ typedef struct {
     float *y;
     int64_t num_slices[MAX_PROJECTION_PARTS], total_slices;
     const lora_job *lora;
-    int num_groups;
-    atomic_llong next_slice;
-    atomic_int next_group, num_joined;
+    int64_t num_units;
+    atomic_llong next_slice, next_unit;
+    atomic_int num_joined;
 } project_job;
 
 static int run_slice(project_job *job) {
@@ -101,21 +101,21 @@ static int run_slice(project_job *job) {
     return 1;
 }
 
-static int run_group(project_job *job) {
-    int g = atomic_fetch_add(&job->next_group, 1);
-    if (g >= job->num_groups) return 0;
-    lora_group_delta(job->lora, g);
+static int run_unit(project_job *job) {
+    int64_t unit = atomic_fetch_add(&job->next_unit, 1);
+    if (unit >= job->num_units) return 0;
+    lora_unit_delta(job->lora, unit);
     return 1;
 }
 
 static void project_task(void *ctx) {
     project_job *job = ctx;
     if (atomic_fetch_add(&job->num_joined, 1) % 2) {
-        while (run_group(job)) {}
+        while (run_unit(job)) {}
         while (run_slice(job)) {}
     } else {
         while (run_slice(job)) {}
-        while (run_group(job)) {}
+        while (run_unit(job)) {}
     }
 }
 
@@ -124,13 +124,13 @@ static void project_task(void *ctx) {
 static void project_with_lora(const decoder *model, const projection *proj, const act_q16 *blocks,
                               int64_t m, float *y, const lora_job *lora, int num_threads) {
     project_job job = {.model = model, .proj = proj, .blocks = blocks, .m = m, .y = y,
-                       .lora = lora, .num_groups = lora->pass->num_groups};
+                       .lora = lora, .num_units = lora_num_units(lora)};
     for (int p = 0; p < proj->num_parts; p++) {
         job.num_slices[p] = (proj->num_rows[p] + SLICE_ROWS - 1) / SLICE_ROWS;
         job.total_slices += job.num_slices[p];
     }
     atomic_init(&job.next_slice, 0);
-    atomic_init(&job.next_group, 0);
+    atomic_init(&job.next_unit, 0);
     atomic_init(&job.num_joined, 0);
     pool_run(project_task, &job, num_threads);
     lora_add_deltas(lora, y, proj->num_out);

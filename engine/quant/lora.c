@@ -1,8 +1,8 @@
-/* See lora.h. A group's delta: its rows ROW_BLOCK at a time, shrink (t[r, k] = dot(x[r], a[k])
- * over every row k of A), then expand (delta[r, start_j + c] = sum_k t[r, j*rank + k] *
- * b_t[j][k, c] over each part j), through kernels at the kernel level (AVX-512 F, AVX2 + FMA,
+/* See lora.h. A unit's delta (one part j of one group's projection): the group's rows ROW_BLOCK
+ * at a time, shrink (t[r, j*rank + k] = dot(x[r], a[j*rank + k]) over the part's rank rows of
+ * A), then expand (delta[r, start_j + c] = sum_k t[r, j*rank + k] * b_t[j][k, c]), through kernels at the kernel level (AVX-512 F, AVX2 + FMA,
  * plain C); a block of fewer rows repeats its last row's input and stores only its own rows.
- * A group's A and B are read from memory once a pass (its later row blocks find them in cache). */
+ * A unit's A and B are read from memory once a pass (its later row blocks find them in cache). */
 #include "lora.h"
 
 #include <stdlib.h>
@@ -214,38 +214,36 @@ int lora_job_init(lora_job *job, const lora_pass *pass, int layer, int projectio
     return 0;
 }
 
-void lora_group_delta(const lora_job *job, int g) {
+void lora_unit_delta(const lora_job *job, int64_t unit) {
+    int64_t g = unit / LORA_MAX_PARTS;
+    int j = (int)(unit % LORA_MAX_PARTS);
     const lora_projection *proj = job->first + g * job->stride;
+    if (j >= proj->num_parts) return;
     const int64_t *rows = job->pass->rows, end = job->pass->indptr[g + 1];
-    int64_t width = proj->num_parts * proj->rank, ldt = job->pass->max_width;
-    if (width == 0) return;
+    int64_t rank = proj->rank, ldt = job->pass->max_width, num_cols = proj->ends[j] - proj->starts[j];
     for (int64_t r = job->pass->indptr[g]; r < end; r += ROW_BLOCK) {
         int nr = end - r < ROW_BLOCK ? (int)(end - r) : ROW_BLOCK;
         float *xr[ROW_BLOCK], *tr[ROW_BLOCK], *dr[ROW_BLOCK];
         row_block(xr, rows + r, nr, (float *)job->x, job->ldx, 0);
-        row_block(tr, rows + r, nr, job->t, ldt, 0);
-        job->shrink((const float *const *)xr, nr, proj->a, job->in, 0, width, tr);
-        for (int b = 0; b < nr; b++) memset(job->delta + rows[r + b] * job->out, 0,
-                                            (size_t)job->out * sizeof(float));
-        for (int j = 0; j < proj->num_parts; j++) {
-            int64_t num_cols = proj->ends[j] - proj->starts[j];
-            row_block(tr, rows + r, nr, job->t, ldt, j * proj->rank);
-            row_block(dr, rows + r, nr, job->delta, job->out, proj->starts[j]);
-            job->expand((const float *const *)tr, nr, proj->b_t[j], proj->rank, num_cols, 0,
-                        num_cols, dr);
-        }
+        row_block(tr, rows + r, nr, job->t, ldt, j * rank);
+        row_block(dr, rows + r, nr, job->delta, job->out, proj->starts[j]);
+        job->shrink((const float *const *)xr, nr, proj->a + j * rank * job->in, job->in, 0, rank,
+                    tr);
+        for (int b = 0; b < nr; b++) memset(dr[b], 0, (size_t)num_cols * sizeof(float));
+        job->expand((const float *const *)tr, nr, proj->b_t[j], rank, num_cols, 0, num_cols, dr);
     }
 }
 
 VECTOR_CLONES void lora_add_deltas(const lora_job *job, float *y, int64_t ldy) {
     const lora_pass *pass = job->pass;
     for (int g = 0; g < pass->num_groups; g++) {
-        if (job->first[g * job->stride].num_parts == 0) continue;
-        for (int64_t i = pass->indptr[g]; i < pass->indptr[g + 1]; i++) {
-            float *restrict out = y + pass->rows[i] * ldy;
-            const float *restrict d = job->delta + pass->rows[i] * job->out;
-            for (int64_t c = 0; c < job->out; c++) out[c] += d[c];
-        }
+        const lora_projection *proj = job->first + g * job->stride;
+        for (int64_t i = pass->indptr[g]; i < pass->indptr[g + 1]; i++)
+            for (int j = 0; j < proj->num_parts; j++) {
+                float *restrict out = y + pass->rows[i] * ldy;
+                const float *restrict d = job->delta + pass->rows[i] * job->out;
+                for (int64_t c = proj->starts[j]; c < proj->ends[j]; c++) out[c] += d[c];
+            }
     }
 }
 

@@ -38,8 +38,9 @@ typedef void (*lora_shrink_fn)(const float *const *xr, int nr, const float *a, i
 typedef void (*lora_expand_fn)(const float *const *tr, int nr, const float *b_t, int64_t rank,
                                int64_t ldb, int64_t c0, int64_t c1, float *const *yr);
 
-/* One projection of one layer for a pass: its groups' deltas from x, made group by group
- * (lora_group_delta, from any thread), then added to the projection's output (lora_add_deltas) */
+/* One projection of one layer for a pass: its groups' deltas from x, made unit by unit (one
+ * part of one group's share: lora_unit_delta, from any thread), then added to the projection's
+ * output (lora_add_deltas) */
 typedef struct {
     const lora_pass *pass;
     const lora_projection *first;      /* group 0's share of the projection */
@@ -60,12 +61,18 @@ int lora_job_init(lora_job *job, const lora_pass *pass, int layer, int projectio
                   const float *x, int64_t ldx, int64_t in, float *delta, int64_t out, float *t,
                   int level);
 
-/* delta[r, :] = group g's adapter's delta of each of its rows r (0 outside its parts' columns);
- * nothing when the adapter does not target the projection. Groups may run concurrently. */
-void lora_group_delta(const lora_job *job, int g);
+/* Units of a pass: LORA_MAX_PARTS a group, unit u part u % LORA_MAX_PARTS of group
+ * u / LORA_MAX_PARTS (nothing to do when that group's adapter has fewer parts here) */
+static inline int64_t lora_num_units(const lora_job *job) {
+    return (int64_t)job->pass->num_groups * LORA_MAX_PARTS;
+}
 
-/* y[r, :out] += delta[r, :] for the rows of every group whose adapter targets the projection
- * (row stride ldy), once every group's delta is made */
+/* delta[r, start_j:end_j] = the delta of part j of group g's adapter for each row r of g (unit
+ * u = g * LORA_MAX_PARTS + j). Units may run concurrently. */
+void lora_unit_delta(const lora_job *job, int64_t unit);
+
+/* y[r, start_j:end_j] += delta[r, start_j:end_j] for every part j of each group's share and
+ * each of its rows r (row stride ldy), once every unit's delta is made */
 void lora_add_deltas(const lora_job *job, float *y, int64_t ldy);
 
 /* Fills pass->projections[g][l][p] from the int64 table [num_groups][num_layers][4][LORA_FIELDS]
