@@ -13,8 +13,9 @@ import re
 from typing import Any, Callable
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError
 
+from host.cluster.ray_calls import answer
 from host.runtime import SpawnHooks
 from host.runtime_config import InstanceLimits
 from host.sandbox.programs import Program
@@ -62,11 +63,7 @@ def cluster_spawn_hooks(replica_id: str, epoch: int, directory: Any,
 def _ask(ref: Any) -> Any:
     """A Directory call's answer; what it raised, as raised; RuntimeError when it is gone."""
     try:
-        return ray.get(ref, timeout=_CALL_TIMEOUT_S)
-    except RayTaskError as exc:
-        if isinstance(exc.cause, Exception):
-            raise exc.cause from None
-        raise
+        return answer(ref, _CALL_TIMEOUT_S)
     except (RayActorError, GetTimeoutError) as exc:
         raise RuntimeError(f"the cluster's directory is not answering: "
                            f"{type(exc).__name__}") from None

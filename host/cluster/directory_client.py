@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from host.cluster.directory import Reservation
 from host.cluster.errors import ClusterError, StaleEpochError
+from host.cluster.ray_calls import answer
 
 __all__ = ["DirectoryClient", "DirectoryState"]
 
@@ -61,11 +62,7 @@ class DirectoryClient:
         if down is not None:
             raise _not_answering(down)
         try:
-            return ray.get(getattr(self.actor, method).remote(*args), timeout=_CALL_TIMEOUT_S)
-        except RayTaskError as exc:
-            if isinstance(exc.cause, Exception):
-                raise exc.cause from None
-            raise
+            return answer(getattr(self.actor, method).remote(*args), _CALL_TIMEOUT_S)
         except (RayActorError, GetTimeoutError) as exc:
             raise _not_answering(_first_line(exc)) from None
 

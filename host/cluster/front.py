@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from host.cluster.directory import Reservation
 from host.cluster.directory_client import DirectoryClient, DirectoryState
@@ -42,6 +42,7 @@ from host.cluster.errors import ClusterError, ReplicaLostError, StaleEpochError
 from host.cluster.event_buffer import ReplicaEvent
 from host.cluster.event_channel import ChannelClosed, EventListener
 from host.cluster.placement import Placement, PlacementPolicy, ReplicaLoad, place
+from host.cluster.ray_calls import answer
 from host.cluster.replica import EventBatch, ReplicaFigures
 from host.runtime_config import InstanceLimits, RuntimeConfig
 from host.sandbox.events import InstanceEvent, InstanceOutcome
@@ -113,13 +114,8 @@ class FrontStats:
 
 
 def _get(ref: Any) -> Any:
-    """ray.get, raising what the actor raised itself (its message, not Ray's traceback)."""
-    try:
-        return ray.get(ref, timeout=_CALL_TIMEOUT_S)
-    except RayTaskError as exc:
-        if isinstance(exc.cause, Exception):
-            raise exc.cause from None
-        raise
+    """ray.get within the front's call timeout, raising what the actor raised itself."""
+    return answer(ref, _CALL_TIMEOUT_S)
 
 
 def replica_of(instance_id: str) -> tuple[str, str]:

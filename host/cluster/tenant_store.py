@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError
 
+from host.cluster.ray_calls import answer
 from host.errors import TrapError
 from host.runtime_config import MessageLimits
 
@@ -38,12 +38,7 @@ class ClusterStore:
 
     def _ask(self, method: str, call: str, *args: Any) -> Any:
         try:
-            return ray.get(getattr(self._directory, method).remote(*args),
-                           timeout=_CALL_TIMEOUT_S)
-        except RayTaskError as exc:
-            if isinstance(exc.cause, Exception):
-                raise exc.cause from None
-            raise
+            return answer(getattr(self._directory, method).remote(*args), _CALL_TIMEOUT_S)
         except (RayActorError, GetTimeoutError) as exc:
             raise TrapError(f"{call}: the cluster's directory, which holds the tenant's store, "
                             f"is not answering ({type(exc).__name__})") from None
