@@ -146,14 +146,19 @@ def test_a_parents_end_ends_its_children_but_not_a_detached_one(runtime, program
     assert got.wait(60)
     detached, *attached = json.loads(messages[0])
     assert runtime.statistics().pages.num_used == 6
-    assert runtime.terminate(parent, "test ends the parent")
-    for child in attached:
-        outcome = runtime.wait(child, timeout=60)
-        assert outcome.status == "terminated"
-        assert outcome.value == f"its parent {parent} ended"
-    _wait_for(lambda: runtime.statistics().pages.num_used == 2)   # the detached child's
-    assert runtime.statistics().num_running == 1
-    assert runtime.terminate(detached)
+    try:
+        assert runtime.terminate(parent, "test ends the parent")
+        assert runtime.wait(parent, timeout=60).status == "terminated"
+        for child in attached:
+            outcome = runtime.wait(child, timeout=60)
+            assert outcome.status == "terminated"
+            assert outcome.value == f"its parent {parent} ended"
+        _wait_for(lambda: runtime.statistics().pages.num_used == 2)   # the detached child's
+        _wait_for(lambda: runtime.statistics().num_running == 1)      # the parent counted out
+        with pytest.raises(TimeoutError):                               # the detached one runs
+            runtime.wait(detached, timeout=0.1)
+    finally:
+        runtime.terminate(detached)
     _wait_idle(runtime)
 
 
