@@ -57,6 +57,15 @@ def _recv_frame(sock: socket.socket, max_bytes: int) -> bytes:
     return _recv_exact(sock, length)
 
 
+def _close(sock: socket.socket) -> None:
+    """Shut both directions (a reader blocked on the socket wakes), then close."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
 def _send_frame(sock: socket.socket, payload: bytes) -> None:
     if len(payload) > MAX_FRAME_BYTES:
         raise ValueError(f"a frame of {len(payload)} bytes, over the limit of {MAX_FRAME_BYTES}")
@@ -87,11 +96,7 @@ class EventReader:
             raise ChannelClosed(f"the connection broke: {exc}") from None
 
     def close(self) -> None:
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
+        _close(self._sock)
 
 
 class EventListener:
@@ -130,11 +135,7 @@ class EventListener:
             self._cond.notify_all()
         for sock in waiting:
             sock.close()
-        try:
-            self._server.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._server.close()
+        _close(self._server)                             # wakes the accept loop
         self._thread.join(2.0)
 
     def _accept(self) -> None:
@@ -211,8 +212,4 @@ class EventWriter:
             raise ChannelClosed(f"the front's connection broke: {exc}") from None
 
     def close(self) -> None:
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
+        _close(self._sock)
