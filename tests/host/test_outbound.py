@@ -12,26 +12,14 @@ from pathlib import Path
 import pytest
 
 from host.errors import OutboundRefused, TrapError
-from host.outbound import HttpRequest, HttpResponse, Outbound
+from host.outbound import HttpRequest, HttpResponse
 from host.outbound.policy import check_addresses, check_url, parse_rules
 from host.runtime_config import McpServer, OutboundLimits
+from tests.host.outbound_calls import fetch as _fetch, outbound, server  # noqa: F401
 from tests.host.servers.tool_server import ToolServer
 
 SERVERS = Path(__file__).resolve().parent / "servers"
 CALCULATOR = (sys.executable, str(SERVERS / "mcp_calculator.py"))
-
-
-@pytest.fixture(scope="module")
-def server():
-    with ToolServer() as running:
-        yield running
-
-
-@pytest.fixture
-def outbound():
-    service = Outbound()
-    yield service
-    service.close()
 
 
 def _limits(server: ToolServer, **overrides) -> OutboundLimits:
@@ -40,16 +28,6 @@ def _limits(server: ToolServer, **overrides) -> OutboundLimits:
     return OutboundLimits(**values)
 
 
-def _fetch(handle, url: str, method: str = "GET", body: bytes = b"",
-           headers: tuple = ()) -> HttpResponse | str:
-    rep = handle.send("http.send", HttpRequest(method, url, headers, body))
-    future = handle.future_of("get", rep)
-    if future is not None:
-        try:
-            future.result(30)
-        except Exception:  # noqa: BLE001 -- take() words it
-            pass
-    return handle.take("http.send", rep)
 
 
 # -- the allowlist and the addresses --------------------------------------------------------

@@ -10,35 +10,15 @@ from pathlib import Path
 import pytest
 
 from host.errors import OutboundRefused
-from host.outbound import HttpRequest, Outbound
+from host.outbound import HttpRequest
 from host.outbound.stats import REFUSAL_CAUSES, Refused, cause_of
 from host.runtime_config import McpServer, OutboundLimits
-from tests.host.servers.tool_server import ToolServer
+from tests.host.outbound_calls import fetch as _answer, outbound, server  # noqa: F401
 
 CALCULATOR = (sys.executable, str(Path(__file__).resolve().parent / "servers" /
                                   "mcp_calculator.py"))
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ToolServer() as running:
-        yield running
-
-
-@pytest.fixture
-def outbound():
-    service = Outbound()
-    yield service
-    service.close()
-
-
-def _answer(handle, url: str, method: str = "GET", body: bytes = b"",
-            headers: tuple = ()) -> object:
-    rep = handle.send("http.send", HttpRequest(method, url, headers, body))
-    future = handle.future_of("get", rep)
-    if future is not None:
-        future.exception(30)
-    return handle.take("http.send", rep)
 
 
 def test_every_refusal_is_counted_under_its_cause(server, outbound):

@@ -11,6 +11,7 @@ import trustme
 
 from host.outbound import HttpRequest, HttpResponse, Outbound
 from host.runtime_config import OutboundLimits
+from tests.host.outbound_calls import fetch
 from tests.host.servers.tool_server import ToolServer
 
 
@@ -41,14 +42,7 @@ def tls_server(ca):
 def _fetch(outbound: Outbound, server: ToolServer, url: str) -> HttpResponse | str:
     limits = OutboundLimits(allow_hosts=(f"127.0.0.1:{server.port}",), timeout_s=10.0)
     handle = outbound.for_instance("t", limits)
-    rep = handle.send("http.send", HttpRequest("GET", url, (), b""))
-    future = handle.future_of("get", rep)
-    if future is not None:
-        try:
-            future.result(30)
-        except Exception:  # noqa: BLE001 -- take() words it
-            pass
-    return handle.take("http.send", rep)
+    return fetch(handle, url)
 
 
 def test_an_https_server_signed_by_the_operators_ca_answers(tls_server, ca_file):
