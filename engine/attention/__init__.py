@@ -1,8 +1,9 @@
 """Attention backends over the paged KV pool, all driven by the same `PageTable` metadata.
 
 A backend has `name`, `plan(page_table)` (once per forward pass), and per layer
-`append_kv(kv_layer, k, v)` then `run(q, kv_layer) -> out`; `decode_plan` offers a plain decode
-batch to the quantized CPU engine's fused decoder (torch backend only). `make_attention_backend` picks one by
+`append_kv(kv_layer, k, v)` then `run(q, kv_layer) -> out`; `decode_plan` offers a batch as one
+row per new token (decode steps, short prompts) to the quantized CPU engine's fused decoder (torch
+backend only). `make_attention_backend` picks one by
 name; a new backend (e.g. FlashInfer on CUDA) registers one more branch here.
 """
 from __future__ import annotations
@@ -32,8 +33,8 @@ class AttentionBackend(Protocol):
     def run(self, q: torch.Tensor, kv_layer: torch.Tensor) -> torch.Tensor: ...
 
     def decode_plan(self, num_rows: int) -> DecodeAttention | None:
-        """The planned batch's checked indices for engine.quant's fused C decoder when it is a
-        plain decode batch on a backend that offers one (else None)."""
+        """The planned batch's checked indices for engine.quant's fused C decoder, one row per
+        new token, when the backend offers the batch that way (else None)."""
 
 
 def make_attention_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
@@ -41,7 +42,7 @@ def make_attention_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, h
                            c_decode: bool = False,
                            kernel_threads: Callable[[], int] | None = None) -> AttentionBackend:
     """Build the backend `name` ("auto" = the best one available for `device`). `c_decode`: the
-    torch backend runs plain decode batches (and, at the avx2 / avx512-vnni level, long prompts) on
+    torch backend runs decode batches and short prompts (and, at the avx2 / avx512-vnni level, long prompts) on
     engine.quant's C kernels (quantized CPU mode); `kernel_threads`: their thread count at the
     time of a call (default torch's)."""
     if name not in BACKEND_NAMES:

@@ -11,9 +11,11 @@ Requests are split in two kinds:
 - long requests (prefills) run one SDPA call each; their cost is dominated by their own size.
 GQA: the G = num_qo_heads / num_kv_heads query heads sharing a KV head are folded into the query
 rows of that KV head ([B, Hkv, G * q, D]), so K and V are never repeated.
-With `c_decode` (the quantized CPU engine, float32 or float16 pool), a batch of plain decode
-steps (one new token per request, no custom mask) runs each layer as one call of engine.quant's C
-kernel (append + attention straight from the pages) instead of ~8 torch ops, and, at the avx2
+With `c_decode` (the quantized CPU engine, float32 or float16 pool), a batch without a custom
+mask whose longer requests are short (decode steps, short prompts, chunks and verify passes beside
+them: `MAX_TOKEN_ROW_SLOTS`) runs each layer as one call of engine.quant's C decode kernel, one
+row per new token attending its causal prefix (append + attention straight from the pages)
+instead of ~8 torch ops, and the fused decoder can take the whole pass; at the avx2
 or avx512-vnni kernel level, a long request without a custom mask runs on engine.quant's C
 prefill kernel (on the kernels' threads, `kernel_threads`) instead of SDPA.
 """
@@ -32,6 +34,10 @@ from engine.quant import kernels as quant_kernels
 __all__ = ["TorchPagedAttention", "MAX_PADDED_Q", "PREFILL_KERNEL_LEVELS"]
 
 MAX_PADDED_Q = 16
+# A batch of more than one token per request runs as C decode rows (one per token) while its
+# longer requests attend at most this many slots in all (a 180-token prompt from scratch: 16,290)
+MAX_TOKEN_ROW_SLOTS = 1 << 14
+MAX_KV_ROW_ENTRIES = 1 << 20       # and its [N, max_kv] row table has at most this many entries
 PREFILL_KERNEL_LEVELS = ("avx2", "avx512-vnni")   # kernel levels whose C prefill beats SDPA
 
 
@@ -104,21 +110,45 @@ class TorchPagedAttention:
 
     # ---- plan (once per forward) -------------------------------------------------------------
     def plan(self, table: PageTable) -> None:
-        """Precompute every index of this batch; the layers reuse them. A plain decode batch for
-        the C kernel gets only the C kernel's indices (the torch ones are made if ever needed)."""
+        """Precompute every index of this batch; the layers reuse them. A batch the C decode
+        kernel takes as token rows (`_token_rows`) gets only its indices (the torch ones are made
+        if ever needed)."""
         append_rows = torch.from_numpy(table.append_page_ids.numpy() * (2 * self.page_size)
                                        + table.append_slots.numpy())              # [N]
         self._table, self._append_rows = table, append_rows.to(self.device)
         self._append_rows_v = (append_rows + self.page_size).to(self.device)
         self._c_attention, self._pending_kv, self._c_indices = None, None, None
         self._padded, self._long, self._torch_planned = None, [], False
-        plain_decode = table.num_tokens == table.num_requests and table.custom_mask is None
-        if self.c_decode and plain_decode:
-            max_kv = int(table.kv_lens.numpy().max())
-            kv_rows = _kv_rows(table, np.arange(table.num_requests), max_kv)
-            self._c_indices = (append_rows, kv_rows, table.kv_lens)
+        token_rows = self._token_rows(table) if self.c_decode else None
+        if token_rows is not None:
+            request_ids, kv_lens, max_kv = token_rows
+            kv_rows = _kv_rows(table, request_ids, max_kv)
+            self._c_indices = (append_rows, kv_rows, torch.from_numpy(kv_lens))
         else:
             self._plan_torch()
+
+    def _token_rows(self, table: PageTable) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """The batch as the C decode kernel's rows, one per new token: (each row's request [N],
+        its causal KV length [N], the longest), or None for the torch path. A plain decode batch
+        always qualifies; one with longer requests (short prefills, chunks, verify passes) when
+        it has no custom mask and those requests' rows attend at most MAX_TOKEN_ROW_SLOTS slots
+        in all (one query at a time loses to the prefill paths on long prompts)."""
+        if table.custom_mask is not None:
+            return None
+        kv_lens = table.kv_lens.numpy()                                   # [B]
+        max_kv = int(kv_lens.max())
+        if table.num_tokens == table.num_requests:
+            return np.arange(table.num_requests), kv_lens, max_kv
+        q_lens = np.diff(table.qo_indptr.numpy()).astype(np.int64)        # [B]
+        longer = q_lens > 1
+        # rows of request b attend kv_len - q_len + 1 .. kv_len slots
+        longer_slots = (q_lens * (2 * kv_lens - q_lens + 1) // 2)[longer].sum()
+        if longer_slots > MAX_TOKEN_ROW_SLOTS or table.num_tokens * max_kv > MAX_KV_ROW_ENTRIES:
+            return None
+        request_ids = np.repeat(np.arange(table.num_requests), q_lens)    # [N]
+        starts = np.repeat(table.qo_indptr.numpy()[:-1].astype(np.int64), q_lens)
+        offsets = np.arange(table.num_tokens) - starts                    # [N] index in request
+        return request_ids, (kv_lens - q_lens)[request_ids] + offsets + 1, max_kv
 
     def _plan_torch(self) -> None:
         """The torch path's indices: one padded group of short requests, long ones alone."""
@@ -237,8 +267,9 @@ class TorchPagedAttention:
         return attn.reshape(bs, self.num_qo_heads, self.head_dim)
 
     def decode_plan(self, num_rows: int) -> quant_kernels.DecodeAttention | None:
-        """The planned batch's indices checked for the C decode kernels, when it is a plain
-        decode batch and `c_decode` is on (else None). num_rows: a layer's slot-view rows."""
+        """The planned batch's indices checked for the C decode kernels, one row per new token,
+        when `c_decode` is on and the batch runs as token rows (`_token_rows`; else None).
+        num_rows: a layer's slot-view rows."""
         if self._c_indices is None:
             return None
         if self._c_attention is None or self._c_attention.num_rows != num_rows:

@@ -332,8 +332,9 @@ class LlamaModel:
 
     def _run_fused(self, x: torch.Tensor, table: PageTable, kv_cache: KVCache, attention,
                    positions: torch.Tensor, lora: LoraPass | None) -> bool:
-        """Run every layer in one C call, adapters' deltas included, when this is a plain decode
-        pass the fused decoder takes (x [N, hidden] then holds the residual stream); False,
+        """Run every layer in one C call, adapters' deltas included, when the attention backend
+        offers the pass as token rows (decode steps, short prompts: its `decode_plan`) and the
+        fused decoder takes that many (x [N, hidden] then holds the residual stream); False,
         having done nothing, otherwise."""
         fused = self.fused_decoder
         if (fused is None or table.num_tokens > fused.max_rows

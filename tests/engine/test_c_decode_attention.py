@@ -1,6 +1,7 @@
 """The C decode-attention kernel (quantized CPU mode) against the dense per-request reference:
-plain decode batches run on it (new K/V written at their tail slots, ragged lengths, shared
-pages, GQA); masked or mixed batches keep the torch path; bad indices are refused."""
+decode batches, and short prompts beside them as one row per new token, run on it (new K/V written
+at their tail slots, ragged lengths, shared pages, GQA); masked batches and long prompts keep the
+torch path; bad indices are refused."""
 from __future__ import annotations
 
 import math
@@ -8,7 +9,7 @@ import math
 import pytest
 import torch
 
-from engine.attention import TorchPagedAttention
+from engine.attention import TorchPagedAttention, torch_paged
 from engine.batch import ForwardBatch
 from engine.page_table import build_page_table
 from engine.quant import kernels
@@ -96,14 +97,41 @@ def test_every_level_reads_both_pools_alike(level: str, kv_dtype: torch.dtype) -
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_masked_and_mixed_batches_keep_the_torch_path() -> None:
+def test_masked_batches_keep_the_torch_path() -> None:
     masked = ForwardBatch((req(1, (3, 4), 2, mask=((1, 4, 1),)), req(1, (5,), 4)))
     out, expected, backend, *_ = run_c_backend(masked, HEAD_DIM, seed=2)
     assert backend._c_attention is None
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    mixed = ForwardBatch((req(3, (1,), 3), req(1, (5,), 4)))
-    out, expected, backend, *_ = run_c_backend(mixed, HEAD_DIM, seed=3)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_short_prompts_beside_decode_steps_run_as_token_rows(kv_dtype: torch.dtype) -> None:
+    """Each new token of a prompt, a chunk over cached slots or a decode step is a row of its
+    own attending its causal prefix: the new tokens' K/V all land before any row attends."""
+    batch = ForwardBatch((req(3, (1,), 3),               # a prompt from scratch
+                          req(1, (5,), 4),               # a decode step
+                          req(6, (2, 6), 3),             # six new tokens over one cached page
+                          req(1, (3, 7, 8), 1)))         # a decode step into a fresh page
+    out, expected, backend, pool, table, k_new, v_new = run_c_backend(batch, HEAD_DIM, seed=3,
+                                                                      kv_dtype=kv_dtype)
+    attention = backend._c_attention
+    assert attention is not None and attention.kv_lens.tolist() == [1, 2, 3, 4, 2, 3, 4, 5, 6,
+                                                                     7, 9]
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    for row in range(table.num_tokens):
+        page, slot = int(table.append_page_ids[row]), int(table.append_slots[row])
+        assert torch.equal(pool[page, 0, slot], k_new[row].to(kv_dtype))
+
+
+def test_prompts_past_the_token_row_limit_keep_the_torch_path(monkeypatch) -> None:
+    batch = ForwardBatch((req(3, (1,), 3), req(1, (5,), 4)))
+    monkeypatch.setattr(torch_paged, "MAX_TOKEN_ROW_SLOTS", 5)         # the prompt attends 6
+    out, expected, backend, *_ = run_c_backend(batch, HEAD_DIM, seed=4)
     assert backend._c_attention is None
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(torch_paged, "MAX_TOKEN_ROW_SLOTS", 6)
+    out, expected, backend, *_ = run_c_backend(batch, HEAD_DIM, seed=4)
+    assert backend._c_attention is not None
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
