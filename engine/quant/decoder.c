@@ -23,12 +23,14 @@ typedef struct {
     float *lora_t;               /* [m, lora->max_width] the adapters' shrunk rows, or NULL */
     float *lora_delta;           /* [m, widest output] the adapters' deltas, or NULL */
     act_q16 x_blocks;            /* the activation blocks of the widest matmul input */
+    act_q8 x8_blocks;            /* the same in 8 bits (projections' act8_min_rows) */
 } scratch;
 
 static void scratch_free(scratch *s) {
     free(s->normed); free(s->qkv); free(s->attn); free(s->delta); free(s->gate_up); free(s->act);
     free(s->lora_t); free(s->lora_delta);
     act_free(&s->x_blocks);
+    act8_free(&s->x8_blocks);
 }
 
 static int scratch_alloc(scratch *s, const decoder *model, int64_t m, const lora_pass *lora) {
@@ -50,7 +52,8 @@ static int scratch_alloc(scratch *s, const decoder *model, int64_t m, const lora
         s->lora_t = malloc((size_t)(m * lora->max_width) * sizeof(float));
         s->lora_delta = malloc((size_t)(m * widest_out) * sizeof(float));
     }
-    int blocks_failed = act_alloc(&s->x_blocks, m, widest);
+    int blocks_failed = act_alloc(&s->x_blocks, m, widest) || act8_alloc(&s->x8_blocks, m, widest,
+                                                                         ACT8_Q4);
     if (s->normed && s->qkv && s->attn && s->delta && s->gate_up && s->act && !blocks_failed
             && ((s->lora_t && s->lora_delta) || !lora))
         return 0;
@@ -75,6 +78,7 @@ typedef struct {
     const decoder *model;
     const projection *proj;
     const act_q16 *blocks;
+    const act_q8 *blocks8;       /* the 8-bit blocks instead, or NULL */
     int64_t m;
     float *y;
     int64_t num_slices[MAX_PROJECTION_PARTS], total_slices;
@@ -95,9 +99,13 @@ static int run_slice(project_job *job) {
     }
     int64_t start = slice * SLICE_ROWS;
     int64_t count = proj->num_rows[p] - start < SLICE_ROWS ? proj->num_rows[p] - start : SLICE_ROWS;
-    matmul_rows(proj->qtypes[p], job->model->level,
-                proj->blocks[p] + start * qtype_row_bytes(proj->qtypes[p], proj->num_cols), count,
-                job->blocks, job->m, job->y + offset + start, proj->num_out, 1);
+    const uint8_t *w = proj->blocks[p] + start * qtype_row_bytes(proj->qtypes[p], proj->num_cols);
+    if (job->blocks8)
+        matmul8_rows(proj->qtypes[p], job->model->level, w, count, job->blocks8, job->m,
+                     job->y + offset + start, proj->num_out, 1);
+    else
+        matmul_rows(proj->qtypes[p], job->model->level, w, count, job->blocks, job->m,
+                    job->y + offset + start, proj->num_out, 1);
     return 1;
 }
 
@@ -122,8 +130,9 @@ static void project_task(void *ctx) {
 /* y = x @ W^T beside the adapters' deltas of `lora` (prepared for this projection), then y +=
  * the deltas */
 static void project_with_lora(const decoder *model, const projection *proj, const act_q16 *blocks,
-                              int64_t m, float *y, const lora_job *lora, int num_threads) {
-    project_job job = {.model = model, .proj = proj, .blocks = blocks, .m = m, .y = y,
+                              const act_q8 *blocks8, int64_t m, float *y, const lora_job *lora,
+                              int num_threads) {
+    project_job job = {.model = model, .proj = proj, .blocks = blocks, .blocks8 = blocks8, .m = m, .y = y,
                        .lora = lora, .num_units = lora_num_units(lora)};
     for (int p = 0; p < proj->num_parts; p++) {
         job.num_slices[p] = (proj->num_rows[p] + SLICE_ROWS - 1) / SLICE_ROWS;
@@ -141,19 +150,32 @@ static void project_with_lora(const decoder *model, const projection *proj, cons
 static void project(const decoder *model, const decode_pass *pass, int index, int which,
                     const float *x, scratch *s, float *y) {
     const projection *proj = layer_projection(&model->layers[index], which);
-    s->x_blocks.k = proj->num_cols;
-    quantize_act(model->level, x, pass->m, &s->x_blocks);
+    const act_q8 *blocks8 = NULL;
+    if (proj->act8_min_rows && pass->m >= proj->act8_min_rows) {
+        s->x8_blocks.k = proj->num_cols;
+        s->x8_blocks.layout = act8_layout(proj->qtypes[0]);
+        quantize_act8_rows(model->level, x, pass->m, &s->x8_blocks, 1);
+        blocks8 = &s->x8_blocks;
+    } else {
+        s->x_blocks.k = proj->num_cols;
+        quantize_act(model->level, x, pass->m, &s->x_blocks);
+    }
     lora_job lora;
     if (pass->lora && lora_job_init(&lora, pass->lora, index, which, x, proj->num_cols,
                                     proj->num_cols, s->lora_delta, proj->num_out, s->lora_t,
                                     model->level)) {
-        project_with_lora(model, proj, &s->x_blocks, pass->m, y, &lora, pass->num_threads);
+        project_with_lora(model, proj, &s->x_blocks, blocks8, pass->m, y, &lora,
+                          pass->num_threads);
         return;
     }
     int64_t offset = 0;
     for (int p = 0; p < proj->num_parts; p++) {
-        matmul_rows(proj->qtypes[p], model->level, proj->blocks[p], proj->num_rows[p],
-                    &s->x_blocks, pass->m, y + offset, proj->num_out, pass->num_threads);
+        if (blocks8)
+            matmul8_rows(proj->qtypes[p], model->level, proj->blocks[p], proj->num_rows[p],
+                         blocks8, pass->m, y + offset, proj->num_out, pass->num_threads);
+        else
+            matmul_rows(proj->qtypes[p], model->level, proj->blocks[p], proj->num_rows[p],
+                        &s->x_blocks, pass->m, y + offset, proj->num_out, pass->num_threads);
         offset += proj->num_rows[p];
     }
 }

@@ -19,6 +19,9 @@ typedef struct {
     int64_t num_rows[MAX_PROJECTION_PARTS];
     int64_t num_cols;            /* k, the same for every part */
     int64_t num_out;             /* the parts' rows together */
+    int64_t act8_min_rows;       /* passes of this many rows and more quantize the input to 8
+                                  * bits (matmul8_rows; every part act8_supported, one layout);
+                                  * 0: always 16 */
 } projection;
 
 typedef struct {

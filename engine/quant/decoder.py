@@ -14,7 +14,7 @@ projection, in the same call (engine/quant/lora.c).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["FusedDecoder", "DecoderShape", "MAX_PARTS"]
 
 MAX_PARTS = 3                      # decoder.h MAX_PROJECTION_PARTS
-PROJECTION_FIELDS = 2 + 3 * MAX_PARTS
+PROJECTION_FIELDS = 3 + 3 * MAX_PARTS    # num_parts, num_cols, parts, act8_min_rows
 LAYER_FIELDS = 2 + 4 * PROJECTION_FIELDS
 
 
@@ -54,18 +54,31 @@ class FusedLayer:
     projections: tuple[tuple[QuantizedTensor, ...], ...]
 
 
-def _projection_fields(parts: Sequence[QuantizedTensor]) -> list[int]:
+def _projection_fields(parts: Sequence[QuantizedTensor], act8_min_rows: int) -> list[int]:
     fields = [len(parts), parts[0].num_cols]
     for part in parts:
         fields += [part.kernel_qtype, part.blocks.data_ptr(), part.num_rows]
-    return fields + [0] * (3 * (MAX_PARTS - len(parts)))
+    return fields + [0] * (3 * (MAX_PARTS - len(parts))) + [act8_min_rows]
+
+
+def projection_act8_rows(parts: Sequence[QuantizedTensor],
+                         act8_min_rows: Callable[[QuantizedTensor], int] | None) -> int:
+    """The rows from which a projection's input is quantized to 8 bits: the most any part asks
+    for, 0 (never) when some part never does or the parts want different activation layouts."""
+    if act8_min_rows is None or len({kernels.act8_layout(part) for part in parts}) != 1:
+        return 0
+    rows = [act8_min_rows(part) for part in parts]
+    return 0 if 0 in rows else max(rows)
 
 
 class FusedDecoder:
     """The C decoder over `layers` (kept referenced: C holds their addresses)."""
 
-    def __init__(self, shape: DecoderShape, layers: Sequence[FusedLayer], max_rows: int) -> None:
-        """max_rows: passes of more tokens must not use it (the block kernels' limit)."""
+    def __init__(self, shape: DecoderShape, layers: Sequence[FusedLayer], max_rows: int,
+                 act8_min_rows: Callable[[QuantizedTensor], int] | None = None) -> None:
+        """max_rows: passes of more tokens must not use it (the block kernels' limit);
+        act8_min_rows: for a weight, the pass rows from which its input is quantized to 8 bits
+        (0: never; `BatchPlanner.act8_min_rows`), None: every pass in 16 bits."""
         module = kernels.require()
         for layer in layers:
             for norm in (layer.input_norm, layer.post_norm):
@@ -79,9 +92,13 @@ class FusedDecoder:
         self.shape = shape
         self.layers = tuple(layers)
         self.max_rows = max_rows
+        self.act8_rows = tuple(tuple(projection_act8_rows(parts, act8_min_rows)
+                                     for parts in layer.projections) for layer in self.layers)
         table = torch.tensor([[layer.input_norm.data_ptr(), layer.post_norm.data_ptr()]
-                              + [f for parts in layer.projections for f in _projection_fields(parts)]
-                              for layer in self.layers], dtype=torch.int64)  # [L, LAYER_FIELDS]
+                              + [f for parts, rows in zip(layer.projections, act8_rows)
+                                 for f in _projection_fields(parts, rows)]
+                              for layer, act8_rows in zip(self.layers, self.act8_rows)],
+                             dtype=torch.int64)                          # [L, LAYER_FIELDS]
         self._run = module.decoder_run
         self._capsule = module.decoder_new(
             len(self.layers), shape.hidden, shape.intermediate, shape.num_q_heads,

@@ -10,7 +10,8 @@
 
 #define CAPSULE_NAME "engine.quant.decoder"
 #define NUM_PROJECTIONS 4
-#define PROJECTION_FIELDS (2 + 3 * MAX_PROJECTION_PARTS)   /* num_parts, num_cols, parts */
+/* num_parts, num_cols, parts, act8_min_rows */
+#define PROJECTION_FIELDS (3 + 3 * MAX_PROJECTION_PARTS)
 #define LAYER_FIELDS (2 + NUM_PROJECTIONS * PROJECTION_FIELDS)
 
 static void decoder_destroy(PyObject *capsule) {
@@ -21,10 +22,10 @@ static void decoder_destroy(PyObject *capsule) {
     }
 }
 
-/* Fills proj from fields (num_parts, num_cols, then (qtype, address, num_rows) per part);
- * 0, or -1 with a Python error set */
+/* Fills proj from fields (num_parts, num_cols, then (qtype, address, num_rows) per part, then
+ * act8_min_rows); 0, or -1 with a Python error set */
 static int read_projection(const int64_t *fields, projection *proj, int64_t num_cols,
-                           int64_t num_out) {
+                           int64_t num_out, int level) {
     proj->num_parts = (int)fields[0];
     proj->num_cols = fields[1];
     proj->num_out = 0;
@@ -46,6 +47,17 @@ static int read_projection(const int64_t *fields, projection *proj, int64_t num_
         }
         proj->num_out += part[2];
     }
+    proj->act8_min_rows = fields[2 + 3 * MAX_PROJECTION_PARTS];
+    for (int p = 0; p < proj->num_parts && proj->act8_min_rows != 0; p++) {
+        if (proj->act8_min_rows < 0 || !act8_supported(proj->qtypes[p], level)
+                || act8_layout(proj->qtypes[p]) != act8_layout(proj->qtypes[0])) {
+            PyErr_Format(PyExc_ValueError, "decoder_new: 8-bit activations from %lld rows need "
+                         "parts of one interleaved layout at the scalar or avx512-vnni level "
+                         "(part %d: qtype %d, level %d)", (long long)proj->act8_min_rows, p,
+                         proj->qtypes[p], level);
+            return -1;
+        }
+    }
     if (num_out >= 0 && proj->num_out != num_out) {
         PyErr_Format(PyExc_ValueError, "decoder_new: a projection has %lld rows, expected %lld",
                      (long long)proj->num_out, (long long)num_out);
@@ -60,12 +72,13 @@ static int read_layer(const int64_t *fields, const decoder *model, decoder_layer
     const int64_t *proj = fields + 2;
     layer->input_norm = (const float *)(uintptr_t)fields[0];
     layer->post_norm = (const float *)(uintptr_t)fields[1];
-    return read_projection(proj, &layer->qkv, model->hidden, q_dim + 2 * kv_dim)
-        || read_projection(proj + PROJECTION_FIELDS, &layer->o, q_dim, model->hidden)
+    int level = model->level;
+    return read_projection(proj, &layer->qkv, model->hidden, q_dim + 2 * kv_dim, level)
+        || read_projection(proj + PROJECTION_FIELDS, &layer->o, q_dim, model->hidden, level)
         || read_projection(proj + 2 * PROJECTION_FIELDS, &layer->gate_up, model->hidden,
-                           2 * model->intermediate)
+                           2 * model->intermediate, level)
         || read_projection(proj + 3 * PROJECTION_FIELDS, &layer->down, model->intermediate,
-                           model->hidden) ? -1 : 0;
+                           model->hidden, level) ? -1 : 0;
 }
 
 /* decoder_new(num_layers, hidden, intermediate, num_q_heads, num_kv_heads, head_dim, eps, level,

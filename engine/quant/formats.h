@@ -39,6 +39,24 @@ typedef struct {
 
 #define ACT_MAX 32767.0f
 
+/* The same rows quantized to 8 bits per block of 32 (d = max |x| / 127), for the AVX512-VNNI
+ * vpdpbusd kernels of the _X8 types (interleaved_act8*.c), in the order and sign their weights
+ * want (act8_layout): ACT8_Q4 (Q4_0 / Q4_1 weights, unsigned nibbles): int8 quants, each run of
+ * 8 values stored as values 0 4 1 5 2 6 3 7 (the order a tile's 32-bit lane holds its nibbles,
+ * low then high); ACT8_Q8 (Q8_0 weights, signed): the quants + 128 as uint8, in value order.
+ * x[r, b*32 + i] ~= d[r, b] * q[r, b*32 + i]; s[r, b] = d[r, b] * sum_i q[r, b*32 + i]. */
+enum { ACT8_Q4 = 0, ACT8_Q8 = 1 };
+typedef struct {
+    uint8_t *qs;     /* [m, k] */
+    float *d;        /* [m, k / 32] */
+    float *s;        /* [m, k / 32] */
+    int64_t k;
+    int layout;      /* ACT8_Q4 or ACT8_Q8 */
+} act_q8;
+
+#define ACT8_MAX 127.0f
+#define ACT8_Q8_OFFSET 128
+
 static inline float fp16_to_fp32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
     uint32_t bits;
@@ -147,5 +165,24 @@ dot_rows_fn dot_rows_avx512(int qtype);
  * values for an _X8 type (0), -1 (nothing written) for any other type */
 dot_rows_fn dot_rows_x8_avx512(int qtype);
 int dequantize_x8_avx512(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, float *out);
+
+/* 8-bit activation kernels of the _X8 types: y[r * ldy + j] = dot(row j of w, activation row r),
+ * j < num_rows (whole 8-row groups), r < m; x in act8_layout(qtype)'s layout */
+typedef void (*dot8_rows_fn)(const uint8_t *w, int64_t row_bytes, int64_t num_rows,
+                             const act_q8 *x, int64_t m, float *y, int64_t ldy);
+/* the layout an _X8 type's 8-bit kernels read (-1 for any other type) */
+static inline int act8_layout(int qtype) {
+    return qtype == QTYPE_Q8_0_X8 ? ACT8_Q8
+           : qtype == QTYPE_Q4_0_X8 || qtype == QTYPE_Q4_1_X8 ? ACT8_Q4 : -1;
+}
+/* interleaved.c: row j's scale d, offset m (w = d q + m) and 32 quants in one _X8 tile */
+void x8_unpack(int qtype, const uint8_t *tile, int j, float *d, float *m, int q[QK]);
+/* interleaved_act8.c: the portable 8-bit quantizer (out->layout chosen by the caller) and the
+ * reference kernels (NULL for a type that is not _X8); interleaved_act8_avx512.c: the same
+ * quants and, bit for bit, the same products with vpdpbusd (call only at LEVEL_AVX512) */
+void quantize_act8_scalar(const float *x, int64_t m, act_q8 *out);
+dot8_rows_fn dot8_rows_x8_scalar(int qtype);
+void quantize_act8_avx512(const float *x, int64_t m, act_q8 *out);
+dot8_rows_fn dot8_rows_x8_avx512(int qtype);
 
 #endif

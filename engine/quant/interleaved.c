@@ -97,7 +97,7 @@ static void x8_scale(int qtype, const uint8_t *tile, int j, float *d, float *m) 
 }
 
 /* row j's scale, offset and 32 quants in one tile of an _X8 type */
-static void x8_unpack(int qtype, const uint8_t *tile, int j, float *d, float *m, int q[QK]) {
+void x8_unpack(int qtype, const uint8_t *tile, int j, float *d, float *m, int q[QK]) {
     x8_scale(qtype, tile, j, d, m);
     int source = source_qtype(qtype);
     const uint8_t *qs = tile + scales_bytes(qtype);

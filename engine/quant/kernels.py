@@ -20,12 +20,17 @@ __all__ = ["available", "unavailable_reason", "levels", "best_level", "level_rea
            "cpu_features", "LEVELS", "LEVEL_ENV", "require", "level_index",
            "matmul", "dequantize", "dequantize_rows", "interleave", "PreparedMatmul",
            "add_rms_norm", "PreparedRmsNorm", "DecodeAttention", "PrefillAttention",
-           "KERNEL_KV_DTYPES"]
+           "KERNEL_KV_DTYPES", "ACT8_LEVELS", "ACT8_ENV", "act8_layout", "act8_supported"]
 
 KERNEL_KV_DTYPES = (torch.float32, torch.float16)     # KV pools the C decode attention reads
 LOOKUP_CHUNK_IDS = 64           # dequantize_rows of an interleaved matrix: ids a round
 LEVELS = ("scalar", "avx2", "avx512-vnni")   # every level, slowest first (module.c LEVEL_NAMES)
 LEVEL_ENV = "PIE_KERNEL_LEVEL"  # names the level to run instead of the best (one of LEVELS)
+# levels with 8-bit activation kernels (interleaved Q4_0 / Q4_1 / Q8_0 only): the vpdpbusd ones,
+# and the portable reference they equal bit for bit (engine/quant/interleaved_act8*.c)
+ACT8_LEVELS = ("scalar", "avx512-vnni")
+ACT8_QTYPES = {2: 0, 3: 0, 8: 1}  # GGML Q4_0, Q4_1 -> formats.h ACT8_Q4; Q8_0 -> ACT8_Q8
+ACT8_ENV = "PIE_ACT8"           # "0": no 8-bit activations anywhere (to measure the 16-bit path)
 
 
 def _load_extension():
@@ -80,7 +85,12 @@ def level_reason() -> str:
     if os.environ.get(LEVEL_ENV, "").strip():
         return f"{LEVEL_ENV}={level}; the best here is {require().levels()[-1]}"
     if level == "avx512-vnni":
-        return "the CPU has AVX-512 F/BW/VL/DQ + VNNI and the OS saves the zmm state"
+        widths = ("activations in 16-bit blocks (vpdpwssd; 8-bit off: "
+                  f"{ACT8_ENV}=0)" if os.environ.get(ACT8_ENV, "").strip() == "0" else
+                  "activations in 16-bit blocks (vpdpwssd), or 8-bit (vpdpbusd) for the "
+                  "interleaved Q4_0 / Q4_1 / Q8_0 weights at the batch rows measured faster at "
+                  "load")
+        return f"the CPU has AVX-512 F/BW/VL/DQ + VNNI and the OS saves the zmm state; {widths}"
     if cpu.get("avx512") and cpu.get("avx512_vnni") and not cpu.get("os_zmm"):
         return "the CPU has AVX-512 + VNNI but the OS does not save the zmm state"
     if cpu.get("avx512") and not cpu.get("avx512_vnni"):
@@ -253,12 +263,29 @@ class PrefillAttention:
         return out
 
 
+def act8_layout(weight: QuantizedTensor) -> int | None:
+    """The activation layout (formats.h ACT8_*) of a weight's 8-bit kernels; None when it has
+    none (only interleaved Q4_0 / Q4_1 / Q8_0 do)."""
+    return ACT8_QTYPES.get(int(weight.qtype)) if weight.interleaved else None
+
+
+def act8_supported(weight: QuantizedTensor, level: str | None = None) -> bool:
+    """Whether matmul(..., act_bits=8) runs for this weight at `level` (default the best) and
+    PIE_ACT8 is not "0"."""
+    return (available() and act8_layout(weight) is not None
+            and (level or best_level()) in ACT8_LEVELS
+            and os.environ.get(ACT8_ENV, "").strip() != "0")
+
+
 def matmul(x: torch.Tensor, weight: QuantizedTensor, level: str | None = None,
-           num_threads: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+           num_threads: int | None = None, out: torch.Tensor | None = None,
+           act_bits: int = 16) -> torch.Tensor:
     """x [M, K] float32 -> x @ W^T [M, N] float32, reading W's blocks in place.
 
-    The activation rows are quantized to 16 bits per block of 32 (engine/quant/formats.h), so
-    the result equals x @ dequantize(W)^T up to that rounding (~1e-5 relative per value).
+    The activation rows are quantized to act_bits per block of 32 (engine/quant/formats.h):
+    16 bits, the result equals x @ dequantize(W)^T up to that rounding (~1e-5 relative per
+    value); 8 bits (act8_supported weights and levels only, ValueError otherwise), up to half
+    a step of max |x| / 127 per value of each block (~0.5-1% relative per output row).
     """
     module = require()
     num_rows, num_cols = weight.shape
@@ -274,7 +301,7 @@ def matmul(x: torch.Tensor, weight: QuantizedTensor, level: str | None = None,
         return out
     module.matmul(weight.kernel_qtype, level_index(level), weight.blocks.data_ptr(),
                   num_rows, num_cols, x.data_ptr(), x.shape[0], out.data_ptr(),
-                  num_threads or torch.get_num_threads())
+                  num_threads or torch.get_num_threads(), act_bits)
     return out
 
 
@@ -282,9 +309,15 @@ class PreparedMatmul:
     """matmul against one weight at the best level, its arguments checked once: the per-call
     cost is one C call (decode runs one per quantized weight every step)."""
 
-    def __init__(self, weight: QuantizedTensor) -> None:
+    def __init__(self, weight: QuantizedTensor, act8_min_rows: int = 0) -> None:
+        """act8_min_rows: calls of this many rows and more quantize x to 8 bits (0: never;
+        ValueError when the weight has no 8-bit kernels at the best level)."""
         module = require()
+        if act8_min_rows < 0 or (act8_min_rows and not act8_supported(weight)):
+            raise ValueError(f"PreparedMatmul: 8-bit activations from {act8_min_rows} rows for "
+                             f"a {weight.qtype.name} weight at {best_level()}")
         self.weight = weight
+        self.act8_min_rows = act8_min_rows
         self._call = module.matmul
         self._args = (weight.kernel_qtype, level_index(None), weight.blocks.data_ptr(),
                       weight.num_rows, weight.num_cols)
@@ -294,9 +327,11 @@ class PreparedMatmul:
         (default: torch's count)."""
         if x.dtype != torch.float32 or not x.is_contiguous() or x.shape[1] != self.weight.num_cols:
             return matmul(x, self.weight, num_threads=num_threads)   # checked (raises when wrong)
-        out = torch.empty(x.shape[0], self.weight.num_rows, dtype=torch.float32)
-        self._call(*self._args, x.data_ptr(), x.shape[0], out.data_ptr(),
-                   num_threads or torch.get_num_threads())
+        num_x_rows = x.shape[0]
+        out = torch.empty(num_x_rows, self.weight.num_rows, dtype=torch.float32)
+        act_bits = 8 if 0 < self.act8_min_rows <= num_x_rows else 16
+        self._call(*self._args, x.data_ptr(), num_x_rows, out.data_ptr(),
+                   num_threads or torch.get_num_threads(), act_bits)
         return out
 
 

@@ -2,7 +2,9 @@
 
 Which one a batch of M rows uses is decided per weight shape by a one-time measurement
 (`BatchPlanner.block_rows_limit`): the largest M of a ladder up to which the block kernel beat
-dequantize-then-GEMM on this machine. Dequantizing goes through one scratch buffer shared by
+dequantize-then-GEMM on this machine. Where a weight has 8-bit activation kernels (vpdpbusd),
+a first measurement (`BatchPlanner.act8_min_rows`) picks the M from which they beat the 16-bit
+ones, and the block kernel of the crossover is the one each M then runs. Dequantizing goes through one scratch buffer shared by
 all layers (at most SCRATCH_ELEMENTS floats, a slab of rows at a time), so no layer ever holds
 a dequantized copy of its weight.
 """
@@ -26,16 +28,23 @@ CALIBRATION_LADDER = (4, 8, 16, 32, 64, 128, 256, 512)
 CALIBRATION_MAX_ROWS = 2048             # time on a slice of a big weight: both paths scale with N
 CALIBRATION_REPEATS = 3                 # timed runs of each path per round, alternated
 CALIBRATION_ROUNDS = 3                  # rounds at most before the block kernel's loss counts
+# 8-bit against 16-bit activations: the rows of decode batches and short prefills (beyond, the
+# choice at the largest holds: both are compute-bound there)
+ACT8_LADDER = (1, 2, 4, 8, 16, 32, 64)
 
 
 class BatchPlanner:
     """Owns the dequantization scratch buffer and the per-shape choice of kernel."""
 
-    def __init__(self, fixed_block_rows: int | None = None) -> None:
-        """fixed_block_rows: use this limit for every shape instead of measuring (tests)."""
+    def __init__(self, fixed_block_rows: int | None = None,
+                 fixed_act8_rows: int = 0) -> None:
+        """fixed_block_rows: use this limit for every shape instead of measuring (tests), and
+        then fixed_act8_rows as every act8_min_rows its weight's kernels allow (0: 16 bits)."""
         self.scratch = torch.empty(0, dtype=torch.float32)
         self.fixed_block_rows = fixed_block_rows
+        self.fixed_act8_rows = fixed_act8_rows
         self.limits: dict[tuple[int, int, int], int] = {}     # (qtype, N, K) -> max block rows
+        self.act8_limits: dict[tuple[int, int, int], int] = {}  # (qtype, N, K) -> 8-bit from
         self.num_kernel_threads: int | None = None   # set inside kernels_own_the_threads()
 
     def max_block_rows(self) -> int:
@@ -84,6 +93,30 @@ class BatchPlanner:
                                 else self.fixed_block_rows)
         return self.limits[key]
 
+    def act8_min_rows(self, weight: QuantizedTensor) -> int:
+        """Batches of at least this many rows quantize their activations to 8 bits for weights
+        of this shape (0: never: no 8-bit kernels here, or the 16-bit ones were faster at the
+        largest measured M). With fixed_block_rows (tests), fixed_act8_rows."""
+        key = (weight.kernel_qtype, weight.num_rows, weight.num_cols)
+        if key not in self.act8_limits:
+            if not kernels.act8_supported(weight) or kernels.best_level() == "scalar":
+                self.act8_limits[key] = 0          # none, or only the slow reference
+            elif self.fixed_block_rows is not None:
+                self.act8_limits[key] = self.fixed_act8_rows
+            else:
+                self.act8_limits[key] = self._measure_act8(weight)
+        return self.act8_limits[key]
+
+    def activation_summary(self) -> str:
+        """Which weight shapes quantize activations to 8 bits from how many rows, in a few
+        words (for the engine's kernel line)."""
+        eight = sorted({rows for rows in self.act8_limits.values() if rows})
+        if not eight:
+            return "activations in 16-bit blocks"
+        return (f"activations in 8-bit blocks (vpdpbusd) from {'/'.join(map(str, eight))} rows "
+                f"on {sum(1 for rows in self.act8_limits.values() if rows)} of "
+                f"{len(self.act8_limits)} weight shapes, 16-bit below (measured at load)")
+
     def scratch_for(self, num_elements: int) -> torch.Tensor:
         if self.scratch.numel() < num_elements:
             self.scratch = torch.empty(num_elements, dtype=torch.float32)
@@ -110,10 +143,12 @@ class BatchPlanner:
         """The largest ladder M up to which the block kernel is at least as fast (on a slice
         of the weight's rows: both paths scale with them)."""
         sample = weight.row_slice(0, min(weight.num_rows, CALIBRATION_MAX_ROWS))
+        act8_from = self.act8_min_rows(weight)
 
         def time_pair(num_x_rows: int) -> tuple[float, float]:
             x = torch.randn(num_x_rows, weight.num_cols)
-            return _best_times(lambda: kernels.matmul(x, sample),
+            act_bits = 8 if 0 < act8_from <= num_x_rows else 16
+            return _best_times(lambda: kernels.matmul(x, sample, act_bits=act_bits),
                                lambda: self.dequantized_matmul(x, sample))
         try:
             return crossover_limit(time_pair)
@@ -122,6 +157,38 @@ class BatchPlanner:
             # block kernels (every decode pass, prompts up to the limit) never needs it, and it
             # would stay resident for the process's life
             self.scratch = torch.empty(0, dtype=torch.float32)
+
+
+    def _measure_act8(self, weight: QuantizedTensor) -> int:
+        """The smallest ACT8_LADDER M from which the 8-bit kernel is at least as fast as the
+        16-bit one at every larger M of the ladder (on a slice of the weight's rows), 0 when
+        it loses at the largest."""
+        sample = weight.row_slice(0, min(weight.num_rows, CALIBRATION_MAX_ROWS))
+
+        def time_pair(num_x_rows: int) -> tuple[float, float]:
+            x = torch.randn(num_x_rows, weight.num_cols)
+            return _best_times(lambda: kernels.matmul(x, sample, act_bits=8),
+                               lambda: kernels.matmul(x, sample, act_bits=16))
+        return act8_threshold(time_pair)
+
+
+def act8_threshold(time_pair: Callable[[int], tuple[float, float]]) -> int:
+    """The smallest ACT8_LADDER M from which `time_pair(M)`'s first run (8-bit) is at least as
+    fast as its second (16-bit) at every larger ladder M, walking down from the largest; a win
+    of the 16-bit run counts only if it holds over CALIBRATION_ROUNDS rounds (as in
+    crossover_limit). 0 when the 8-bit run loses at the largest M."""
+    threshold = 0
+    for num_x_rows in reversed(ACT8_LADDER):
+        eight_s = sixteen_s = float("inf")
+        for _ in range(CALIBRATION_ROUNDS):
+            eight_round, sixteen_round = time_pair(num_x_rows)
+            eight_s, sixteen_s = min(eight_s, eight_round), min(sixteen_s, sixteen_round)
+            if eight_s <= sixteen_s:
+                break
+        else:
+            return threshold
+        threshold = num_x_rows
+    return threshold
 
 
 def crossover_limit(time_pair: Callable[[int], tuple[float, float]]) -> int:
@@ -171,7 +238,8 @@ class QuantizedLinear:
         self.weight = weight                               # [N, K] blocks
         self.planner = planner
         self.block_rows_limit = planner.block_rows_limit(weight)
-        self.block_matmul = kernels.PreparedMatmul(weight)
+        self.act8_min_rows = planner.act8_min_rows(weight)
+        self.block_matmul = kernels.PreparedMatmul(weight, self.act8_min_rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] float32 -> [M, N] float32 (M may be 0: a pass with no output rows asks the

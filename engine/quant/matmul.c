@@ -138,3 +138,75 @@ void matmul_rows(int qtype, int level, const uint8_t *w, int64_t n, const act_q1
                       .ldy = ldy, .x = x, .y = y};
     pool_run_rows(matmul_chunk, &job, n, paired ? 2 * MIN_CHUNK_ROWS : MIN_CHUNK_ROWS, num_threads);
 }
+
+int act8_supported(int qtype, int level) {
+    return act8_layout(qtype) >= 0 && (level == LEVEL_SCALAR || level == LEVEL_AVX512)
+           && level_supported(level);
+}
+
+int act8_alloc(act_q8 *act, int64_t m, int64_t k, int layout) {
+    size_t num_blocks = (size_t)(m * (k / QK));
+    act->k = k;
+    act->layout = layout;
+    act->qs = malloc((size_t)(m * k));
+    act->d = malloc(num_blocks * sizeof(float));
+    act->s = malloc(num_blocks * sizeof(float));
+    if (act->qs && act->d && act->s) return 0;
+    act8_free(act);
+    return -1;
+}
+
+void act8_free(act_q8 *act) {
+    free(act->qs);
+    free(act->d);
+    free(act->s);
+    act->qs = NULL;
+    act->d = act->s = NULL;
+}
+
+typedef struct {
+    int level;
+    const float *x;
+    const act_q8 *act;
+} quantize8_job;
+
+static void quantize8_chunk(void *ctx, int64_t start, int64_t count) {
+    const quantize8_job *job = ctx;
+    int64_t k = job->act->k, num_blocks = k / QK;
+    act_q8 rows = {.qs = job->act->qs + start * k, .d = job->act->d + start * num_blocks,
+                   .s = job->act->s + start * num_blocks, .k = k, .layout = job->act->layout};
+    if (job->level == LEVEL_AVX512)
+        quantize_act8_avx512(job->x + start * k, count, &rows);
+    else
+        quantize_act8_scalar(job->x + start * k, count, &rows);
+}
+
+void quantize_act8_rows(int level, const float *x, int64_t m, act_q8 *act, int num_threads) {
+    quantize8_job job = {.level = level, .x = x, .act = act};
+    if (m < QUANTIZE_MIN_CHUNK_ROWS * 2 || num_threads <= 1)
+        quantize8_chunk(&job, 0, m);
+    else
+        pool_run_rows(quantize8_chunk, &job, m, QUANTIZE_MIN_CHUNK_ROWS, num_threads);
+}
+
+typedef struct {
+    dot8_rows_fn fn;
+    const uint8_t *w;
+    int64_t row_bytes, m, ldy;
+    const act_q8 *x;
+    float *y;
+} matmul8_job;
+
+static void matmul8_chunk(void *ctx, int64_t start, int64_t count) {
+    const matmul8_job *job = ctx;
+    job->fn(job->w + start * job->row_bytes, job->row_bytes, count, job->x, job->m,
+            job->y + start, job->ldy);
+}
+
+void matmul8_rows(int qtype, int level, const uint8_t *w, int64_t n, const act_q8 *x, int64_t m,
+                  float *y, int64_t ldy, int num_threads) {
+    dot8_rows_fn fn = level == LEVEL_AVX512 ? dot8_rows_x8_avx512(qtype) : dot8_rows_x8_scalar(qtype);
+    matmul8_job job = {.fn = fn, .w = w, .row_bytes = qtype_row_bytes(qtype, x->k), .m = m,
+                       .ldy = ldy, .x = x, .y = y};
+    pool_run_rows(matmul8_chunk, &job, n, 2 * MIN_CHUNK_ROWS, num_threads);
+}

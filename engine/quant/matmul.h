@@ -42,4 +42,18 @@ void quantize_act_rows(int level, const float *x, int64_t m, act_q16 *act, int n
 void matmul_rows(int qtype, int level, const uint8_t *w, int64_t n, const act_q16 *x, int64_t m,
                  float *y, int64_t ldy, int num_threads);
 
+/* 8-bit activations (formats.h act_q8) for the _X8 types, at LEVEL_AVX512 (vpdpbusd) and
+ * LEVEL_SCALAR (the reference): act8_supported says whether (qtype, level) has them. */
+int act8_supported(int qtype, int level);
+/* act_alloc's contract for act_q8 blocks of `layout` */
+int act8_alloc(act_q8 *act, int64_t m, int64_t k, int layout);
+void act8_free(act_q8 *act);
+/* act = the 8-bit blocks of x [m, act->k] in act->layout, rows shared over up to num_threads
+ * threads when there are many; level LEVEL_AVX512 or LEVEL_SCALAR (the same quants) */
+void quantize_act8_rows(int level, const float *x, int64_t m, act_q8 *act, int num_threads);
+/* matmul_rows with 8-bit activations: act8_supported(qtype, level) and x->layout ==
+ * act8_layout(qtype) hold */
+void matmul8_rows(int qtype, int level, const uint8_t *w, int64_t n, const act_q8 *x, int64_t m,
+                  float *y, int64_t ldy, int num_threads);
+
 #endif

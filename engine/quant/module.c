@@ -21,13 +21,27 @@ static const char *LEVEL_NAMES[NUM_LEVELS] = {"scalar", "avx2", "avx512-vnni"};
 PyObject *py_decoder_new(PyObject *self, PyObject *args);
 PyObject *py_decoder_run(PyObject *self, PyObject *args);
 
-/* matmul(qtype, level, w, n, k, x, m, y, num_threads): y[m, n] = x[m, k] @ W[n, k]^T */
+/* y = x @ W^T with 8-bit activation blocks (act8_supported(qtype, level) checked) */
+static PyObject *matmul8(int qtype, int level, const uint8_t *w, int64_t n, int64_t k,
+                         const float *x, int64_t m, float *y, int num_threads) {
+    act_q8 act;
+    if (act8_alloc(&act, m, k, act8_layout(qtype)) != 0) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    quantize_act8_rows(level, x, m, &act, num_threads);
+    matmul8_rows(qtype, level, w, n, &act, m, y, n, num_threads);
+    Py_END_ALLOW_THREADS
+    act8_free(&act);
+    Py_RETURN_NONE;
+}
+
+/* matmul(qtype, level, w, n, k, x, m, y, num_threads[, act_bits]): y[m, n] = x[m, k] @ W[n, k]^T,
+ * the activations quantized to act_bits (16, or 8 where act8_supported) bits per block */
 static PyObject *py_matmul(PyObject *self, PyObject *args) {
-    int qtype, level, num_threads;
+    int qtype, level, num_threads, act_bits = 16;
     unsigned long long w_addr, x_addr, y_addr;
     long long n, k, m;
-    if (!PyArg_ParseTuple(args, "iiKLLKLKi", &qtype, &level, &w_addr, &n, &k, &x_addr, &m, &y_addr,
-                          &num_threads))
+    if (!PyArg_ParseTuple(args, "iiKLLKLKi|i", &qtype, &level, &w_addr, &n, &k, &x_addr, &m, &y_addr,
+                          &num_threads, &act_bits))
         return NULL;
     int64_t row_bytes = qtype_row_bytes(qtype, k);
     if (row_bytes == 0 || n <= 0 || m <= 0)
@@ -35,6 +49,16 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
                             qtype, n, k, m);
     if (!level_supported(level))
         return PyErr_Format(PyExc_ValueError, "matmul: kernel level %d is not supported here", level);
+    if (act_bits == 8) {
+        if (!act8_supported(qtype, level))
+            return PyErr_Format(PyExc_ValueError, "matmul: 8-bit activations need an interleaved "
+                                "Q4_0 / Q4_1 / Q8_0 weight at the scalar or avx512-vnni level "
+                                "(got qtype %d, level %d)", qtype, level);
+        return matmul8(qtype, level, (const uint8_t *)(uintptr_t)w_addr, n, k,
+                       (const float *)(uintptr_t)x_addr, m, (float *)(uintptr_t)y_addr, num_threads);
+    }
+    if (act_bits != 16)
+        return PyErr_Format(PyExc_ValueError, "matmul: act_bits %d (8 or 16)", act_bits);
     act_q16 act;
     if (act_alloc(&act, m, k) != 0) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
