@@ -11,20 +11,26 @@ total (`InstanceLimits.memory_mb`, all its memories together) and records that i
 instance's outcome can name the limit whatever the guest reports.
 
 Memories created outside an instance thread are not charged. Data segments are copied into each
-memory (`memory_init_cow` off: copy-on-write images need Wasmtime's own mmap memories); where
-the program's one memory has a `MemoryImage` (host/sandbox/programs/memory_image.py: its active
-segments were emptied when it was loaded), the creator copies that image in as it creates the
-memory. Each reservation starts on a 2 MiB boundary and is advised for transparent huge pages,
-so that copy faults its pages in 2 MiB at a time where the kernel allows it (THP "madvise" or
+memory (`memory_init_cow` off: Wasmtime's copy-on-write images need its own mmap memories);
+where the program's one memory has a `MemoryImage` (host/sandbox/programs/memory_image.py: its
+active segments were emptied when it was loaded), the creator maps that image's file over the
+memory's start, copy-on-write, as it creates the memory (host/sandbox/image_files.py: the guest
+gets private copies of only the pages it writes), or copies the image in where no file could be
+made. Each reservation starts on a 2 MiB boundary and is advised for transparent huge pages, so
+what lies past the image faults in 2 MiB at a time where the kernel allows it (THP "madvise" or
 "always") rather than one fault per 4 KiB page; where the kernel has no huge pages to give it
 falls back to 4 KiB pages. A growth's last partial 2 MiB stays in small pages (only whole
 read-write 2 MiB ranges get a huge page), so a memory's resident size stays within its
-accessible size.
+accessible size. A memory's charge is its accessible size, however much of it is shared with
+the image's file.
 
 An ended instance's memory goes to a `MemoryPool` (`pool_bytes`, 0 = none; unmapped after
 `pool_idle_s` unused) when it fits; a new memory of the same shape is then that one, every byte
-the last instance could reach zeroed here and what lies past the new size made inaccessible
-again (host/sandbox/memory_pool.py: why).
+the last instance could reach past the new image zeroed here and what lies past the new size
+made inaccessible again (host/sandbox/memory_pool.py: why). Its start holds the new image: the
+pages the last instance wrote of the same image's mapping copied back from the image (its other
+pages are the file's: `ImageFiles.restore`), else the image's file mapped afresh over it, else
+the image copied in.
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ from typing import Any, Protocol
 from wasmtime import Config, WasmtimeError
 from wasmtime import _bindings
 
+from host.sandbox.image_files import ImageFiles, image_span
 from host.sandbox.programs.memory_image import MemoryImage
 from host.sandbox.memory_pool import MemoryPool
 
@@ -80,10 +87,11 @@ def _error(message: str) -> int:
 
 
 class _Memory:
-    __slots__ = ("base", "num_bytes", "capacity", "mapping", "num_mapped", "owner", "reusable")
+    __slots__ = ("base", "num_bytes", "capacity", "mapping", "num_mapped", "owner", "reusable",
+                 "image")
 
     def __init__(self, base: int, num_bytes: int, capacity: int, mapping: int, num_mapped: int,
-                 owner: MemoryOwner | None) -> None:
+                 owner: MemoryOwner | None, image: MemoryImage | None) -> None:
         self.base = base              # address 0 of the memory, on a 2 MiB boundary
         self.num_bytes = num_bytes
         self.capacity = capacity      # what Wasmtime may address: the reservation less the guard
@@ -91,6 +99,7 @@ class _Memory:
         self.num_mapped = num_mapped  # what was mapped: alignment, capacity and guard
         self.owner = owner
         self.reusable = True          # False once a protection change failed: never pooled
+        self.image = image            # whose file is mapped over [0, image_span) (None: none)
 
 
 class LinearMemories:
@@ -100,6 +109,7 @@ class LinearMemories:
                  pool_idle_s: float = 600.0) -> None:
         self._current = current
         self._libc = _libc()
+        self._images = ImageFiles(self._libc)
         self.pool: MemoryPool[_Memory] = MemoryPool(pool_bytes, idle_s=pool_idle_s)
         self._lock = threading.Lock()
         self._memories: dict[int, _Memory] = {}
@@ -201,6 +211,7 @@ class LinearMemories:
         """Unmap every pooled memory and pool none from now on (the runtime closes)."""
         for memory in self.pool.close():
             self._unmap(memory)
+        self._images.close()
 
     def _mapped(self, capacity: int, num_mapped: int, minimum: int,
                 image: MemoryImage | None) -> _Memory | None:
@@ -214,21 +225,32 @@ class LinearMemories:
         if not self._protect(base, 0, minimum):
             self._libc.munmap(mapping, num_mapped)
             return None
-        if image is not None:
+        try:
+            mapped = image is not None and self._images.map(base, image)
+        except OSError:
+            self._libc.munmap(mapping, num_mapped)
+            return None
+        if image is not None and not mapped:
             ctypes.memmove(base, image.data, len(image.data))
-        return _Memory(base, minimum, capacity, mapping, num_mapped, None)
+        return _Memory(base, minimum, capacity, mapping, num_mapped, None,
+                       image if mapped else None)
 
     def _reused(self, capacity: int, num_mapped: int, minimum: int,
                 image: MemoryImage | None) -> _Memory | None:
         """A pooled memory of that shape, [0, minimum) read-write and the rest inaccessible,
-        holding `image` then zeros (all zeros without one); or None. With an image, one copy
-        writes it over the last instance's bytes (what lies past it is zeroed): a pass less than
-        zeroing all and then copying the data segments in."""
+        holding `image` then zeros (all zeros without one); or None. The image is the same
+        image's mapping with the pages the last instance wrote copied back, or its file mapped
+        afresh, or (no file) copied over the last instance's bytes; what lies past it is
+        zeroed, so no byte is written twice."""
         memory = self.pool.take(capacity, num_mapped)
         if memory is None:
             return None
         base, used = memory.base, memory.num_bytes
-        num_image_bytes = 0 if image is None else len(image.data)
+        try:
+            num_image_bytes = self._put_image(memory, image)
+        except OSError:                          # its start may be unmapped now: give it up
+            self._unmap(memory)
+            return None
         if used > num_image_bytes:               # every byte the last instance could reach
             ctypes.memset(base + num_image_bytes, 0, used - num_image_bytes)
         keep = -(-minimum // _OS_PAGE) * _OS_PAGE
@@ -238,9 +260,23 @@ class LinearMemories:
             self._unmap(memory)
             return None
         memory.num_bytes = minimum
-        if image is not None:                    # within [0, minimum): the image's own check
+        if image is not None and memory.image is None:   # within [0, minimum): the image's check
             ctypes.memmove(base, image.data, num_image_bytes)
         return memory
+
+    def _put_image(self, memory: _Memory, image: MemoryImage | None) -> int:
+        """Make a pooled memory's start hold `image` from its file, its written pages restored
+        if the file mapped there is the image's own, else the file mapped afresh: the bytes at
+        its start that hold the image now (memory.image set). Where neither works, or without an
+        image: the bytes the caller must copy the image into, or 0 (memory.image None). Raises
+        OSError when mapping failed (ImageFiles.map)."""
+        if image is not None and ((memory.image is image
+                                   and self._images.restore(memory.base, image))
+                                  or self._images.map(memory.base, image)):
+            memory.image = image
+            return image_span(image)
+        memory.image = None
+        return 0 if image is None else len(image.data)
 
     # -------------------------------------------------------------------------- helpers
     def _unmap(self, memory: _Memory) -> None:
