@@ -121,9 +121,11 @@ def _block_parts(projection: Callable) -> tuple[QuantizedLinear, ...] | None:
     return None
 
 
-def _fused_decoder(config: ModelConfig, layers: list[LayerWeights]) -> FusedDecoder | None:
+def _fused_decoder(config: ModelConfig, layers: list[LayerWeights],
+                   planner: BatchPlanner) -> FusedDecoder | None:
     """The C decoder over these layers when the extension is built and every projection is
-    GGUF blocks (else None: the per-layer path runs every pass)."""
+    GGUF blocks (else None: the per-layer path runs every pass); its activation width per
+    projection and row count is the planner's, as on the per-layer path."""
     if not quant_kernels.available():
         return None
     fused, max_rows = [], None
@@ -139,7 +141,7 @@ def _fused_decoder(config: ModelConfig, layers: list[LayerWeights]) -> FusedDeco
                                       for parts in projections)))
     shape = DecoderShape(config.hidden_size, config.intermediate_size, config.num_heads,
                          config.num_kv_heads, config.head_dim, config.rms_norm_eps)
-    return FusedDecoder(shape, fused, max_rows or 0)
+    return FusedDecoder(shape, fused, max_rows or 0, act8_min_rows=planner.act8_min_rows)
 
 
 class LlamaModel:
@@ -192,7 +194,7 @@ class LlamaModel:
                        _add_norm(layer.post_norm, config.rms_norm_eps, on_c))
                       for layer in self.layers]
         self.final_add_norm = _add_norm(self.final_norm, config.rms_norm_eps, on_c)
-        self.fused_decoder = _fused_decoder(config, self.layers) if self.planner else None
+        self.fused_decoder = _fused_decoder(config, self.layers, self.planner) if self.planner else None
         # FlashInfer's fused kernels (CUDA): residual and norm weights in the model dtype
         self.kernels = kernels
         self.kernel_norms = None if kernels is None else [
