@@ -283,7 +283,8 @@ def _fused_summary(model: LlamaModel) -> str:
     fused = model.fused_decoder
     if fused is None:
         return "; decode runs layer by layer (some projection is not GGUF blocks)"
-    return f"; decode passes of up to {fused.max_rows} requests run every layer in one C call"
+    return (f"; passes of up to {fused.max_rows} tokens (decode steps, short prompts beside "
+            f"them) run every layer in one C call")
 
 
 def _prefill_summary(attention: object) -> str:
