@@ -1,7 +1,7 @@
 """The WIT bindings: one module per interface of wit/inferlet.wit, each a thin adapter (check,
 translate, submit). `build_linker` registers them all, plus WASI 0.2, on one component Linker,
-through `fast_calls.add_host_function` (converters built once per function and program), with
-the value helpers of libwasmtime keeping the GIL (`gil_calls`).
+through `fast_calls.add_host_function` (converters built once per function and program) and
+`add_host_resource`, with the value helpers of libwasmtime keeping the GIL (`gil_calls`).
 
 Every host function is wrapped by `_host_function`: it finds the calling Instance (the one whose
 thread this is), runs the adapter, stamps the instance's last host exit (the idle clock), and lets
@@ -21,7 +21,7 @@ from wasmtime.component import Linker, ResourceType
 from host.bindings import (adapters, children, forward, http, kv, mcp, messaging, queue,
                            runtime, tokenize)
 from host.sandbox.wasm import gil_calls
-from host.sandbox.wasm.fast_calls import add_host_function
+from host.sandbox.wasm.fast_calls import add_host_function, add_host_resource
 from host.errors import TrapError
 
 __all__ = ["build_linker", "provided_items", "INTERFACE_MODULES"]
@@ -46,8 +46,8 @@ def build_linker(engine: Engine, current: threading.local) -> Linker:
         for module in INTERFACE_MODULES:
             with root.add_instance(module.INTERFACE) as interface:
                 for name, (type_id, dtor) in module.RESOURCES.items():
-                    interface.add_resource(name, ResourceType.host(type_id),
-                                           _resource_dtor(f"{name}.drop", dtor, current))
+                    add_host_resource(interface, name, ResourceType.host(type_id),
+                                      _resource_dtor(f"{name}.drop", dtor, current))
                 short = module.INTERFACE.split("/")[1].split("@")[0]
                 for name, impl in module.FUNCTIONS.items():
                     add_host_function(interface, name, _host_function(

@@ -19,6 +19,9 @@ from descriptors kept beside those types; wasmtime-py's converters remain for th
 not take (flags, list<u8>, resources inside other values) and for every value when it is not
 built. Either way a resource argument reaches the binding as its host rep (an int, looked up in
 the calling instance's own table) and a binding returns an owned resource as a HostResource.
+
+`add_host_resource` registers a resource's destructor the same way: called straight from its own
+C callback, without wasmtime-py's per-drop closure and exception shim.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from typing import Any, Callable
 
 from wasmtime import StoreContext, WasmtimeError
 from wasmtime import _ffi as ffi
-from wasmtime.component import ResourceHost, _linker
+from wasmtime.component import ResourceHost, ResourceType, _linker
 from wasmtime.component._types import (F32, F64, S8, S16, S32, S64, U8, U16, U32, U64, FuncType,
                                        ListType, OptionType, Record, RecordType, ResultType,
                                        ValType, VariantType)
@@ -36,7 +39,7 @@ from wasmtime.component._types import (F32, F64, S8, S16, S32, S64, U8, U16, U32
 from host.sandbox.wasm.wasmtime_fix import case_classes, host_error, lower_variant
 from host.sandbox.wasm.wit_codec import HostResource, descriptor, is_resource, load_codec
 
-__all__ = ["add_host_function", "freeze_type", "host_call", "Signature"]
+__all__ = ["add_host_function", "add_host_resource", "freeze_type", "host_call", "Signature"]
 
 _CODEC = load_codec()     # None: every value converts in Python
 
@@ -286,5 +289,39 @@ def add_host_function(interface: Any, name: str, func: Callable[..., Any], curre
     error = ffi.wasmtime_component_linker_instance_add_func(
         interface.ptr(), name_buf, len(name_bytes), _call_host_function, idx,
         _linker.func_finalize)
+    if error:
+        raise WasmtimeError._from_ptr(error)
+
+
+def resource_dtor(idx, context, rep):  # type: ignore
+    """The body of every pie resource destructor (the C callback below calls it): the dtor
+    registered under `idx` gets the store and the rep; an exception becomes the error Wasmtime
+    gets (as in `host_call`)."""
+    store = StoreContext(context)
+    try:
+        _linker.RESOURCE_DTORS.get(idx or 0)(store, rep)
+    except Exception as exc:  # noqa: BLE001 -- handed to Wasmtime, re-raised on this thread
+        return host_error(exc)
+    finally:
+        store._invalidate()
+    return 0
+
+
+# The C callback registered for every host resource's destructor: wasmtime-py's own wraps the
+# call in a closure and its exception shim, on every drop of a handle.
+_drop_host_resource = ffi.wasmtime_component_resource_destructor_t(resource_dtor)
+
+
+def add_host_resource(interface: Any, name: str, ty: ResourceType,
+                      dtor: Callable[[Any, int], None]) -> None:
+    """`interface.add_resource(name, ty, dtor)` with the callback above: `dtor(store, rep)` runs
+    when the guest drops a handle of the resource."""
+    interface._assert_not_locked()
+    name_bytes = name.encode("utf-8")
+    name_buf = ctypes.create_string_buffer(name_bytes)
+    idx = _linker.RESOURCE_DTORS.allocate(dtor)
+    error = ffi.wasmtime_component_linker_instance_add_resource(
+        interface.ptr(), name_buf, len(name_bytes), ty.ptr(), _drop_host_resource, idx,
+        _linker.resource_dtor_finalize)
     if error:
         raise WasmtimeError._from_ptr(error)
