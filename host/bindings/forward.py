@@ -15,7 +15,8 @@ from wasmtime.component import Record
 from engine.batch import Distribution, ForwardResult
 from host.bindings import decoding, generations
 from host.bindings.context import BindingContext
-from host.bindings.samplers import lower_distribution, lower_sampled, sampler_spec
+from host.bindings.samplers import (lower_distribution, lower_sampled, sampler_fields,
+                                    sampler_spec)
 from host.errors import TrapError
 from host.sandbox.wasm.wit_codec import HostResource
 
@@ -76,8 +77,9 @@ def submit(ctx: BindingContext, queue_id: int, sequence_id: int, token_ids: list
            positions: list[int], last_page_len: int, output_indices: list[int],
            samplers: list[Record], mask: list[list[int]] | None) -> HostResource:
     call = "forward.submit"
-    priority = ctx.tables.queues.priority(call, queue_id)
-    specs = [sampler_spec(ctx, call, index, sampler, None)
+    queues, cached_spec = ctx.tables.queues, ctx.tables.samplers.get
+    priority = queues.priority_of(queue_id) or queues.priority(call, queue_id)   # this one traps
+    specs = [cached_spec(sampler_fields(sampler)) or sampler_spec(ctx, call, index, sampler, None)
              for index, sampler in enumerate(samplers)]
     prepared = ctx.tables.pages.prepare(sequence_id, token_ids, positions, last_page_len,
                                         output_indices, specs, mask)

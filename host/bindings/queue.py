@@ -1,6 +1,8 @@
 """`pie:inferlet/queue`: in-order command streams of one instance, with a priority."""
 from __future__ import annotations
 
+from typing import Callable
+
 from host.bindings.context import BindingContext
 from host.errors import TrapError
 
@@ -10,11 +12,13 @@ MAX_QUEUES = 4096          # per instance, at once
 
 
 class QueueTable:
-    """Local queue ids (never reused) -> priority."""
+    """Local queue ids (never reused) -> priority. `priority_of(queue_id)`: the priority, or
+    None for an unknown id (the dict's own get: a C call); `priority` traps instead."""
 
     def __init__(self) -> None:
         self._priorities: dict[int, str] = {}
         self._next_id = 0
+        self.priority_of: Callable[[int], str | None] = self._priorities.get   # never replaced
 
     def __len__(self) -> int:
         return len(self._priorities)

@@ -4,7 +4,8 @@ engine's outputs lowered to the WIT `distribution` / `sampled` values; shared by
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import operator
+from typing import Any, Callable
 
 from wasmtime.component import Record, Variant
 
@@ -12,21 +13,26 @@ from engine.batch import Distribution, SamplerSpec, TokenLogprobs, Verified, sam
 from host.bindings.context import BindingContext
 from host.errors import TrapError
 
-__all__ = ["sampler_spec", "lower_distribution", "lower_sampled", "SamplerCache",
-           "MAX_CACHED_SAMPLERS"]
+__all__ = ["sampler_spec", "sampler_fields", "lower_distribution", "lower_sampled",
+           "SamplerCache", "MAX_CACHED_SAMPLERS"]
 
 MAX_CACHED_SAMPLERS = 64   # per instance: checked sampler records kept (emptied when full)
+
+# sampler_fields(record): the fields of a WIT sampler record that make its SamplerSpec, as a
+# tuple (the SamplerCache's key); a C call
+sampler_fields = operator.attrgetter("kind", "temperature", "top-k", "top-p", "min-p", "seed",
+                                     "num-top")
 
 
 class SamplerCache:
     """The fields of a sampler record already checked -> its SamplerSpec. Bounded: emptied when
-    it holds MAX_CACHED_SAMPLERS (a guest cycling through many samplers only re-checks them)."""
+    it holds MAX_CACHED_SAMPLERS (a guest cycling through many samplers only re-checks them).
+    `get(fields)`: the spec, or None when not checked yet (the dict's own get: a C call, so a
+    binding may look a record up before it calls `sampler_spec`)."""
 
     def __init__(self) -> None:
         self._specs: dict[tuple, Any] = {}
-
-    def get(self, fields: tuple) -> Any:
-        return self._specs.get(fields)
+        self.get: Callable[[tuple], Any] = self._specs.get     # the dict is never replaced
 
     def put(self, fields: tuple, spec: Any) -> None:
         if len(self._specs) >= MAX_CACHED_SAMPLERS:
@@ -39,9 +45,7 @@ def sampler_spec(ctx: BindingContext, call: str, index: int, sampler: Record,
           options: Record | None) -> SamplerSpec:
     """The engine's SamplerSpec of a WIT sampler and its options; traps naming the sampler.
     A sampler record seen before (same fields) is not checked again (the instance's cache)."""
-    fields = (sampler.kind, sampler.temperature, getattr(sampler, "top-k"),
-              getattr(sampler, "top-p"), getattr(sampler, "min-p"), sampler.seed,
-              getattr(sampler, "num-top"))
+    fields = sampler_fields(sampler)
     base = ctx.tables.samplers.get(fields)
     if base is None:
         base = _sampler_spec(call, index, sampler, ctx.services.model_info.vocab_size)

@@ -76,3 +76,36 @@ def test_default_options_keep_the_checked_spec_and_others_are_applied_and_checke
                 {"presence-penalty": 0.5}, {"logit-bias": [(100, 1.0)]}):
         with pytest.raises(TrapError):
             samplers.sampler_spec(ctx, "forward.submit", 0, _sampler(), _options(**bad))
+
+
+def test_submit_looks_queues_and_samplers_up_and_traps_on_unknown_or_bad_ones() -> None:
+    """forward.submit answers a known queue and a sampler record seen before from the tables;
+    an unknown queue and a bad sampler trap naming the call, every time (never cached)."""
+    from host.bindings import forward
+    from host.bindings.forward import FutureTable
+    from host.bindings.queue import QueueTable
+
+    specs_seen: list = []
+    submitted: list = []
+    ctx = _ctx(vocab_size=100)
+    ctx.instance_id = "a"
+    ctx.tables.queues, ctx.tables.futures = QueueTable(), FutureTable()
+    ctx.tables.pages = SimpleNamespace(
+        prepare=lambda *args: specs_seen.append(args[5]) or "prepared")
+    ctx.services.scheduler = SimpleNamespace(
+        submit_forward=lambda key, priority, prepared: submitted.append((key, priority)) or key)
+    queue_id = ctx.tables.queues.create("high")
+
+    def submit(queue: int, sampler: Record):
+        return forward.submit(ctx, queue, 0, [1], [0], 1, [0], [sampler], None)
+
+    for _ in range(2):
+        with pytest.raises(TrapError, match="forward.submit: unknown queue id 7"):
+            submit(7, _sampler())
+        with pytest.raises(TrapError, match="forward.submit: sampler 0: top_k 500"):
+            submit(queue_id, _sampler(top_k=500))
+    assert specs_seen == [] and submitted == []
+    first, second = submit(queue_id, _sampler(seed=3)), submit(queue_id, _sampler(seed=3))
+    assert (first.rep, second.rep) == (1, 2) and len(ctx.tables.futures) == 2
+    assert submitted == [(("a", queue_id), "high")] * 2
+    assert specs_seen[0][0] is specs_seen[1][0] and specs_seen[0][0].seed == 3
