@@ -30,7 +30,8 @@ class PageStats:
 class PageAllocator:
     """Refcounted physical pages [0, num_pages). `allocate` hands out the lowest free ids first
     (deterministic, so tests can name exact ids); a page returns to the free list when its last
-    reference is released."""
+    reference is released. `refcount(page_id)`: the references held on a page (0 when free),
+    read without the lock."""
 
     def __init__(self, num_pages: int) -> None:
         if num_pages <= 0:
@@ -40,6 +41,9 @@ class PageAllocator:
         self._refcounts = [0] * num_pages
         self._free_ids = list(range(num_pages))  # a heap; already sorted
         self._num_shared = 0
+        # the list's own item read (a C call: no Python frame per copy-on-write check); the
+        # list is never replaced
+        self.refcount: Callable[[int], int] = self._refcounts.__getitem__
         self.on_free: Callable[[], None] | None = None   # called (no lock held) after a release
 
     def allocate(self, num_pages: int) -> list[int]:
@@ -97,10 +101,6 @@ class PageAllocator:
                     num_freed += 1
         if num_freed and self.on_free is not None:
             self.on_free()
-
-    def refcount(self, page_id: int) -> int:
-        """References held on `page_id` (0 when free). Read without the lock: one list read."""
-        return self._refcounts[page_id]
 
     def statistics(self) -> PageStats:
         with self._lock:
