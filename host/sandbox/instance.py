@@ -78,6 +78,7 @@ class Instance:
         self.last_host_exit = time.monotonic()
         self.last_deadline_check = 0.0   # the deadline callback's last run (the guest computing)
         self._in_guest = False           # the Store exists: the guest instantiates or runs
+        self._may_hold_start_slot = False    # guests.start() ran, no wait_future since
         self._log = InstanceLog(limits.max_log_chars,
                                 lambda line: _log.debug("[%s] %s", self.instance_id, line))
         self._lock = threading.Lock()
@@ -223,26 +224,38 @@ class Instance:
         scheduler for any other future (`owner_waiting`)."""
         if future.done():
             return future.result()
-        with self.services.guests.blocked():          # no Wasm runs in here
+        guests = self.services.guests
+        if self._may_hold_start_slot:                  # the first wait gives the slot back
+            self._may_hold_start_slot = False
+            guests.release_slot()
+        guests.wait_begins()                           # no Wasm runs in here
+        try:
             if isinstance(future, SubmissionFuture):
                 future.wait_started()
             else:                                      # a decode loop's outputs, a lease...
                 self.services.scheduler.owner_waiting(self.instance_id)
             if not future.done():
-                self._waker.acquire(blocking=False)        # forget a stale signal
-                self.check_not_cancelled(call)             # terminate signals after setting this
-                future.add_done_callback(self._wake)
-                timeout = self.limits.max_blocking_s
-                deadline = None if timeout is None else time.monotonic() + timeout
-                while not future.done() and self._cancel_reason is None:
-                    remaining = -1 if deadline is None else deadline - time.monotonic()
-                    if deadline is not None and remaining <= 0:
-                        break
-                    self._waker.acquire(timeout=remaining)
-                self.check_not_cancelled(call)
-                if not future.done():
-                    raise TrapError(f"{call}: no answer within {timeout:g} s")
+                self._block_until_done(future, call)
+        finally:
+            guests.wait_ends()
         return future.result()
+
+    def _block_until_done(self, future: Future, call: str) -> None:
+        """wait_future's wait: until `future` resolves (returns), `terminate` (Cancelled) or
+        max_blocking_s passes (TrapError)."""
+        self._waker.acquire(blocking=False)            # forget a stale signal
+        self.check_not_cancelled(call)                 # terminate signals after setting this
+        future.add_done_callback(self._wake)
+        timeout = self.limits.max_blocking_s
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not future.done() and self._cancel_reason is None:
+            remaining = -1 if deadline is None else deadline - time.monotonic()
+            if deadline is not None and remaining <= 0:
+                break
+            self._waker.acquire(timeout=remaining)
+        self.check_not_cancelled(call)
+        if not future.done():
+            raise TrapError(f"{call}: no answer within {timeout:g} s")
 
     def _wake(self, _future: Any = None) -> None:
         """Signal the instance thread's blocking wait (a future resolved, or terminate)."""
@@ -290,6 +303,7 @@ class Instance:
         store = None
         try:
             self.services.guests.start()             # may wait for a start slot
+            self._may_hold_start_slot = True
             self._in_guest, self.last_host_exit = True, time.monotonic()   # idle clock from here
             if self._cancel_reason is not None:      # terminated while it waited
                 return InstanceOutcome(self._cancel_status, self._cancel_reason)
@@ -322,6 +336,7 @@ class Instance:
             return False
         threading.current_thread().name = f"pie-{self.instance_id}"
         self.services.guests.start()
+        self._may_hold_start_slot = True
         self._in_guest, self.last_host_exit = True, time.monotonic()
         store.set_epoch_deadline(self._check_ticks)
         return self._cancel_reason is None

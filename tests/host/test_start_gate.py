@@ -117,3 +117,33 @@ def test_a_start_terminated_while_it_waits_ends_at_once_and_balances(components,
     while (guests.num_active or guests.start_gate.num_holding) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert (guests.num_active, guests.start_gate.num_holding) == (0, 0)
+
+
+class _HeldEngine(FakeEngine):
+    """A FakeEngine whose passes wait until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def forward(self, batch):
+        self.release.wait(30)
+        return super().forward(batch)
+
+
+def test_a_guest_blocked_on_a_pass_gives_its_slot_back_and_is_counted_out(  # noqa: F811
+        components, make_runtime):  # noqa: F811
+    engine = _HeldEngine()
+    runtime = make_runtime(engine, start_slots=1)
+    guests = runtime.services.guests
+    guests.start_gate.max_hold_s = 30                 # only the wait can free the slot
+    waiting = launch(runtime, components, "bench_calls", "step", "1")
+    deadline = time.monotonic() + 10
+    while (guests.start_gate.num_holding or guests.num_active) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert guests.start_gate.num_holding == 0         # forward-future.get's wait gave it back
+    assert guests.num_active == 0                     # and counted the guest out meanwhile
+    assert runtime.statistics().num_running == 1
+    engine.release.set()
+    assert runtime.wait(waiting, timeout=10).status == "ok"
+    assert guests.num_active == 0 and guests.start_gate.num_holding == 0
