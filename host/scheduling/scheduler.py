@@ -382,8 +382,9 @@ class BatchScheduler:
         try:
             self._wakes.run()                              # the last batch's, deferred
             outcomes = self.run_engine(copy_items, forward_items)
-            if not copy_items and threading.current_thread() is self._thread:   # never a guest's
-                outcomes = self._lookahead.chain(forward_items, outcomes)
+            if (not copy_items and forward_items and forward_items[0].chain_step is not None
+                    and threading.current_thread() is self._thread):   # never a guest's
+                outcomes = self._lookahead.chain(forward_items, outcomes)   # checks them all
             self.resolve(copy_items + forward_items, outcomes)
         except Exception:                                  # never let a runner die
             _log.exception("scheduler: unexpected error running a batch")
