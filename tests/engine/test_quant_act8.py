@@ -201,37 +201,42 @@ def test_the_decoder_refuses_8_bits_where_a_level_lacks_them(tmp_path, monkeypat
         FusedDecoder(fused.shape, fused.layers, fused.max_rows, act8_min_rows=lambda weight: 1)
 
 
-# On the default model (SmolLM2-135M Q4_1, Q8_0 head), every weight on 8-bit activations against
-# 16-bit ones, 44 prompt positions: measured max |diff| 0.42 and mean 0.049 on logits of magnitude
-# up to 45 (the 16-bit path against float32: 0.01 and 0.001, test_quant_model.py), top-1 the
-# same at 43 of 44 positions; bounded with about 2x room.
-MAX_LOGIT_DIFF_8_BIT, MAX_MEAN_LOGIT_DIFF_8_BIT, MIN_TOP1_AGREEMENT_8_BIT = 1.0, 0.1, 0.95
+# The default model (SmolLM2-135M Q4_1, Q8_0 head) with every weight on 8-bit activations against
+# the float32 model, over test_quant_model's prompts and 24 greedy float32 tokens each (191
+# positions): measured top-1 the same at 97.9%, logits max |diff| 2.03 and mean 0.198 of logits up
+# to ~45 (the 16-bit path: 100%, 0.035 and 0.0027; the same 5 prompts with 48 tokens: 8-bit 97.4%,
+# 2.29, 0.208). Bounded at 95%, 4.0 and 0.4; a mean above 0.02 shows the 8-bit kernels ran.
+MIN_TOP1_AGREEMENT_8_BIT, MAX_LOGIT_DIFF_8_BIT, MAX_MEAN_LOGIT_DIFF_8_BIT = 0.95, 4.0, 0.4
+MIN_MEAN_LOGIT_DIFF_8_BIT = 0.02
 
 
 @needs_vnni
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_torch_thread")
-def test_the_default_model_in_8_bits_stays_near_16_bits() -> None:
+def test_the_default_model_in_8_bits_stays_near_float32(real_engine) -> None:
     from engine import loaders
+    from tests.engine.test_quant_model import PROMPTS
     loaded = loaders.load_model(loaders.default_gguf_path(), dtype="float32", progress=False,
                                 keep_quantized=True)
-
-    def engine(act8_rows: int) -> Engine:
-        return Engine(loaded.config, dict(loaded.weights), loaded.tokenizer,
-                      EngineConfig(dtype="quantized", num_pages=128), seed=0,
-                      planner=BatchPlanner(fixed_block_rows=1 << 20, fixed_act8_rows=act8_rows))
-    sixteen, eight = engine(0), engine(1)
-    assert set(eight.model.planner.act8_limits.values()) == {1}
-    text = ("The three most important things to know about the ocean are its size, its depth "
-            "and the life it holds. def fibonacci(n): return n if n < 2 else fibonacci(n - 1)")
-    tokens = loaded.tokenizer.encode(text)
-    expected = sixteen.prompt_logits(tokens, all_positions=True)
-    got = eight.prompt_logits(tokens, all_positions=True)
-    diff = (got - expected).abs()
-    assert 0 < float(diff.max()) < MAX_LOGIT_DIFF_8_BIT
-    assert float(diff.mean()) < MAX_MEAN_LOGIT_DIFF_8_BIT
-    agree = float((got.argmax(-1) == expected.argmax(-1)).float().mean())
-    assert agree >= MIN_TOP1_AGREEMENT_8_BIT
+    engine = Engine(loaded.config, dict(loaded.weights), loaded.tokenizer,
+                    EngineConfig(dtype="quantized", num_pages=256), seed=0,
+                    planner=BatchPlanner(fixed_block_rows=1 << 20, fixed_act8_rows=1))
+    assert set(engine.model.planner.act8_limits.values()) == {1}
+    prompts = [real_engine.tokenizer.encode(text) for text in PROMPTS]
+    continuations = real_engine.generate_greedy_batch(prompts, 24)
+    agree = total = 0
+    diff_sum = diff_max = 0.0
+    for sequence in (p + c for p, c in zip(prompts, continuations)):
+        expected = real_engine.prompt_logits(sequence, all_positions=True)
+        got = engine.prompt_logits(sequence, all_positions=True)
+        diff = (got - expected).abs()
+        diff_max, diff_sum = max(diff_max, float(diff.max())), diff_sum + float(diff.mean(-1).sum())
+        agree += int((got.argmax(-1) == expected.argmax(-1)).sum())
+        total += len(sequence)
+    mean = diff_sum / total                                    # per position, then over all
+    assert agree / total >= MIN_TOP1_AGREEMENT_8_BIT
+    assert diff_max < MAX_LOGIT_DIFF_8_BIT
+    assert MIN_MEAN_LOGIT_DIFF_8_BIT < mean < MAX_MEAN_LOGIT_DIFF_8_BIT
 
 
 @needs_vnni
