@@ -1,8 +1,8 @@
 """8-bit activations on the interleaved Q4_0 / Q4_1 / Q8_0 layout (engine/quant/interleaved_act8*.c):
 the vpdpbusd kernels equal the portable reference bit for bit at every level the machine has, the
 reference equals an independent float64 computation of the same quants, the choice between 8 and
-16 bits is made per shape and row count, and the fused decoder and the default model stay within
-the 8-bit rounding of the 16-bit path."""
+16 bits is made per shape and row count, the fused decoder stays within the 8-bit rounding of its
+16-bit self, and the default model within a measured distance of the float32 model."""
 from __future__ import annotations
 
 import numpy as np
