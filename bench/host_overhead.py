@@ -144,7 +144,8 @@ def python_step_rows(py_wasm: bytes, config: RuntimeConfig, num_steps: int) -> t
 
 def launch_rows(py_wasm: bytes, config: RuntimeConfig, repeats: int) -> tuple[list, dict]:
     """launch_ms on the runtime's default memories (Wasmtime's, copy-on-write images), and the
-    same with counted memories (what `pie serve` and `pie run` use: the heap image copied)."""
+    same with counted memories (what `pie serve` and `pie run` use: the heap image mapped
+    copy-on-write from the host's file, host/sandbox/image_files.py)."""
     with Runtime(BenchEngine(), config) as runtime:
         runtime.load_program(py_wasm)                  # compiled into the disk cache
     with Runtime(BenchEngine(), config) as runtime:
@@ -161,8 +162,8 @@ def launch_rows(py_wasm: bytes, config: RuntimeConfig, repeats: int) -> tuple[li
     rows = [("Python guest: launch to result (cached)", f"{launch * 1e3:.2f} ms",
              f"target <= 5; load from the disk cache {cached_load * 1e3:.1f} ms"),
             ("  the same, memories counted (pie serve / pie run)", f"{counted * 1e3:.2f} ms",
-             "count_linear_memory: the heap image copied into a pooled memory, not mapped "
-             "copy-on-write"),
+             "count_linear_memory: a pooled memory, the heap image put back in the pages the "
+             "last instance wrote"),
             ("  the same, taking a spare (pie serve's built-in)", f"{spare * 1e3:.2f} ms",
              "Runtime.keep_spares: instantiated ahead while nothing ran")]
     return rows, {"launch_ms": launch * 1e3, "launch_ms_counted": counted * 1e3,

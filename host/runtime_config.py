@@ -270,10 +270,10 @@ class RuntimeConfig:
                    (host/sandbox/linear_memory.py): memory_mb is then the exact total of its
                    memories and an instance that hit it is told so whatever the guest reports
                    (the default: Wasmtime says nothing of a refused growth, and a CPython guest
-                   then fails with an unrelated error). Costs copy-on-write images: a
-                   componentize-py instance's heap image is copied into its memory at each
-                   start (more so into fresh pages: see memory_pool_mb) and an idle instance
-                   holds all of it, not only the pages it wrote. False: Wasmtime's memories,
+                   then fails with an unrelated error). A componentize-py instance's heap
+                   image is then mapped copy-on-write from one sealed file per program
+                   (host/sandbox/image_files.py), as Wasmtime's own images are: an instance
+                   holds only the pages it wrote. False: Wasmtime's memories,
                    memory_mb split evenly over max_memories, the limit named when the guest's
                    own report shows it (MemoryError, an allocation failure).
     memory_pool_mb: with count_linear_memory, the ended instances' linear memories kept for

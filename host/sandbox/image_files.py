@@ -23,10 +23,10 @@ the instances' written pages being charged as their memories' bytes are. Thread-
 """
 from __future__ import annotations
 
-import array
 import ctypes
 import fcntl
 import os
+import re
 import threading
 import weakref
 from typing import Any
@@ -40,8 +40,14 @@ _PROT_READ, _PROT_READ_WRITE = 1, 3
 _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS = 0x01, 0x02, 0x10, 0x20
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
-_PRESENT, _SWAPPED, _FILE = 1 << 63, 1 << 62, 1 << 61      # /proc/self/pagemap entry bits
 _PAGEMAP = "/proc/self/pagemap"
+# A /proc/self/pagemap entry is 64 bits, little-endian; its top byte holds "present" (bit 63),
+# "swapped" (62) and "file page or shared" (61). A page is written (no longer the file's) when
+# it is swapped out, or present and not the file's; 1 in this table for such a top byte.
+_PRESENT, _SWAPPED, _FILE = 0x80, 0x40, 0x20
+_WRITTEN = bytes(int(bool(top & _SWAPPED or (top & _PRESENT and not top & _FILE)))
+                 for top in range(256))
+_WRITTEN_RUN = re.compile(b"\x01+")
 
 
 class _ImageFile:
@@ -116,7 +122,7 @@ class ImageFiles:
             entries = _read_entries(fd, base, num_pages)
         except OSError:
             return False
-        for first, count in _written_runs(entries):
+        for first, count in written_runs(entries):
             offset = first * _OS_PAGE
             ctypes.memmove(base + offset, image_file.source + offset, count * _OS_PAGE)
         return True
@@ -171,15 +177,15 @@ class ImageFiles:
             try:
                 ctypes.string_at(base, 1)
                 ctypes.memset(base + _OS_PAGE, 1, 1)
-                read, written = _read_entries(self._pagemap_fd, base, 2)
+                entries = _read_entries(self._pagemap_fd, base, 2)
             finally:
                 self._libc.munmap(base, 2 * _OS_PAGE)
         except OSError:
             return False
         finally:
             os.close(fd)
-        return bool(read & _PRESENT and read & _FILE
-                    and written & _PRESENT and not written & _FILE)
+        read, written = entries[7], entries[15]          # the two entries' top bytes
+        return bool(read & _PRESENT and read & _FILE and written_runs(entries) == [(1, 1)])
 
 
 def _open_pagemap() -> int | None:
@@ -189,34 +195,22 @@ def _open_pagemap() -> int | None:
         return None
 
 
-def _read_entries(fd: int, base: int, num_pages: int) -> array.array:
-    """The page map's 64-bit entries of num_pages pages from `base`. Raises OSError."""
+def _read_entries(fd: int, base: int, num_pages: int) -> bytes:
+    """The page map's 8-byte entries of num_pages pages from `base`. Raises OSError."""
     num_bytes = num_pages * 8
     data = os.pread(fd, num_bytes, base // _OS_PAGE * 8)
     if len(data) != num_bytes:
         raise OSError(f"{_PAGEMAP}: read {len(data)} of {num_bytes} bytes")
-    entries = array.array("Q")
-    entries.frombytes(data)
-    return entries
+    return data
 
 
-def _written_runs(entries: array.array) -> list[tuple[int, int]]:
-    """(first page, number of pages) of each run of pages that are not the file's: present and
-    not the file's (a private copy), or swapped out. A page not present and not swapped (never
-    touched since the mapping: its first access maps the file's) or present from the file is the
-    file's."""
-    runs: list[tuple[int, int]] = []
-    start = -1
-    for index, entry in enumerate(entries):
-        written = entry & _SWAPPED or (entry & _PRESENT and not entry & _FILE)
-        if written and start < 0:
-            start = index
-        elif not written and start >= 0:
-            runs.append((start, index - start))
-            start = -1
-    if start >= 0:
-        runs.append((start, len(entries) - start))
-    return runs
+def written_runs(entries: bytes) -> list[tuple[int, int]]:
+    """(first page, number of pages) of each run of pages that are not the file's, from their
+    page map entries: present and not the file's (a private copy), or swapped out. A page not
+    present and not swapped (not touched since it was mapped: its first access maps the file's;
+    its entry may still carry the soft-dirty bit) or present from the file is the file's."""
+    flags = entries[7::8].translate(_WRITTEN)
+    return [(run.start(), run.end() - run.start()) for run in _WRITTEN_RUN.finditer(flags)]
 
 
 def _close(libc: Any, image_file: _ImageFile) -> None:

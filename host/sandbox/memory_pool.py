@@ -1,11 +1,12 @@
 """Linear memories of ended instances kept for the next ones: reuse instead of fresh pages.
 
-A counted memory (`LinearMemories`) is a fresh anonymous mapping whose pages the kernel must
-find, zero and map as the guest's data segments are copied in, the more so when the pages must
-come back from the hypervisor first (a VM with a balloon driver). A memory kept here still has
-its pages: the next instance of the same shape gets it after the host has zeroed every byte it
-had made accessible (`LinearMemories` does that, outside any lock), so no byte of an ended
-instance reaches the next.
+A counted memory (`LinearMemories`) is a fresh mapping whose pages the kernel must find, zero
+and map as the guest writes them (its heap image's pages copied from the image's file on first
+write), the more so when the pages must come back from the hypervisor first (a VM with a balloon
+driver). A memory kept here still has its pages: the next instance of the same shape gets it
+after the host has put the image back in the pages the last instance wrote and zeroed every
+other byte it had made accessible (`LinearMemories` does that, outside any lock), so no byte of
+an ended instance reaches the next.
 
 Bounds: a memory is kept only when its accessible size is at most `max_memory_bytes` (zeroing a
 larger one costs more than fresh pages) and it fits `max_total_bytes` with the others; what is

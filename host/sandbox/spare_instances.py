@@ -1,7 +1,7 @@
 """Instances instantiated ahead of their launch: `SpareInstances`.
 
 Most of an instance's start is Wasmtime instantiating the component (for a componentize-py guest
-its heap image copied into a fresh memory, CPython's tables filled), none of which depends on
+its heap image mapped into a memory, CPython's tables filled), none of which depends on
 who launches it or with which arguments. So for a program named with `keep` the runtime
 instantiates up to that many instances while it has nothing running (from FILL_DELAY_S after it
 went idle until a launch comes: on a CPU they would take the cores of the instances running),

@@ -18,7 +18,7 @@ from wasmtime import Store, WasmtimeError
 from wasmtime.component import Component, Linker
 
 from host.sandbox import image_files
-from host.sandbox.image_files import ImageFiles, _written_runs, image_span
+from host.sandbox.image_files import ImageFiles, image_span, written_runs
 from host.sandbox.linear_memory import LinearMemories, _libc
 from host.sandbox.programs.compile_worker import make_engine
 from host.sandbox.programs.memory_image import MemoryImage, split_memory_image
@@ -154,7 +154,7 @@ def test_without_a_page_map_a_reused_memory_maps_the_image_afresh(monkeypatch):
 
 def test_a_page_map_that_hides_its_flags_is_not_used(monkeypatch):
     monkeypatch.setattr(image_files, "_read_entries",
-                        lambda _fd, _base, num_pages: array.array("Q", bytes(8 * num_pages)))
+                        lambda _fd, _base, num_pages: bytes(8 * num_pages))
     assert not ImageFiles(_libc()).reads_written_pages
 
 
@@ -228,4 +228,4 @@ def test_the_image_file_is_sealed_and_closed_with_its_image():
     ([0, (1 << 63) | (1 << 56) | 9], [(1, 1)]),
 ])
 def test_written_runs_are_the_pages_that_are_not_the_files(entries, runs):
-    assert _written_runs(array.array("Q", entries)) == runs
+    assert written_runs(array.array("Q", entries).tobytes()) == runs

@@ -7,8 +7,8 @@ version and the engine config, since an artifact only loads into a matching engi
 compiles only when both miss. Concurrent loads of the same bytes compile once. For the host's
 counted memories (`copy_on_write` False) the heap image in the data segments of the component's
 one memory is taken out before compiling (`split_memory_image`, at each load that misses the
-memo): the Program holds it, the memory creator copies it in
-(host/sandbox/programs/memory_image.py says why).
+memo): the Program holds it, the memory creator maps it in copy-on-write
+(host/sandbox/programs/memory_image.py says why, host/sandbox/image_files.py how).
 
 Before compiling, the component's top-level import and export names are read from its binary
 (`component_names.py`): an import the host does not provide or a missing `run` is refused

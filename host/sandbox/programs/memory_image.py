@@ -4,9 +4,10 @@ Wasmtime fills a memory the host created (host/sandbox/linear_memory.py) by copy
 data segment in at instantiation; componentize-py's CPython brings its heap in thousands of
 segments, copied one by one onto a memory the pool has just zeroed whole. `split_memory_image`
 moves those bytes out of the component: the segments are left in place with no bytes (their
-indices, offsets and count unchanged) and the host copies the image (the segments laid out from
-address 0, zeros between them) into the memory as it creates it, in one pass, and zeroes only
-what lies past it, so no byte is written twice.
+indices, offsets and count unchanged) and the host puts the image (the segments laid out from
+address 0, zeros between them) into the memory as it creates it, mapped copy-on-write from one
+file per image (host/sandbox/image_files.py) or copied in one pass, and zeroes only what lies
+past it, so no byte is written twice.
 
 Only where that is provably the same memory: in the whole component (nested ones included)
 exactly one core module defines a memory, one, 32-bit, unshared, with 64 KiB pages; that module
