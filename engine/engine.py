@@ -82,7 +82,7 @@ class Engine:
         kernels = (FlashInferKernels(import_flashinfer(), model_config, self.device)
                    if on_flashinfer else None)
         self.model = LlamaModel(model_config, weights, self.dtype, self.device, int4_decode,
-                                planner, kernels)
+                                planner, kernels, act8=config.act8)
         self.kv_cache = KVCache(model_config, self.num_pages, self.page_size,
                                 self.dtype_choice.kv_cache_dtype, self.device,
                                 scratch_pages=1 if graphs else 0)
@@ -271,7 +271,7 @@ def kernel_summary(choice: DtypeChoice, model: LlamaModel, attention: object = N
     qtypes = sorted({QTYPE_NAMES.get(key[0], str(key[0])) for key in planner.limits})
     limits = sorted(set(planner.limits.values()))
     return (f"GGUF blocks ({', '.join(qtypes)}) multiplied in place by the {quant_kernels.best_level()} "
-            f"C kernels ({quant_kernels.level_reason()}), float32 activations, "
+            f"C kernels ({quant_kernels.level_reason()}), {planner.activation_summary()}, "
             f"{str(choice.kv_cache_dtype).removeprefix('torch.')} "
             f"KV cache ({choice.reason}; CPU capability {capability}); "
             f"batches of up to {'/'.join(map(str, limits))} rows use them, larger ones dequantize "

@@ -52,6 +52,8 @@ class EngineConfig:
                                          # this many tokens (None: 512 on the CPU, no limit on CUDA)
     dtype: str = "auto"              # auto | float32 | bfloat16 | quantized (GGUF blocks, CPU)
     kv_dtype: str = "auto"           # auto | float32 | float16 (CPU): the KV pages' dtype
+    act8: bool = True                # GGUF blocks: 8-bit activation blocks where measured faster
+                                     # (False: 16-bit always, closer to float32)
     device: str = "auto"             # cpu | cuda | auto (cuda when available)
     attention_backend: str = "auto"  # auto | torch | flashinfer
     cuda_graphs: bool = True         # replay pure decode steps from CUDA graphs (flashinfer only)
@@ -65,6 +67,8 @@ class EngineConfig:
             raise ValueError(f"num_pages must be positive, got {self.num_pages}")
         if self.kv_memory_mb <= 0:
             raise ValueError(f"kv_memory_mb must be positive, got {self.kv_memory_mb}")
+        if type(self.act8) is not bool:
+            raise ValueError(f"act8 must be true or false, got {self.act8!r}")
         if type(self.adapter_memory_mb) is not int or self.adapter_memory_mb <= 0:
             raise ValueError(f"adapter_memory_mb must be a positive integer, "
                              f"got {self.adapter_memory_mb!r}")

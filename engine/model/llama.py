@@ -150,13 +150,14 @@ class LlamaModel:
     allow_int4: keep 4-bit-grid weights also packed for the int4 kernel (bf16 on the CPU only; see
     engine/model/linear.py); float32 never does. Weights given as QuantizedTensor (GGUF blocks)
     run on the C kernels with float32 activations (`dtype` must then be float32); `planner`
-    (made here when None) picks block kernel or dequantize + GEMM per batch size.
+    (made here when None, with 8-bit activation blocks allowed unless `act8` is False) picks
+    block kernel or dequantize + GEMM, and the activations' width, per batch size.
     """
 
     def __init__(self, config: ModelConfig, weights: dict[str, Weight],
                  dtype: torch.dtype, device: str | torch.device = "cpu",
                  allow_int4: bool = True, planner: BatchPlanner | None = None,
-                 kernels: FlashInferKernels | None = None) -> None:
+                 kernels: FlashInferKernels | None = None, act8: bool = True) -> None:
         device = torch.device(device)
         self.config = config
         self.dtype = dtype
@@ -164,7 +165,7 @@ class LlamaModel:
         if any(isinstance(w, QuantizedTensor) for w in weights.values()):
             if dtype != torch.float32:
                 raise ValueError(f"quantized weights take float32 activations, not {dtype}")
-            self.planner = planner or BatchPlanner()
+            self.planner = planner or BatchPlanner(act8=act8)
         vocab_shape = (config.vocab_size, config.hidden_size)
         self.embed = _on(_take(weights, "model.embed_tokens.weight", vocab_shape), device, dtype)
         self.layers = []

@@ -85,12 +85,9 @@ def level_reason() -> str:
     if os.environ.get(LEVEL_ENV, "").strip():
         return f"{LEVEL_ENV}={level}; the best here is {require().levels()[-1]}"
     if level == "avx512-vnni":
-        widths = ("activations in 16-bit blocks (vpdpwssd; 8-bit off: "
-                  f"{ACT8_ENV}=0)" if os.environ.get(ACT8_ENV, "").strip() == "0" else
-                  "activations in 16-bit blocks (vpdpwssd), or 8-bit (vpdpbusd) for the "
-                  "interleaved Q4_0 / Q4_1 / Q8_0 weights at the batch rows measured faster at "
-                  "load")
-        return f"the CPU has AVX-512 F/BW/VL/DQ + VNNI and the OS saves the zmm state; {widths}"
+        act8_off = os.environ.get(ACT8_ENV, "").strip() == "0"
+        off = f"; 8-bit activations off: {ACT8_ENV}=0" if act8_off else ""
+        return f"the CPU has AVX-512 F/BW/VL/DQ + VNNI and the OS saves the zmm state{off}"
     if cpu.get("avx512") and cpu.get("avx512_vnni") and not cpu.get("os_zmm"):
         return "the CPU has AVX-512 + VNNI but the OS does not save the zmm state"
     if cpu.get("avx512") and not cpu.get("avx512_vnni"):

@@ -37,9 +37,11 @@ class BatchPlanner:
     """Owns the dequantization scratch buffer and the per-shape choice of kernel."""
 
     def __init__(self, fixed_block_rows: int | None = None,
-                 fixed_act8_rows: int = 0) -> None:
+                 fixed_act8_rows: int = 0, act8: bool = True) -> None:
         """fixed_block_rows: use this limit for every shape instead of measuring (tests), and
-        then fixed_act8_rows as every act8_min_rows its weight's kernels allow (0: 16 bits)."""
+        then fixed_act8_rows as every act8_min_rows its weight's kernels allow (0: 16 bits);
+        act8 False: 16-bit activations for every shape (EngineConfig.act8)."""
+        self.act8 = act8
         self.scratch = torch.empty(0, dtype=torch.float32)
         self.fixed_block_rows = fixed_block_rows
         self.fixed_act8_rows = fixed_act8_rows
@@ -99,7 +101,8 @@ class BatchPlanner:
         largest measured M). With fixed_block_rows (tests), fixed_act8_rows."""
         key = (weight.kernel_qtype, weight.num_rows, weight.num_cols)
         if key not in self.act8_limits:
-            if not kernels.act8_supported(weight) or kernels.best_level() == "scalar":
+            if (not self.act8 or not kernels.act8_supported(weight)
+                    or kernels.best_level() == "scalar"):
                 self.act8_limits[key] = 0          # none, or only the slow reference
             elif self.fixed_block_rows is not None:
                 self.act8_limits[key] = self.fixed_act8_rows

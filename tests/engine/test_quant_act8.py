@@ -143,6 +143,15 @@ def test_the_planner_measures_per_shape_and_not_without_kernels() -> None:
         assert threshold == 0
     fixed = BatchPlanner(fixed_block_rows=8, fixed_act8_rows=5)
     assert fixed.act8_min_rows(weight) == (5 if kernels.best_level() == "avx512-vnni" else 0)
+    off = BatchPlanner(fixed_block_rows=8, fixed_act8_rows=5, act8=False)   # EngineConfig.act8
+    assert off.act8_min_rows(weight) == 0
+    assert off.activation_summary() == "activations in 16-bit blocks"
+
+
+def test_engine_config_act8_takes_a_bool_only() -> None:
+    assert EngineConfig(act8=False).act8 is False
+    with pytest.raises(ValueError, match="act8 must be true or false, got 'no'"):
+        EngineConfig(act8="no")
 
 
 def test_a_projection_of_two_layouts_stays_16_bit() -> None:
