@@ -8,7 +8,8 @@ spends hundreds of milliseconds there. So `ImageFiles` writes each image once in
 `MAP_PRIVATE | MAP_FIXED` over the start of a memory: creating the memory costs a mapping, the
 guest's reads share the file's pages, and only the pages it writes become its own (a private
 copy-on-write copy, that no other mapping sees). The file and a read-only mapping of it (the
-source `restore` copies from) live as long as the MemoryImage.
+source `restore` copies from) live as long as the MemoryImage; the page map's descriptor as long
+as the ImageFiles (never closed under a `restore` reading it).
 
 `restore` turns such a memory back into the image for its next instance (host/sandbox/
 memory_pool.py): it reads the memory's page map (/proc/self/pagemap) and copies the image over
@@ -76,22 +77,17 @@ class ImageFiles:
         self._lock = threading.Lock()
         self._files: weakref.WeakKeyDictionary[MemoryImage, _ImageFile] = \
             weakref.WeakKeyDictionary()
-        self._pagemap_fd = _open_pagemap()
+        self._pagemap_fd = _open_pagemap()     # open as long as this object: never reused
         if self._pagemap_fd is not None and not self._pagemap_tells_written_pages():
             os.close(self._pagemap_fd)
             self._pagemap_fd = None
+        if self._pagemap_fd is not None:
+            weakref.finalize(self, os.close, self._pagemap_fd)
 
     @property
     def reads_written_pages(self) -> bool:
         """Whether `restore` can work (the page map passed its self-test)."""
         return self._pagemap_fd is not None
-
-    def close(self) -> None:
-        """Close the page map (image files close as their images go)."""
-        with self._lock:
-            fd, self._pagemap_fd = self._pagemap_fd, None
-        if fd is not None:
-            os.close(fd)
 
     def map(self, base: int, image: MemoryImage) -> bool:
         """Map `image`'s file copy-on-write over [base, base + image_span(image)) (that range

@@ -211,7 +211,6 @@ class LinearMemories:
         """Unmap every pooled memory and pool none from now on (the runtime closes)."""
         for memory in self.pool.close():
             self._unmap(memory)
-        self._images.close()
 
     def _mapped(self, capacity: int, num_mapped: int, minimum: int,
                 image: MemoryImage | None) -> _Memory | None:

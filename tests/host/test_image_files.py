@@ -221,6 +221,17 @@ def test_the_image_file_is_sealed_and_closed_with_its_image():
         os.fstat(fd)                                     # closed with its image
 
 
+def test_the_page_map_stays_open_as_long_as_its_image_files():
+    files = ImageFiles(_libc())
+    fd = files._pagemap_fd
+    assert (fd is not None) == os.path.exists("/proc/self/pagemap")
+    del files
+    gc.collect()
+    if fd is not None:
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+
 @pytest.mark.parametrize("entries, runs", [
     ([0, 0, 0], []),
     ([1 << 55, (1 << 63) | (1 << 61), 0], []),          # soft-dirty hole, a page of the file

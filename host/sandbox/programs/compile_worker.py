@@ -46,8 +46,8 @@ def make_engine(memories: Any = None) -> Engine:
     """The Wasmtime engine every program and instance of a runtime shares (epoch interruption on:
     the instance's idle deadline; fuel off: it slows every guest). `memories`: None for
     Wasmtime's own linear memories with copy-on-write images of the data segments; or a
-    host.sandbox.linear_memory.LinearMemories that creates and counts every memory (images
-    copied: they need Wasmtime's own memories)."""
+    host.sandbox.linear_memory.LinearMemories that creates and counts every memory (Wasmtime's
+    images need its own memories: the host maps the image itself, host/sandbox/image_files.py)."""
     config = _config(copy_on_write=memories is None)
     if memories is not None:
         memories.install(config)
