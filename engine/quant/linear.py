@@ -182,13 +182,7 @@ def act8_threshold(time_pair: Callable[[int], tuple[float, float]]) -> int:
     crossover_limit). 0 when the 8-bit run loses at the largest M."""
     threshold = 0
     for num_x_rows in reversed(ACT8_LADDER):
-        eight_s = sixteen_s = float("inf")
-        for _ in range(CALIBRATION_ROUNDS):
-            eight_round, sixteen_round = time_pair(num_x_rows)
-            eight_s, sixteen_s = min(eight_s, eight_round), min(sixteen_s, sixteen_round)
-            if eight_s <= sixteen_s:
-                break
-        else:
+        if not _first_holds(time_pair, num_x_rows):
             return threshold
         threshold = num_x_rows
     return threshold
@@ -203,16 +197,22 @@ def crossover_limit(time_pair: Callable[[int], tuple[float, float]]) -> int:
     block kernel loses at once."""
     limit = 1
     for num_x_rows in CALIBRATION_LADDER:
-        block_s = gemm_s = float("inf")
-        for _ in range(CALIBRATION_ROUNDS):
-            block_round, gemm_round = time_pair(num_x_rows)
-            block_s, gemm_s = min(block_s, block_round), min(gemm_s, gemm_round)
-            if block_s <= gemm_s:
-                break
-        else:
+        if not _first_holds(time_pair, num_x_rows):
             return limit
         limit = num_x_rows
     return limit
+
+
+def _first_holds(time_pair: Callable[[int], tuple[float, float]], num_x_rows: int) -> bool:
+    """Whether `time_pair(num_x_rows)`'s first path is at least as fast as its second, on the
+    best times of up to CALIBRATION_ROUNDS rounds (stopping at the first round it holds)."""
+    first_s = second_s = float("inf")
+    for _ in range(CALIBRATION_ROUNDS):
+        first_round, second_round = time_pair(num_x_rows)
+        first_s, second_s = min(first_s, first_round), min(second_s, second_round)
+        if first_s <= second_s:
+            return True
+    return False
 
 
 def _best_times(block_run: Callable[[], object],
