@@ -42,7 +42,7 @@ __all__ = ["Engine", "load_engine", "load_default_engine", "resolve_dtype", "cpu
 _log = logging.getLogger("pie.engine")
 
 LARGE_BATCH_TOKENS = 256     # after a batch this large, return freed activation memory to the OS
-CPU_MAX_PASS_TOKENS = 512    # EngineConfig.max_pass_tokens's CPU default (see Engine.logits)
+CPU_MAX_PASS_TOKENS = 256    # EngineConfig.max_pass_tokens's CPU default (see Engine.logits)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -49,7 +49,7 @@ class EngineConfig:
     num_pages: int | None = None     # explicit page count (overrides kv_memory_mb)
     max_batch_tokens: int = 4096     # most input tokens in one forward pass
     max_pass_tokens: int | None = None   # longer batches run as consecutive passes of at most
-                                         # this many tokens (None: 512 on the CPU, no limit on CUDA)
+                                         # this many tokens (None: 256 on the CPU, no limit on CUDA)
     dtype: str = "auto"              # auto | float32 | bfloat16 | quantized (GGUF blocks, CPU)
     kv_dtype: str = "auto"           # auto | float32 | float16 (CPU): the KV pages' dtype
     act8: bool = True                # GGUF blocks: 8-bit activation blocks where measured faster

@@ -66,7 +66,7 @@ def _add_run_parser(subparsers) -> None:
                              "kernels, else the activation dtype)")
     parser.add_argument("--max-pass-tokens", type=_positive_int, default=None,
                         help="a batch of more input tokens runs as consecutive passes of at most "
-                             "this many (bounds a long prompt's memory; default: 512 on a CPU, "
+                             "this many (bounds a long prompt's memory; default: 256 on a CPU, "
                              "no limit on CUDA)")
     parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
                         help="where the model runs (default: cuda when available, else cpu)")

@@ -81,7 +81,7 @@ def test_chunked_engine_computes_the_same_logits_kv_and_next_token(make_tiny_eng
     assert after_chunks.probs == pytest.approx(after_whole.probs, rel=1e-5)
 
 
-def test_max_pass_tokens_is_validated_and_defaults_to_512_on_the_cpu(make_tiny_engine) -> None:
+def test_max_pass_tokens_is_validated_and_defaults_to_256_on_the_cpu(make_tiny_engine) -> None:
     with pytest.raises(ValueError, match="max_pass_tokens"):
         EngineConfig(max_pass_tokens=0)
-    assert make_tiny_engine().max_pass_tokens == 512
+    assert make_tiny_engine().max_pass_tokens == 256
