@@ -10,7 +10,6 @@ import ctypes
 import gc
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from host.sandbox.image_files import ImageFiles, image_span, written_runs
 from host.sandbox.linear_memory import LinearMemories, _libc
 from host.sandbox.programs.compile_worker import make_engine
 from host.sandbox.programs.memory_image import MemoryImage, split_memory_image
-from tests.host.test_memory_image import component_of
+from tests.host.test_memory_image import Owner, Program, component_of
 
 WASM_PAGE = 64 << 10
 OS_PAGE = 4096
@@ -30,19 +29,6 @@ NUM_PAGES = 40                   # the memory: 40 x 64 KiB
 # An image of ~35 OS pages, its last one partly past the data (the file's zeros).
 WAT = ('(module (memory 40) (data (i32.const 16) "hello") (data (i32.const 70000) "world")'
        ' (data (i32.const 143000) "end"))')
-
-
-@dataclass
-class Program:
-    memory_image: MemoryImage | None
-
-
-@dataclass
-class Owner:
-    program: Program
-    memory_limit_bytes: int = 64 << 20
-    num_memory_bytes: int = 0
-    memory_limit_hit: bool = False
 
 
 def mapping_of(base: int) -> tuple[str, dict[str, str]]:
