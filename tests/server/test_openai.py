@@ -15,8 +15,8 @@ from tests.server.conftest import TOKENS, scrape, wait_until_idle
 pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-# Its first token is a near-tie in SmolLM2-135M: 16-bit activation blocks answer "The capital of
-# France is Paris", 8-bit ones (the default where measured faster; llama.cpp's arithmetic too)
+# Its first token is a near-tie in SmolLM2-135M: 16-bit activation blocks (the default) answer
+# "The capital of France is Paris", 8-bit ones ([engine] act8; llama.cpp's arithmetic too)
 # "L'Étoile, ..." (and go on past 64 tokens). This wording is answered with Paris by both.
 PARIS_QUESTION = [{"role": "user", "content": "Name the capital city of France."}]
 
