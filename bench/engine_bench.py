@@ -71,14 +71,14 @@ def prompts_for(row: str, vocab: int) -> list[list[int]]:
 
 
 def bench_ours(rows: list[str], new_tokens: int, repeats: int, dtype: str,
-               thread_counts: list[int]) -> tuple[dict, float, float, int, str]:
+               thread_counts: list[int], act8: bool = False) -> tuple[dict, float, float, int, str]:
     """({threads: {row: tok/s}}, load s, peak RSS MB, vocab size, kernel line): one engine, the
     rows run on each of thread_counts threads in turn (torch's count, which the kernels use)."""
     import torch
     from engine import load_default_engine
 
     start = time.perf_counter()
-    engine = load_default_engine(dtype=dtype, progress=False, seed=0)
+    engine = load_default_engine(dtype=dtype, progress=False, seed=0, act8=act8)
     load_s = time.perf_counter() - start
     vocab = engine.model_config.vocab_size
     results, before = {}, torch.get_num_threads()
@@ -261,6 +261,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "quantized"))
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    parser.add_argument("--act8", action="store_true",
+                        help="8-bit activation blocks where measured faster (EngineConfig.act8)")
     parser.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp baseline")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for ours, transformers and llama.cpp (default: torch's "
@@ -280,7 +282,7 @@ def main() -> None:
     scaling = not args.no_scaling and num_threads > 1
     ours_by_threads, load_s, peak_rss_mb, vocab, kernel_summary = bench_ours(
         rows, args.new_tokens, args.repeats, args.dtype,
-        [1, num_threads] if scaling else [num_threads])
+        [1, num_threads] if scaling else [num_threads], act8=args.act8)
     ours, ours_1t = ours_by_threads[num_threads], ours_by_threads.get(1, {}) if scaling else {}
     hf = {} if args.no_hf else bench_hf(rows, args.new_tokens, args.repeats, vocab)
     cpp_threads = args.threads or DEFAULT_THREADS

@@ -331,6 +331,8 @@ def main() -> int:
                              "one holding builtin/<hash>.wasm, built elsewhere)")
     parser.add_argument("--spare-builtins", type=int, default=8,
                         help="in-process server only: server.spare_builtins (0: none)")
+    parser.add_argument("--act8", action="store_true",
+                        help="in-process server only: [engine] act8 = true (8-bit activations)")
     parser.add_argument("--url", default=None, help="a running pie server (default: start one)")
     parser.add_argument("--token", default=None)
     parser.add_argument("--baseline-url", default=None, help="another OpenAI server, e.g. vLLM")
@@ -343,7 +345,8 @@ def main() -> int:
     except (ValueError, argparse.ArgumentTypeError) as err:
         parser.error(str(err))
     engine_fields = {name: value for name, value in (("device", args.device),
-                                                     ("dtype", args.dtype)) if value}
+                                                     ("dtype", args.dtype),
+                                                     ("act8", args.act8)) if value}
     num_pages = args.num_pages or (8192 if args.device == "cuda" else 2048)
     header = {"machine": machine(args.device), "clients": args.clients, "rounds": args.rounds,
               "max_tokens": args.max_tokens, **engine_fields}
