@@ -56,7 +56,8 @@ sys.path.insert(0, str(REPO_DIR))
 sys.path.insert(0, str(REPO_DIR / "bench"))
 
 from apps_tools import codeact_tools, react_observation, turn_sizes  # noqa: E402
-from load import InProcessServer, percentile, scrape  # noqa: E402
+from load import percentile, scrape  # noqa: E402
+from servers import InProcessServer  # noqa: E402
 
 EXAMPLES = REPO_DIR / "inferlets" / "examples"
 REACT_SYSTEM = ("You are an agent that solves tasks step by step. Each turn write one short "

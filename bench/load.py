@@ -1,7 +1,7 @@
 """Load test of `pie serve`'s OpenAI endpoint: N concurrent clients running chat completions,
 side by side with another OpenAI server (vLLM) when one is given.
 
-    .venv/bin/python bench/load.py                       # in-process server, real model, N = 1 8 32
+    .venv/bin/python bench/load.py                       # starts `pie serve`, real model, N = 1 8 32
     .venv/bin/python bench/load.py --clients 1 4 --rounds 1 --max-tokens 16
     .venv/bin/python bench/load.py --url http://127.0.0.1:8080 --token T   # a running pie server
     .venv/bin/python bench/load.py --baseline-url http://127.0.0.1:8123 --baseline-token x \
@@ -18,30 +18,29 @@ engine batch size and the KV pages in use once the load is over, exports aside (
 shared chat prefixes): it must return to 0, after every level and once more after the last
 (`pages_used_at_end`). With a baseline, each level runs on pie and then on the
 baseline, and `--json` reports `serve_vs_vllm_N` = pie tok/s / baseline tok/s.
-`--device` / `--dtype` pass through to the in-process server's engine (on CUDA it warms its
-kernels before it is ready: `server_ready_s` counts that).
+Without `--url` it starts `pie serve` in a process of its own (bench/servers.py), as a user runs
+it and as vLLM runs beside the client; `--device` / `--dtype` / `--act8` pass through to its
+engine (on CUDA it warms its kernels before it is ready: `server_ready_s` counts that).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import logging
 import statistics
 import sys
-import tempfile
-import threading
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import httpx
 import openai
-import trio
 
 REPO_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_DIR))
+sys.path.insert(0, str(REPO_DIR / "bench"))
+
+from servers import ServeProcess, bench_config  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"   # the id /v1/models lists for the embedded model
 TOPICS = ("the sea", "mountains", "a city at night", "bread", "rivers", "the moon", "trains",
@@ -60,50 +59,6 @@ class Sample:
         if self.num_tokens < 2:
             return None
         return (self.latency_s - self.ttft_s) / (self.num_tokens - 1)
-
-
-class InProcessServer:
-    """`pie serve` with the default model in a thread of this process (trio loop of its own)."""
-
-    def __init__(self, num_pages: int, max_instances: int, spare_builtins: int = 8,
-                 engine: dict | None = None, data_dir: Path | None = None,
-                 outbound: dict | None = None) -> None:
-        """`engine`: more [engine] fields (device, dtype) for the server's config; `data_dir`:
-        the server's (default ~/.cache/pie/bench-server, which keeps the built-in's build);
-        `outbound`: the tenant's [tenants.outbound] (what its inferlets may reach)."""
-        from host.server.server_config import parse_config
-        data_dir = data_dir or Path.home() / ".cache" / "pie" / "bench-server"
-        self.token = "bench-token"
-        self.config = parse_config({
-            "server": {"data_dir": str(data_dir), "openai": True, "shutdown_grace_s": 2.0,
-                       "spare_builtins": spare_builtins},
-            "engine": {"num_pages": num_pages, "page_size": 16, **(engine or {})},
-            # The store outlives a run (it keeps the built-in's build), so every earlier build
-            # of an example stays counted: a quota far above one run's few programs.
-            "tenants": [{"name": "bench", "token": self.token, "max_instances": max_instances,
-                         "max_kv_pages": num_pages, "max_program_bytes": 4 * 1024 ** 3,
-                         **({"outbound": outbound} if outbound else {})}]})
-        self.url = ""
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True)
-
-    async def _main(self) -> None:
-        from host.server.app import serve
-        self._token = trio.lowlevel.current_trio_token()
-        self._shutdown = trio.Event()
-        async with trio.open_nursery() as nursery:
-            self.url = (await nursery.start(partial(serve, self.config, port=0,
-                                                    shutdown=self._shutdown)))[0]
-            self._ready.set()
-
-    def __enter__(self) -> "InProcessServer":
-        self._thread.start()
-        self._ready.wait()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        trio.from_thread.run_sync(self._shutdown.set, trio_token=self._token)
-        self._thread.join(60)
 
 
 @dataclass(frozen=True)
@@ -284,7 +239,6 @@ def report(targets: list[Target], levels: list[int], rounds: int, max_tokens: in
 
 def machine(device: str | None) -> dict:
     """The CPU's description, and the GPU's name when the server runs on CUDA."""
-    sys.path.insert(0, str(REPO_DIR / "bench"))
     from engine_bench import cpu_description
     description = cpu_description()
     if device in ("cuda", "auto"):
@@ -292,15 +246,6 @@ def machine(device: str | None) -> dict:
         if torch.cuda.is_available():
             description = {**description, "gpu": torch.cuda.get_device_name()}
     return description
-
-
-def show_engine_log() -> None:
-    """The in-process engine's start-up lines (kernels, the CUDA warm-up's steps) on stderr."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("pie serve: %(message)s"))
-    engine_log = logging.getLogger("pie.engine")
-    engine_log.addHandler(handler)
-    engine_log.setLevel(logging.INFO)
 
 
 def client_counts(values: list[str]) -> list[int]:
@@ -318,21 +263,21 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="requests per client")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--num-pages", type=int, default=None,
-                        help="in-process server only (default: 2048; 8192 on CUDA, for 256 "
+                        help="started server only (default: 2048; 8192 on CUDA, for 256 "
                              "clients)")
     parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default=None,
-                        help="in-process server only: its engine's device (default: the "
+                        help="started server only: its engine's device (default: the "
                              "engine's, auto)")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=None,
-                        help="in-process server only: its engine's dtype (default: auto)")
+                        help="started server only: its engine's dtype (default: auto)")
     parser.add_argument("--data-dir", type=Path, default=None,
-                        help="in-process server only: its data dir (default: "
+                        help="started server only: its data dir (default: "
                              "~/.cache/pie/bench-server; a machine without componentize-py needs "
                              "one holding builtin/<hash>.wasm, built elsewhere)")
     parser.add_argument("--spare-builtins", type=int, default=8,
-                        help="in-process server only: server.spare_builtins (0: none)")
+                        help="started server only: server.spare_builtins (0: none)")
     parser.add_argument("--act8", action="store_true",
-                        help="in-process server only: [engine] act8 = true (8-bit activations)")
+                        help="started server only: [engine] act8 = true (8-bit activations)")
     parser.add_argument("--url", default=None, help="a running pie server (default: start one)")
     parser.add_argument("--token", default=None)
     parser.add_argument("--baseline-url", default=None, help="another OpenAI server, e.g. vLLM")
@@ -354,7 +299,6 @@ def main() -> int:
         print(f"load: N concurrent clients x {args.rounds} streamed chat completions, "
               f"max_tokens={args.max_tokens}, greedy, ignore_eos; {header['machine']}")
     asyncio.run(warm_up_client())
-    show_engine_log()
     baseline = ([Target("baseline", args.baseline_url, args.baseline_token, args.baseline_model,
                         False)] if args.baseline_url else [])
     if args.url:
@@ -362,11 +306,12 @@ def main() -> int:
                         args.clients, args.rounds, args.max_tokens, args.json)
     else:
         started = time.perf_counter()
-        with InProcessServer(num_pages, max(args.clients) + 4, args.spare_builtins,
-                             engine_fields, args.data_dir) as server:
+        config = bench_config(num_pages, max(args.clients) + 4, args.spare_builtins,
+                              engine_fields, args.data_dir)
+        with ServeProcess(config) as server:
             header["server_ready_s"] = time.perf_counter() - started
             if not args.json:
-                print(f"in-process server {server.url} ready in "
+                print(f"pie serve (pid {server.pid}) {server.url} ready in "
                       f"{header['server_ready_s']:.1f} s")
             result = report([Target("pie", server.url, server.token, MODEL, True)] + baseline,
                             args.clients, args.rounds, args.max_tokens, args.json)

@@ -36,7 +36,8 @@ sys.path.insert(0, str(REPO_DIR / "bench"))
 from apps import (EXAMPLES, KEEPALIVE_S, api_http_tool, chat_turn, inferlet_args,  # noqa: E402
                   machine_line, tool_server, warm_up, REACT_SYSTEM, REACT_TASKS)
 from apps_tools import turn_sizes  # noqa: E402
-from load import InProcessServer, scrape  # noqa: E402
+from load import scrape  # noqa: E402
+from servers import InProcessServer  # noqa: E402
 
 
 async def inferlet_agents(url: str, token: str, program: str, argvs: list[list[str]]) -> list:
