@@ -68,6 +68,10 @@ def _add_run_parser(subparsers) -> None:
                         help="a batch of more input tokens runs as consecutive passes of at most "
                              "this many (bounds a long prompt's memory; default: 256 on a CPU, "
                              "no limit on CUDA)")
+    parser.add_argument("--act8", action="store_true",
+                        help="GGUF-block kernels: 8-bit activation blocks where measured faster "
+                             "(faster batches; top-1 agrees with float32 less often: "
+                             "docs/performance/2026-11-29-vnni-int8.md)")
     parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
                         help="where the model runs (default: cuda when available, else cpu)")
     parser.add_argument("--adapter", action="append", default=[], type=_adapter_arg,
@@ -270,7 +274,7 @@ def _load_engine(namespace: argparse.Namespace):
     """The engine on the chosen model (a progress bar on a terminal), or None after an error."""
     from engine.engine import load_default_engine, load_engine
     overrides = dict(kv_memory_mb=namespace.kv_memory_mb, dtype=namespace.dtype,
-                     kv_dtype=namespace.kv_dtype, device=namespace.device)
+                     kv_dtype=namespace.kv_dtype, device=namespace.device, act8=namespace.act8)
     if namespace.max_pass_tokens is not None:
         overrides["max_pass_tokens"] = namespace.max_pass_tokens
     model = namespace.model or "the default model (SmolLM2-135M-Instruct)"

@@ -27,6 +27,7 @@ TENANT = {"name": "a", "token": "t"}
     ({"tenants": [TENANT], "engine": {"page_size": 3}}, "engine.page_size must be a power of two"),
     ({"tenants": [TENANT], "engine": {"kv_dtype": "int8"}}, "engine.kv_dtype must be one of"),
     ({"tenants": [TENANT], "engine": {"max_pass_tokens": 0}}, "engine.max_pass_tokens must be positive"),
+    ({"tenants": [TENANT], "engine": {"act8": 1}}, "expected bool, got int 1 @ pie.toml.engine.act8"),
     ({"tenants": [TENANT], "engine": {"cuda_graph_batch_sizes": [4, 2]}},
      "engine.cuda_graph_batch_sizes must be positive ints, strictly increasing"),
     ({"tenants": [TENANT], "server": {"openai": 1}}, "expected bool, got int 1 @ pie.toml.server.openai"),
@@ -81,12 +82,14 @@ def test_prefix_cache_pages_default_to_32_but_a_sixteenth_of_the_tenants_pages()
 def test_load_config_reads_toml_and_names_the_file(tmp_path) -> None:
     path = tmp_path / "pie.toml"
     path.write_text('[server]\nport = 9000\n[engine]\nnum_pages = 64\nkv_dtype = "float32"\n'
-                    'max_pass_tokens = 256\n[[tenants]]\nname = "a"\ntoken = "t"\nmax_kv_pages = 32\n')
+                    'max_pass_tokens = 256\nact8 = true\n[[tenants]]\nname = "a"\ntoken = "t"\n'
+                    'max_kv_pages = 32\n')
     config = load_config(path)
     assert config.server.port == 9000
     assert config.engine.to_engine_config().num_pages == 64
     assert config.engine.to_engine_config().kv_dtype == "float32"
     assert config.engine.to_engine_config().max_pass_tokens == 256
+    assert config.engine.to_engine_config().act8 is True
     assert config.tenants[0].max_kv_pages == 32
     path.write_text("[server\n")
     with pytest.raises(ConfigError, match=f"{path}: invalid TOML"):
