@@ -15,7 +15,8 @@ import torch
 
 from engine.adapters import AdapterStore
 from engine.attention import make_attention_backend
-from engine.batch import ForwardBatch, ForwardResult, TokenCopy, Verified
+from engine.attention.torch_paged import MAX_KV_ROW_ENTRIES, takes_token_rows
+from engine.batch import ForwardBatch, ForwardRequest, ForwardResult, TokenCopy, Verified
 from engine.chunking import split_batch
 from engine.cuda_graphs import DecodeGraphs, takes_graph_path
 from engine.engine_config import EngineConfig, ModelConfig
@@ -28,9 +29,11 @@ from engine.model.flashinfer_kernels import FlashInferKernels
 from engine.model.llama import LlamaModel
 from engine.model.memory import release_freed_memory
 from engine.quant import kernels as quant_kernels
-from engine.quant.linear import BatchPlanner
+from engine.quant.linear import ANY_ROWS, BatchPlanner
 from engine.quant.tensor import QTYPE_NAMES
 from engine.page_table import build_page_table
+from engine.paging import kv_len
+from engine.routing import split_by_path
 from engine.protocol import EngineStats, TokenizerLike
 from engine.sampling import sample_batch
 from engine.sampling_cuda import make_sampler
@@ -171,10 +174,10 @@ class Engine:
                        vocab_size=self.model_config.vocab_size,
                        max_position=self.model_config.max_position,
                        adapters=self.adapters)
-        if self.max_pass_tokens is None or batch.num_tokens <= self.max_pass_tokens:
+        parts = self._passes(batch)
+        if len(parts) == 1:
             logits = self._run_pass(batch)
         else:
-            parts = split_batch(batch, self.max_pass_tokens, self.page_size)
             logits = torch.empty(sum(len(rows) for _, rows in parts),
                                  self.model_config.vocab_size, dtype=torch.float32,
                                  device=self.device)
@@ -185,6 +188,29 @@ class Engine:
         if batch.num_tokens >= LARGE_BATCH_TOKENS:
             release_freed_memory()      # a prefill's activations: hand them back, RSS stays low
         return logits
+
+    def _passes(self, batch: ForwardBatch) -> list[tuple[ForwardBatch, list[int]]]:
+        """The passes `batch` runs as, in order, each with the batch's output row of each of
+        its output rows: parts of at most max_pass_tokens tokens (engine.chunking), each split by
+        the path its requests take where the attention has two (engine.routing)."""
+        if self.max_pass_tokens is None or batch.num_tokens <= self.max_pass_tokens:
+            parts = [(batch, list(range(sum(len(r.output_indices) for r in batch.requests))))]
+        else:
+            parts = split_batch(batch, self.max_pass_tokens, self.page_size)
+        if not getattr(self.attention, "c_decode", False):
+            return parts
+        fused = self.model.fused_decoder
+        max_rows = fused.max_rows if fused is not None else ANY_ROWS
+        return [(routed, [rows[i] for i in routed_rows]) for part, rows in parts
+                for routed, routed_rows in split_by_path(
+                    part, self._takes_token_rows, self._kv_len, max_rows, MAX_KV_ROW_ENTRIES)]
+
+    def _kv_len(self, request: ForwardRequest) -> int:
+        return kv_len(len(request.page_ids), request.last_page_len, self.page_size)
+
+    def _takes_token_rows(self, request: ForwardRequest) -> bool:
+        return takes_token_rows(len(request.token_ids), self._kv_len(request),
+                                request.mask is not None)
 
     def _graph_decode(self, batch: ForwardBatch) -> list[ForwardResult] | None:
         """A pure greedy decode batch through the decode graphs (engine.cuda_graphs); None, having
@@ -269,22 +295,30 @@ def kernel_summary(choice: DtypeChoice, model: LlamaModel, attention: object = N
     if planner is None:
         return f"{choice.dtype} dense weights on torch ({choice.reason}; CPU capability {capability})"
     qtypes = sorted({QTYPE_NAMES.get(key[0], str(key[0])) for key in planner.limits})
-    limits = sorted(set(planner.limits.values()))
     return (f"GGUF blocks ({', '.join(qtypes)}) multiplied in place by the {quant_kernels.best_level()} "
             f"C kernels ({quant_kernels.level_reason()}), {planner.activation_summary()}, "
             f"{str(choice.kv_cache_dtype).removeprefix('torch.')} "
             f"KV cache ({choice.reason}; CPU capability {capability}); "
-            f"batches of up to {'/'.join(map(str, limits))} rows use them, larger ones dequantize "
-            f"+ GEMM (crossover measured at load){_fused_summary(model)}"
+            f"{_block_rows_summary(planner)}{_fused_summary(model)}"
             f"{_prefill_summary(attention)}")
+
+
+def _block_rows_summary(planner: BatchPlanner) -> str:
+    limits = sorted({limit for limit in planner.limits.values() if limit < ANY_ROWS})
+    if not limits:
+        return "batches of every size use them"
+    return (f"batches of up to {'/'.join(map(str, limits))} rows use them, larger ones "
+            f"dequantize + GEMM (crossover measured at load)"
+            f"{'' if len(limits) == len(planner.limits) else ' (8-bit weights: every size)'}")
 
 
 def _fused_summary(model: LlamaModel) -> str:
     fused = model.fused_decoder
     if fused is None:
         return "; decode runs layer by layer (some projection is not GGUF blocks)"
-    return (f"; passes of up to {fused.max_rows} tokens (decode steps, short prompts beside "
-            f"them) run every layer in one C call")
+    size = "" if fused.max_rows >= ANY_ROWS else f" of up to {fused.max_rows} tokens"
+    return (f"; passes{size} (decode steps, short prompts beside them) run every layer in one "
+            f"C call")
 
 
 def _prefill_summary(attention: object) -> str:

@@ -2,11 +2,14 @@
 
 Which one a batch of M rows uses is decided per weight shape by a one-time measurement
 (`BatchPlanner.block_rows_limit`): the largest M of a ladder up to which the block kernel beat
-dequantize-then-GEMM on this machine. Where a weight has 8-bit activation kernels (vpdpbusd),
-a first measurement (`BatchPlanner.act8_min_rows`) picks the M from which they beat the 16-bit
-ones, and the block kernel of the crossover is the one each M then runs. Dequantizing goes through one scratch buffer shared by
-all layers (at most SCRATCH_ELEMENTS floats, a slab of rows at a time), so no layer ever holds
-a dequantized copy of its weight.
+dequantize-then-GEMM on this machine. Where a weight has 8-bit activation kernels (vpdpbusd) and
+8-bit activations are on (EngineConfig.act8), a first measurement (`BatchPlanner.act8_min_rows`)
+says whether they beat the 16-bit ones at ACT8_MEASURE_ROWS; if so, every batch of that weight
+runs on them, at any M, and never on the GEMM: 8-bit rounding turns the last-bit differences of
+two arithmetics into differences of ~1% of a row, so a choice by M would make a request's output
+depend on the batch it ran in. Dequantizing goes through one scratch buffer shared by all layers
+(at most SCRATCH_ELEMENTS floats, a slab of rows at a time), so no layer ever holds a dequantized
+copy of its weight.
 """
 from __future__ import annotations
 
@@ -28,9 +31,9 @@ CALIBRATION_LADDER = (4, 8, 16, 32, 64, 128, 256, 512)
 CALIBRATION_MAX_ROWS = 2048             # time on a slice of a big weight: both paths scale with N
 CALIBRATION_REPEATS = 3                 # timed runs of each path per round, alternated
 CALIBRATION_ROUNDS = 3                  # rounds at most before the block kernel's loss counts
-# 8-bit against 16-bit activations: the rows of decode batches and short prefills (beyond, the
-# choice at the largest holds: both are compute-bound there)
-ACT8_LADDER = (1, 2, 4, 8, 16, 32, 64)
+# 8-bit against 16-bit activations: timed at a decode batch's rows; the choice holds for all
+ACT8_MEASURE_ROWS = 32
+ANY_ROWS = 1 << 30       # block_rows_limit of a weight on 8-bit activations: no GEMM at any M
 
 
 class BatchPlanner:
@@ -91,14 +94,19 @@ class BatchPlanner:
         """Batches of at most this many rows use the block kernel for weights of this shape."""
         key = (weight.kernel_qtype, weight.num_rows, weight.num_cols)
         if key not in self.limits:
-            self.limits[key] = (self._measure(weight) if self.fixed_block_rows is None
-                                else self.fixed_block_rows)
+            if self.fixed_block_rows is not None:
+                self.limits[key] = self.fixed_block_rows
+            elif self.act8_min_rows(weight) == 1:
+                self.limits[key] = ANY_ROWS        # one arithmetic at every M (module doc)
+            else:
+                self.limits[key] = self._measure(weight)
         return self.limits[key]
 
     def act8_min_rows(self, weight: QuantizedTensor) -> int:
         """Batches of at least this many rows quantize their activations to 8 bits for weights
-        of this shape (0: never: no 8-bit kernels here, or the 16-bit ones were faster at the
-        largest measured M). With fixed_block_rows (tests), fixed_act8_rows."""
+        of this shape: 1 (every batch) or 0 (never: 8-bit activations off, no 8-bit kernels
+        here, or the 16-bit ones were faster at ACT8_MEASURE_ROWS). With fixed_block_rows
+        (tests), fixed_act8_rows."""
         key = (weight.kernel_qtype, weight.num_rows, weight.num_cols)
         if key not in self.act8_limits:
             if (not self.act8 or not kernels.act8_supported(weight)
@@ -116,9 +124,14 @@ class BatchPlanner:
         eight = sorted({rows for rows in self.act8_limits.values() if rows})
         if not eight:
             return "activations in 16-bit blocks"
+        num_eight = sum(1 for rows in self.act8_limits.values() if rows)
+        shapes = f"on {num_eight} of {len(self.act8_limits)} weight shapes"
+        if eight == [1]:
+            rest = ", 16-bit on the rest" if num_eight < len(self.act8_limits) else ""
+            return (f"activations in 8-bit blocks (vpdpbusd) in every batch {shapes} (measured "
+                    f"at load){rest}")
         return (f"activations in 8-bit blocks (vpdpbusd) from {'/'.join(map(str, eight))} rows "
-                f"on {sum(1 for rows in self.act8_limits.values() if rows)} of "
-                f"{len(self.act8_limits)} weight shapes, 16-bit below (measured at load)")
+                f"{shapes}, 16-bit below")
 
     def scratch_for(self, num_elements: int) -> torch.Tensor:
         if self.scratch.numel() < num_elements:
@@ -163,29 +176,16 @@ class BatchPlanner:
 
 
     def _measure_act8(self, weight: QuantizedTensor) -> int:
-        """The smallest ACT8_LADDER M from which the 8-bit kernel is at least as fast as the
-        16-bit one at every larger M of the ladder (on a slice of the weight's rows), 0 when
-        it loses at the largest."""
+        """1 when the 8-bit kernel is at least as fast as the 16-bit one at ACT8_MEASURE_ROWS
+        rows (on a slice of the weight's rows; a loss counts only if it holds over
+        CALIBRATION_ROUNDS rounds), else 0."""
         sample = weight.row_slice(0, min(weight.num_rows, CALIBRATION_MAX_ROWS))
 
         def time_pair(num_x_rows: int) -> tuple[float, float]:
             x = torch.randn(num_x_rows, weight.num_cols)
             return _best_times(lambda: kernels.matmul(x, sample, act_bits=8),
                                lambda: kernels.matmul(x, sample, act_bits=16))
-        return act8_threshold(time_pair)
-
-
-def act8_threshold(time_pair: Callable[[int], tuple[float, float]]) -> int:
-    """The smallest ACT8_LADDER M from which `time_pair(M)`'s first run (8-bit) is at least as
-    fast as its second (16-bit) at every larger ladder M, walking down from the largest; a win
-    of the 16-bit run counts only if it holds over CALIBRATION_ROUNDS rounds (as in
-    crossover_limit). 0 when the 8-bit run loses at the largest M."""
-    threshold = 0
-    for num_x_rows in reversed(ACT8_LADDER):
-        if not _first_holds(time_pair, num_x_rows):
-            return threshold
-        threshold = num_x_rows
-    return threshold
+        return 1 if _first_holds(time_pair, ACT8_MEASURE_ROWS) else 0
 
 
 def crossover_limit(time_pair: Callable[[int], tuple[float, float]]) -> int:

@@ -14,7 +14,7 @@ from engine.engine import Engine
 from engine.engine_config import EngineConfig
 from engine.quant import QuantizedTensor, kernels
 from engine.quant.decoder import FusedDecoder, projection_act8_rows
-from engine.quant.linear import ACT8_LADDER, BatchPlanner, act8_threshold
+from engine.quant.linear import ACT8_MEASURE_ROWS, ANY_ROWS, BatchPlanner
 from tests.engine.test_adapters_fused import tiny_adapters, tiny_gguf  # noqa: F401 (fixtures)
 from tests.engine.test_quant_kernels import random_blocks, reference_weight
 
@@ -110,26 +110,21 @@ def test_a_prepared_matmul_switches_width_at_its_row_count() -> None:
                                                           act_bits=act_bits))
 
 
-def rounds_of(rounds_by_rows: dict[int, list[tuple[float, float]]]):
-    """A time_pair giving, per M, successive rounds' (8-bit s, 16-bit s); 8-bit wins elsewhere."""
-    calls: dict[int, int] = {}
-
-    def time_pair(num_x_rows: int) -> tuple[float, float]:
-        rounds = rounds_by_rows.get(num_x_rows, [(1.0, 2.0)])
-        calls[num_x_rows] = calls.get(num_x_rows, 0) + 1
-        return rounds[min(calls[num_x_rows], len(rounds)) - 1]
-    return time_pair
-
-
-def test_the_threshold_is_the_lowest_row_count_of_an_unbroken_run_of_wins() -> None:
-    assert act8_threshold(rounds_of({})) == ACT8_LADDER[0]
-    assert act8_threshold(rounds_of({2: [(2.0, 1.0)] * 3})) == 4
-    assert act8_threshold(rounds_of({2: [(2.0, 1.0)] * 3, 16: [(2.0, 1.0)] * 3})) == 32
-    assert act8_threshold(rounds_of({ACT8_LADDER[-1]: [(2.0, 1.0)] * 3})) == 0
-
-
-def test_a_disturbed_round_does_not_move_the_threshold() -> None:
-    assert act8_threshold(rounds_of({8: [(3.0, 1.0), (0.9, 1.0)]})) == ACT8_LADDER[0]
+def test_the_choice_is_one_for_every_batch_size(monkeypatch) -> None:
+    """8 bits in every batch or in none (timed once, at ACT8_MEASURE_ROWS): a choice by size
+    would make a request's output depend on its batch."""
+    weight, _ = interleaved(Q.Q4_1, 64, 256, seed=3)
+    monkeypatch.setattr("engine.quant.linear.kernels.act8_supported", lambda weight: True)
+    monkeypatch.setattr("engine.quant.linear.kernels.best_level", lambda: "avx512-vnni")
+    for eight_wins, expected in ((True, 1), (False, 0)):
+        timed_rows = []
+        monkeypatch.setattr("engine.quant.linear._first_holds",
+                            lambda time_pair, rows: timed_rows.append(rows) or eight_wins)
+        planner = BatchPlanner()
+        assert planner.act8_min_rows(weight) == expected
+        assert timed_rows == [ACT8_MEASURE_ROWS]
+        if expected:      # a weight on 8 bits never takes the GEMM path, at any batch size
+            assert planner.block_rows_limit(weight) == ANY_ROWS
 
 
 def test_the_planner_measures_per_shape_and_not_without_kernels() -> None:
@@ -138,7 +133,7 @@ def test_the_planner_measures_per_shape_and_not_without_kernels() -> None:
     rows = QuantizedTensor(torch.from_numpy(random_blocks(Q.Q4_1, 64, 256, 3)), Q.Q4_1, 256)
     assert planner.act8_min_rows(rows) == 0
     threshold = planner.act8_min_rows(weight)
-    assert threshold in (0, *ACT8_LADDER)
+    assert threshold in (0, 1)
     if "avx512-vnni" not in kernels.levels():
         assert threshold == 0
     fixed = BatchPlanner(fixed_block_rows=8, fixed_act8_rows=5)
