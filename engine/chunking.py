@@ -69,9 +69,13 @@ def split_request(request: ForwardRequest, num_first: int, page_size: int
 def split_batch(batch: ForwardBatch, max_tokens: int, page_size: int
                 ) -> list[tuple[ForwardBatch, list[int]]]:
     """Consecutive batches of at most max_tokens input tokens each that, run in this order,
-    compute what `batch` does (requests in order, a request that does not fit cut by
-    split_request), each with the batch's output row of each of its output rows. The logits rows
-    of the parts, put at those rows, are the batch's [num_outputs, vocab]."""
+    compute what `batch` does, each with the batch's output row of each of its output rows. The
+    logits rows of the parts, put at those rows, are the batch's [num_outputs, vocab].
+
+    A request longer than max_tokens is cut (split_request) at every max_tokens of its own
+    tokens, and a request or last piece that does not fit the room left in a part starts the
+    next one: the pieces a request runs as never depend on the requests beside it, so neither
+    does its arithmetic (which kernels a piece takes depends on its length)."""
     if max_tokens <= 0:
         raise ValueError(f"split_batch: max_tokens must be positive, got {max_tokens}")
     parts: list[tuple[ForwardBatch, list[int]]] = []
@@ -81,14 +85,15 @@ def split_batch(batch: ForwardBatch, max_tokens: int, page_size: int
     for request in batch.requests:
         request_rows = list(range(next_row, next_row + len(request.output_indices)))
         next_row += len(request_rows)
-        while num_tokens + len(request.token_ids) > max_tokens:
-            room = max_tokens - num_tokens            # > 0 unless the part is full
-            if room > 0:
-                first, request, first_outputs, rest_outputs = split_request(request, room,
-                                                                            page_size)
-                requests.append(first)
-                rows.extend(request_rows[k] for k in first_outputs)
-                request_rows = [request_rows[k] for k in rest_outputs]
+        while len(request.token_ids) > max_tokens:
+            first, request, first_outputs, rest_outputs = split_request(request, max_tokens,
+                                                                        page_size)
+            if requests:
+                parts.append((ForwardBatch(tuple(requests)), rows))
+                requests, rows, num_tokens = [], [], 0
+            parts.append((ForwardBatch((first,)), [request_rows[k] for k in first_outputs]))
+            request_rows = [request_rows[k] for k in rest_outputs]
+        if requests and num_tokens + len(request.token_ids) > max_tokens:
             parts.append((ForwardBatch(tuple(requests)), rows))
             requests, rows, num_tokens = [], [], 0
         requests.append(request)

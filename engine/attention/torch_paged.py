@@ -11,11 +11,12 @@ Requests are split in two kinds:
 - long requests (prefills) run one SDPA call each; their cost is dominated by their own size.
 GQA: the G = num_qo_heads / num_kv_heads query heads sharing a KV head are folded into the query
 rows of that KV head ([B, Hkv, G * q, D]), so K and V are never repeated.
-With `c_decode` (the quantized CPU engine, float32 or float16 pool), a batch without a custom
-mask whose longer requests are short (decode steps, short prompts, chunks and verify passes beside
-them: `MAX_TOKEN_ROW_SLOTS`) runs each layer as one call of engine.quant's C decode kernel, one
-row per new token attending its causal prefix (append + attention straight from the pages)
-instead of ~8 torch ops, and the fused decoder can take the whole pass; at the avx2
+With `c_decode` (the quantized CPU engine, float32 or float16 pool), a batch whose every request
+takes token rows (`takes_token_rows`: decode steps, short prompts, chunks and verify passes
+without a custom mask) runs each layer as one call of engine.quant's C decode kernel, one row per
+new token attending its causal prefix (append + attention straight from the pages) instead of ~8
+torch ops, and the fused decoder can take the whole pass (the engine runs the requests that take
+token rows apart from the others: engine/routing.py); at the avx2
 or avx512-vnni kernel level, a long request without a custom mask runs on engine.quant's C
 prefill kernel (on the kernels' threads, `kernel_threads`) instead of SDPA.
 """
@@ -31,13 +32,15 @@ import torch.nn.functional as F
 from engine.page_table import PageTable
 from engine.quant import kernels as quant_kernels
 
-__all__ = ["TorchPagedAttention", "MAX_PADDED_Q", "PREFILL_KERNEL_LEVELS"]
+__all__ = ["TorchPagedAttention", "MAX_PADDED_Q", "PREFILL_KERNEL_LEVELS", "takes_token_rows",
+           "MAX_KV_ROW_ENTRIES"]
 
 MAX_PADDED_Q = 16
-# A batch of more than one token per request runs as C decode rows (one per token) while its
-# longer requests attend at most this many slots in all (a 180-token prompt from scratch: 16,290)
+# A request of more than one new token runs as C decode rows (one per token) while they attend at
+# most this many slots (a 180-token prompt from scratch: 16,290; longer ones lose to the prefill
+# paths, measured per prompt)
 MAX_TOKEN_ROW_SLOTS = 1 << 14
-MAX_KV_ROW_ENTRIES = 1 << 20       # and its [N, max_kv] row table has at most this many entries
+MAX_KV_ROW_ENTRIES = 1 << 20       # and a pass's [N, max_kv] row table has at most this many entries
 PREFILL_KERNEL_LEVELS = ("avx2", "avx512-vnni")   # kernel levels whose C prefill beats SDPA
 
 
@@ -76,6 +79,18 @@ def _kv_rows(table: PageTable, request_ids: np.ndarray, max_kv: int) -> torch.Te
     entries = first_entries[:, None] + slots // page_size                # [Bs, max_kv]
     pages = table.kv_page_indices.numpy().astype(np.int64)[entries]      # [Bs, max_kv]
     return torch.from_numpy(pages * (2 * page_size) + slots % page_size)
+
+
+def takes_token_rows(num_tokens: int, kv_len: int, masked: bool) -> bool:
+    """Whether a request of `num_tokens` new tokens over a context of `kv_len` slots (theirs
+    included) runs as C decode-kernel rows on a `c_decode` backend: unmasked, and one token, or
+    more attending at most MAX_TOKEN_ROW_SLOTS slots in all within MAX_KV_ROW_ENTRIES row-table
+    entries. A property of the request alone."""
+    if masked:
+        return False
+    slots = num_tokens * (2 * kv_len - num_tokens + 1) // 2
+    return num_tokens == 1 or (slots <= MAX_TOKEN_ROW_SLOTS
+                               and num_tokens * kv_len <= MAX_KV_ROW_ENTRIES)
 
 
 class TorchPagedAttention:
@@ -131,8 +146,8 @@ class TorchPagedAttention:
         """The batch as the C decode kernel's rows, one per new token: (each row's request [N],
         its causal KV length [N], the longest), or None for the torch path. A plain decode batch
         always qualifies; one with longer requests (short prefills, chunks, verify passes) when
-        it has no custom mask and those requests' rows attend at most MAX_TOKEN_ROW_SLOTS slots
-        in all (one query at a time loses to the prefill paths on long prompts)."""
+        it has no custom mask, each of them takes token rows (`takes_token_rows`) and the row
+        table has at most MAX_KV_ROW_ENTRIES entries."""
         if table.custom_mask is not None:
             return None
         kv_lens = table.kv_lens.numpy()                                   # [B]
@@ -140,10 +155,10 @@ class TorchPagedAttention:
         if table.num_tokens == table.num_requests:
             return np.arange(table.num_requests), kv_lens, max_kv
         q_lens = np.diff(table.qo_indptr.numpy()).astype(np.int64)        # [B]
-        longer = q_lens > 1
         # rows of request b attend kv_len - q_len + 1 .. kv_len slots
-        longer_slots = (q_lens * (2 * kv_lens - q_lens + 1) // 2)[longer].sum()
-        if longer_slots > MAX_TOKEN_ROW_SLOTS or table.num_tokens * max_kv > MAX_KV_ROW_ENTRIES:
+        slots = q_lens * (2 * kv_lens - q_lens + 1) // 2                 # [B]
+        if ((slots[q_lens > 1] > MAX_TOKEN_ROW_SLOTS).any()
+                or table.num_tokens * max_kv > MAX_KV_ROW_ENTRIES):
             return None
         request_ids = np.repeat(np.arange(table.num_requests), q_lens)    # [N]
         starts = np.repeat(table.qo_indptr.numpy()[:-1].astype(np.int64), q_lens)

@@ -56,6 +56,19 @@ def test_whole_batches_are_not_cut() -> None:
     assert parts[0][0].requests == batch.requests[:2]
 
 
+def test_a_requests_pieces_do_not_depend_on_the_requests_before_it() -> None:
+    batch = mixed_batch()
+    alone = split_batch(ForwardBatch(batch.requests[2:]), 5, PAGE_SIZE)
+    after_others = split_batch(batch, 5, PAGE_SIZE)
+    pieces = [[r.positions for part, _ in parts for r in part.requests
+               if r.page_ids[0] == batch.requests[2].page_ids[0]]
+              for parts in (alone, after_others)]
+    assert pieces[0] == pieces[1] == [tuple(range(0, 5)), tuple(range(5, 10)), (10, 11)]
+    # a request that fits no part's room starts the next part, uncut
+    parts = split_batch(ForwardBatch(batch.requests[1:]), 13, PAGE_SIZE)
+    assert [[len(r.token_ids) for r in part.requests] for part, _ in parts] == [[3], [12]]
+
+
 def test_chunked_engine_computes_the_same_logits_kv_and_next_token(make_tiny_engine) -> None:
     whole = make_tiny_engine(page_size=PAGE_SIZE, max_pass_tokens=64)
     chunked = make_tiny_engine(page_size=PAGE_SIZE, max_pass_tokens=5)
