@@ -261,8 +261,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "quantized"))
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
-    parser.add_argument("--act8", action="store_true",
-                        help="8-bit activation blocks where measured faster (EngineConfig.act8)")
+    parser.add_argument("--act8", action=argparse.BooleanOptionalAction, default=True,
+                        help="8-bit activation blocks where measured faster (EngineConfig.act8, "
+                             "the default); --no-act8: 16-bit")
     parser.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp baseline")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for ours, transformers and llama.cpp (default: torch's "

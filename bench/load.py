@@ -19,7 +19,7 @@ shared chat prefixes): it must return to 0, after every level and once more afte
 (`pages_used_at_end`). With a baseline, each level runs on pie and then on the
 baseline, and `--json` reports `serve_vs_vllm_N` = pie tok/s / baseline tok/s.
 Without `--url` it starts `pie serve` in a process of its own (bench/servers.py), as a user runs
-it and as vLLM runs beside the client; `--device` / `--dtype` / `--act8` pass through to its
+it and as vLLM runs beside the client; `--device` / `--dtype` / `--[no-]act8` pass through to its
 engine (on CUDA it warms its kernels before it is ready: `server_ready_s` counts that).
 """
 from __future__ import annotations
@@ -276,8 +276,9 @@ def main() -> int:
                              "one holding builtin/<hash>.wasm, built elsewhere)")
     parser.add_argument("--spare-builtins", type=int, default=8,
                         help="started server only: server.spare_builtins (0: none)")
-    parser.add_argument("--act8", action="store_true",
-                        help="started server only: [engine] act8 = true (8-bit activations)")
+    parser.add_argument("--act8", action=argparse.BooleanOptionalAction, default=None,
+                        help="started server only: [engine] act8 (default: the engine's, "
+                             "8-bit activations); --no-act8: 16-bit")
     parser.add_argument("--url", default=None, help="a running pie server (default: start one)")
     parser.add_argument("--token", default=None)
     parser.add_argument("--baseline-url", default=None, help="another OpenAI server, e.g. vLLM")
@@ -291,7 +292,8 @@ def main() -> int:
         parser.error(str(err))
     engine_fields = {name: value for name, value in (("device", args.device),
                                                      ("dtype", args.dtype),
-                                                     ("act8", args.act8)) if value}
+                                                     ("act8", args.act8))
+                     if value is not None}
     num_pages = args.num_pages or (8192 if args.device == "cuda" else 2048)
     header = {"machine": machine(args.device), "clients": args.clients, "rounds": args.rounds,
               "max_tokens": args.max_tokens, **engine_fields}

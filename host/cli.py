@@ -68,10 +68,10 @@ def _add_run_parser(subparsers) -> None:
                         help="a batch of more input tokens runs as consecutive passes of at most "
                              "this many (bounds a long prompt's memory; default: 256 on a CPU, "
                              "no limit on CUDA)")
-    parser.add_argument("--act8", action="store_true",
+    parser.add_argument("--act8", action=argparse.BooleanOptionalAction, default=True,
                         help="GGUF-block kernels: 8-bit activation blocks where measured faster "
-                             "(faster batches; top-1 agrees with float32 less often: "
-                             "docs/performance/2026-11-29-vnni-int8.md)")
+                             "(default); --no-act8: 16-bit, slower batches, top-1 closer to "
+                             "float32 (docs/performance/2026-11-29-vnni-int8.md)")
     parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
                         help="where the model runs (default: cuda when available, else cpu)")
     parser.add_argument("--adapter", action="append", default=[], type=_adapter_arg,

@@ -140,7 +140,7 @@ class EngineSection:
     dtype: str = "auto"
     kv_dtype: str = "auto"  # auto | float32 | float16 (CPU)
     max_pass_tokens: int | None = None   # longer batches: consecutive passes (None: 256 on a CPU)
-    act8: bool = False                   # GGUF blocks: 8-bit activation blocks where faster
+    act8: bool = True                    # GGUF blocks: 8-bit activation blocks where faster
     cuda_graphs: bool = True             # CUDA: replay pure decode steps from captured graphs
     cuda_graph_batch_sizes: tuple[int, ...] | None = None   # padded sizes captured (None: the
                                                            # engine's ladder, 1 .. 256)

@@ -153,14 +153,14 @@ def test_run_hands_the_engine_options_to_the_loader(monkeypatch) -> None:
                         lambda **kwargs: seen.update(kwargs) or "engine")
     namespace = build_parser().parse_args(["run", "x.wasm", "--kv-dtype", "float32",
                                            "--dtype", "float32", "--kv-memory-mb", "64",
-                                           "--max-pass-tokens", "256", "--act8"])
+                                           "--max-pass-tokens", "256", "--no-act8"])
     assert _load_engine(namespace) == "engine"
     assert (seen["kv_dtype"], seen["dtype"], seen["kv_memory_mb"], seen["max_pass_tokens"],
-            seen["act8"]) == ("float32", "float32", 64, 256, True)
+            seen["act8"]) == ("float32", "float32", 64, 256, False)
     seen.clear()
     assert _load_engine(build_parser().parse_args(["run", "x.wasm"])) == "engine"
     assert "max_pass_tokens" not in seen                  # the engine's own default
-    assert seen["act8"] is False
+    assert seen["act8"] is True                           # 8-bit activations by default
     for bad in (["--kv-dtype", "int8"], ["--max-pass-tokens", "0"], ["--max-pass-tokens", "x"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["run", "x.wasm", *bad])
