@@ -168,7 +168,9 @@ class Engine:
         A batch of more than max_pass_tokens input tokens runs as consecutive passes of at most
         that many (engine.chunking.split_batch): the activations of a long prompt, and the heap
         glibc keeps after them, grow with the pass (CPU, AVX2 machine: a 2,048-token prompt
-        peaked 220 MB above the loaded model in one pass).
+        peaked 220 MB above the loaded model in one pass). On the quantized CPU engine the
+        requests that take the fused decoder's token rows run apart from the others
+        (engine.routing), so that no request's arithmetic depends on the batch it came in.
         """
         validate_batch(batch, page_size=self.page_size, num_pages=self.num_pages,
                        vocab_size=self.model_config.vocab_size,
@@ -176,7 +178,7 @@ class Engine:
                        adapters=self.adapters)
         parts = self._passes(batch)
         if len(parts) == 1:
-            logits = self._run_pass(batch)
+            logits = self._run_pass(parts[0][0])
         else:
             logits = torch.empty(sum(len(rows) for _, rows in parts),
                                  self.model_config.vocab_size, dtype=torch.float32,
