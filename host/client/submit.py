@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -147,10 +150,13 @@ async def _submit(server: str, token: str, data: bytes, args: list[str],
         program = await client.upload(data)
         instance = await client.launch(program, args)
         try:
-            status = await _follow(client, instance, options)
-        except BaseException as exc:
+            with _interrupts() as interrupts:
+                status = await _follow_until_interrupted(client, instance, options, interrupts)
+        except BaseException as exc:      # Ctrl-C before the receiver was in place
             if not _is_interrupt(exc):
                 raise
+            status = None
+        if status is None:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await instance.terminate()
             print(f"\npie submit: interrupted (Ctrl-C): instance {instance.id} terminated",
@@ -159,6 +165,36 @@ async def _submit(server: str, token: str, data: bytes, args: list[str],
         if options.show_logs:
             _print_log(instance.id, await client.logs(instance.id), sys.stderr)
         return status
+
+
+def _interrupts() -> Any:
+    """SIGINT as a stream of trio's, where Python delivers signals (the main thread; elsewhere,
+    as in a test's thread, None)."""
+    if threading.current_thread() is threading.main_thread():
+        return trio.open_signal_receiver(signal.SIGINT)
+    return nullcontext(None)
+
+
+async def _follow_until_interrupted(client: Any, instance: Any, options: SubmitOptions,
+                                    interrupts: Any) -> int | None:
+    """_follow's exit status, or None when a SIGINT from `interrupts` (None: none) came
+    first. Ctrl-C is taken as a signal here, not as a KeyboardInterrupt raised wherever the
+    process happens to be (inside the connection's reader, it left the connection unable to
+    close)."""
+    statuses: list[int] = []
+    async with trio.open_nursery() as nursery:
+        async def follow() -> None:
+            statuses.append(await _follow(client, instance, options))
+            nursery.cancel_scope.cancel()
+
+        async def first_interrupt() -> None:
+            async for _ in interrupts:
+                nursery.cancel_scope.cancel()
+                return
+        nursery.start_soon(follow)
+        if interrupts is not None:
+            nursery.start_soon(first_interrupt)
+    return statuses[0] if statuses else None
 
 
 async def _follow(client: Any, instance: Any, options: SubmitOptions) -> int:
