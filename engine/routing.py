@@ -30,12 +30,10 @@ def split_by_path(batch: ForwardBatch, takes_rows: Callable[[ForwardRequest], bo
     `batch`: the requests for which `takes_rows` holds, in order, packed into sub-batches of at
     most `max_rows` tokens and `max_entries` (tokens x longest `kv_len`), then the others in
     one. A batch of one kind (and within the limits) comes back whole."""
-    row_starts, next_row = [], 0
+    rows_of, next_row = [], 0                      # each request's output rows in the batch
     for request in batch.requests:
-        row_starts.append(next_row)
+        rows_of.append(list(range(next_row, next_row + len(request.output_indices))))
         next_row += len(request.output_indices)
-    rows_of = [list(range(start, start + len(r.output_indices)))
-               for start, r in zip(row_starts, batch.requests)]
     token_rows = [i for i, request in enumerate(batch.requests) if takes_rows(request)]
     taken = set(token_rows)
     others = [i for i in range(len(batch.requests)) if i not in taken]

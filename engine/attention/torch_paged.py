@@ -81,16 +81,19 @@ def _kv_rows(table: PageTable, request_ids: np.ndarray, max_kv: int) -> torch.Te
     return torch.from_numpy(pages * (2 * page_size) + slots % page_size)
 
 
-def takes_token_rows(num_tokens: int, kv_len: int, masked: bool) -> bool:
+def takes_token_rows(num_tokens: int | np.ndarray, kv_len: int | np.ndarray,
+                     masked: bool = False) -> bool | np.ndarray:
     """Whether a request of `num_tokens` new tokens over a context of `kv_len` slots (theirs
     included) runs as C decode-kernel rows on a `c_decode` backend: unmasked, and one token, or
     more attending at most MAX_TOKEN_ROW_SLOTS slots in all within MAX_KV_ROW_ENTRIES row-table
-    entries. A property of the request alone."""
+    entries. A property of the request alone. Ints give a bool; int arrays ([B], unmasked) an
+    array of them."""
     if masked:
         return False
+    # the rows of a request attend kv_len - num_tokens + 1 .. kv_len slots
     slots = num_tokens * (2 * kv_len - num_tokens + 1) // 2
-    return num_tokens == 1 or (slots <= MAX_TOKEN_ROW_SLOTS
-                               and num_tokens * kv_len <= MAX_KV_ROW_ENTRIES)
+    return (num_tokens == 1) | ((slots <= MAX_TOKEN_ROW_SLOTS)
+                               & (num_tokens * kv_len <= MAX_KV_ROW_ENTRIES))
 
 
 class TorchPagedAttention:
@@ -155,9 +158,7 @@ class TorchPagedAttention:
         if table.num_tokens == table.num_requests:
             return np.arange(table.num_requests), kv_lens, max_kv
         q_lens = np.diff(table.qo_indptr.numpy()).astype(np.int64)        # [B]
-        # rows of request b attend kv_len - q_len + 1 .. kv_len slots
-        slots = q_lens * (2 * kv_lens - q_lens + 1) // 2                 # [B]
-        if ((slots[q_lens > 1] > MAX_TOKEN_ROW_SLOTS).any()
+        if (not takes_token_rows(q_lens, kv_lens.astype(np.int64)).all()
                 or table.num_tokens * max_kv > MAX_KV_ROW_ENTRIES):
             return None
         request_ids = np.repeat(np.arange(table.num_requests), q_lens)    # [N]
