@@ -197,7 +197,7 @@ class Runtime:
                             pages, self.outbound.for_instance(tenant, limits.outbound)), channel,
                         next(self._launch_counter),
                         lambda inst, outcome: self._finish(inst, outcome, emit))
-        instance = self.spares.take(program, limits)
+        instance = self.spares.take(program, limits, tenant)
         if instance is None:
             instance = Instance(program=program, limits=limits, services=self.services,
                                 launch=launch)
@@ -213,14 +213,14 @@ class Runtime:
         return instance_id
 
     def keep_spares(self, program: Program | str, num_spares: int,
-                    limits: InstanceLimits | None = None) -> None:
+                    limits: InstanceLimits | None = None, owner: str = "") -> None:
         """Keep `num_spares` instances of `program` instantiated ahead, for launches with
-        `limits` (default: the config's): made while no instance runs, each taken by a launch
-        (host/sandbox/spare_instances.py). 0: none. Raises ValueError past
-        RuntimeConfig.max_spare_instances."""
+        `limits` (default: the config's) by tenant `owner` ("": by anyone): made while no
+        instance runs, each taken by a launch (host/sandbox/spare_instances.py). 0: none.
+        Raises ValueError past RuntimeConfig.max_spare_instances."""
         if isinstance(program, str):
             program = self.programs.get(program)
-        self.spares.keep(program, num_spares, limits or self.config.limits)
+        self.spares.keep(program, num_spares, limits or self.config.limits, owner)
         self.spares.fill()
 
     def wait_spares(self, timeout: float = 10.0) -> bool:

@@ -207,9 +207,10 @@ class ClusterFront:
             return self._programs.setdefault(program_hash, program)
 
     def keep_spares(self, program: ClusterProgram | str, num_spares: int,
-                    limits: InstanceLimits | None = None) -> None:
-        """Keep `num_spares` instances of `program` instantiated ahead on every live replica
-        (Runtime.keep_spares there). ClusterError naming a replica that refused."""
+                    limits: InstanceLimits | None = None, owner: str = "") -> None:
+        """Keep `num_spares` instances of `program` instantiated ahead on every live replica,
+        for `owner`'s launches ("": anyone's; Runtime.keep_spares there). ClusterError naming
+        a replica that refused."""
         if isinstance(program, str):
             with self._lock:
                 program = self._programs[program]
@@ -220,7 +221,8 @@ class ClusterFront:
             with self._lock:
                 loaded = key in self._loaded
             self._call(replica_id, "keep_spares", epoch, program.hash,
-                       None if loaded else program.ref, num_spares, limits or self.config.limits)
+                       None if loaded else program.ref, num_spares, limits or self.config.limits,
+                       owner)
             with self._lock:
                 self._loaded.add(key)
 

@@ -421,14 +421,18 @@ class EngineReplica:
         return self.runtime.engine.tokenizer
 
     def keep_spares(self, epoch: int, program_hash: str, wasm_bytes: bytes | None,
-                    num_spares: int, limits: InstanceLimits) -> None:
-        """Keep `num_spares` instances of the program instantiated ahead (Runtime.keep_spares);
-        `wasm_bytes`: the program when this replica may not hold it yet."""
+                    num_spares: int, limits: InstanceLimits, owner: str = "") -> None:
+        """Keep `num_spares` instances of the program instantiated ahead for `owner`'s launches
+        (Runtime.keep_spares); `wasm_bytes`: the program when this replica may not hold it
+        yet."""
         self._check(epoch)
+        if not isinstance(owner, str):
+            raise ClusterError(f"replica {self.replica_id}: keep_spares: owner must be a "
+                               f"tenant name, got {type(owner).__name__}")
         if wasm_bytes is not None:
             program_hash = self.load_program(epoch, wasm_bytes)
         try:
-            self.runtime.keep_spares(program_hash, num_spares, limits=limits)
+            self.runtime.keep_spares(program_hash, num_spares, limits=limits, owner=owner)
         except (ProgramError, ValueError) as exc:
             raise ClusterError(f"replica {self.replica_id}: {exc}") from None
 

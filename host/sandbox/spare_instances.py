@@ -8,7 +8,9 @@ went idle until a launch comes: on a CPU they would take the cores of the instan
 each on a thread of its own, and parks them right before their guest's `run`: a launch of that
 program with the same limits then takes one (`take`), gives it its id, tenant, arguments,
 tables and channel (`Instance.bind`), and lets it run. A launch with other limits, or when none
-is ready, starts an instance of its own.
+is ready, starts an instance of its own. Spares are kept per owner: a tenant's (`pie serve`'s
+tenants' `spare_instances`) are taken only by that tenant's launches, the runtime's own (owner
+"") by anyone's; a launch looks at its tenant's first.
 
 A spare runs no guest code of its own before its launch: a host call during its instantiation (a
 core module's start function calling a pie import) traps it, it is dropped and the program gets
@@ -23,6 +25,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 from host.runtime_config import InstanceLimits
@@ -73,6 +76,7 @@ class _Kept:
     """One program's spares: how many to keep, with which limits, and those made."""
 
     program: Any
+    owner: str                                        # the tenant whose launches take them
     num_spares: int
     limits: InstanceLimits                            # spare_key'd
     ready: list[Any] = field(default_factory=list)   # instantiated, waiting for a launch
@@ -93,7 +97,7 @@ class SpareInstances:
         self._is_idle = is_idle                    # no instance runs
         self._max_spares = max_spares
         self._lock = threading.Condition(threading.Lock())
-        self._kept: dict[str, _Kept] = {}          # program hash -> its spares
+        self._kept: dict[tuple[str, str], _Kept] = {}   # (owner, program hash) -> its spares
         self._unlaunched: set[Any] = set()         # made, not taken by a launch, not ended
         self._closed = False
 
@@ -103,39 +107,43 @@ class SpareInstances:
         with self._lock:
             return sum(len(kept.ready) for kept in self._kept.values())
 
-    def keep(self, program: Any, num_spares: int, limits: InstanceLimits) -> None:
-        """Keep `num_spares` spares of `program` for launches with `limits`, whatever their
-        page_quota (0: none; discards what is ready beyond it, or all of them when the limits
-        change). Raises ValueError past max_spare_instances in all. Spares are made by `fill`."""
+    def keep(self, program: Any, num_spares: int, limits: InstanceLimits,
+             owner: str = "") -> None:
+        """Keep `num_spares` spares of `program` for `owner`'s launches ("": anyone's) with
+        `limits`, whatever their page_quota (0: none; discards what is ready beyond it, or all
+        of them when the limits change). Raises ValueError past max_spare_instances in all.
+        Spares are made by `fill`."""
         if not isinstance(num_spares, int) or num_spares < 0:
             raise ValueError(f"keep_spares: num_spares must be an int >= 0, got {num_spares!r}")
-        limits = spare_key(limits)
+        limits, key = spare_key(limits), (owner, program.hash)
         with self._lock:
-            others = sum(k.num_spares for h, k in self._kept.items() if h != program.hash)
+            others = sum(k.num_spares for other, k in self._kept.items() if other != key)
             if others + num_spares > self._max_spares:
                 raise ValueError(f"keep_spares: {num_spares} spares of this program and {others} "
                                  f"of others pass max_spare_instances ({self._max_spares})")
-            kept = self._kept.get(program.hash)
+            kept = self._kept.get(key)
             if kept is None or kept.limits != limits:
                 stale = kept.ready if kept is not None else []
-                kept = self._kept[program.hash] = _Kept(program, num_spares, limits,
-                                                        num_making=kept.num_making if kept else 0)
+                kept = self._kept[key] = _Kept(program, owner, num_spares, limits,
+                                               num_making=kept.num_making if kept else 0)
             else:
                 kept.num_spares = num_spares
                 stale, kept.ready = kept.ready[num_spares:], kept.ready[:num_spares]
+            self._forget_if_unused(key)
         for spare in stale:
             spare.spare.discard()
 
-    def take(self, program: Any, limits: InstanceLimits) -> Any | None:
-        """A ready spare of `program` made with `limits` but for page_quota (the caller binds
-        and starts it), or None."""
+    def take(self, program: Any, limits: InstanceLimits, owner: str = "") -> Any | None:
+        """A ready spare of `program` made with `limits` but for page_quota, `owner`'s or else
+        the runtime's own (the caller binds and starts it), or None."""
         with self._lock:
-            kept = self._kept.get(program.hash)
-            if kept is None or not kept.ready or kept.limits != spare_key(limits):
-                return None
-            spare = kept.ready.pop()
-            self._unlaunched.discard(spare)
-            return spare
+            for key in dict.fromkeys(((owner, program.hash), ("", program.hash))):
+                kept = self._kept.get(key)
+                if kept is not None and kept.ready and kept.limits == spare_key(limits):
+                    spare = kept.ready.pop()
+                    self._unlaunched.discard(spare)
+                    return spare
+            return None
 
     def fill(self) -> None:
         """If no instance runs, have the missing spares made, FILL_DELAY_S from now on a thread
@@ -150,22 +158,25 @@ class SpareInstances:
                 num_missing = kept.num_spares - len(kept.ready) - kept.num_making
                 if not kept.failed and num_missing > 0:
                     kept.num_making += num_missing
-                    jobs.append((kept.program, kept.limits, num_missing))
+                    jobs.append((kept, num_missing))
         if jobs:
             self._run(lambda: self._make_all(jobs), "pie-spares")
 
-    def _make_all(self, jobs: list[tuple[Any, InstanceLimits, int]]) -> None:
+    def _make_all(self, jobs: list[tuple[_Kept, int]]) -> None:
         """Make the spares of `jobs`, each only while the runtime is still idle: once a launch
         has come (or the pool closed), the rest are not made."""
         time.sleep(FILL_DELAY_S)     # the last instance's end, its waiter's wake
-        for program, limits, num_spares in jobs:
+        for kept, num_spares in jobs:
+            key = (kept.owner, kept.program.hash)
             for _ in range(num_spares):
                 spare = None
                 if self._is_idle():
-                    spare = self._make(program, limits, SpareHandover(self._ready, self._ended))
+                    spare = self._make(kept.program, kept.limits, SpareHandover(
+                        partial(self._ready, key), partial(self._ended, key)))
                 with self._lock:
                     if spare is None or self._closed:
-                        self._kept[program.hash].num_making -= 1
+                        self._kept[key].num_making -= 1
+                        self._forget_if_unused(key)
                         self._lock.notify_all()
                         continue
                     self._unlaunched.add(spare)
@@ -197,20 +208,21 @@ class SpareInstances:
         for spare in unlaunched:
             spare.wait(timeout)
 
-    def _ready(self, spare: Any) -> None:
+    def _ready(self, key: tuple[str, str], spare: Any) -> None:
         """A spare's thread: instantiated, about to wait for its launch."""
         with self._lock:
-            kept = self._kept[spare.program.hash]
+            kept = self._kept[key]
             kept.num_making -= 1             # counted per program, whatever its limits now
             keep = (not self._closed and kept.limits == spare_key(spare.limits)
                     and len(kept.ready) < kept.num_spares)
             if keep:
                 kept.ready.append(spare)
+            self._forget_if_unused(key)
             self._lock.notify_all()
         if not keep:
             spare.spare.discard()
 
-    def _ended(self, spare: Any) -> None:
+    def _ended(self, key: tuple[str, str], spare: Any) -> None:
         """A spare's thread: it ended without a launch (discarded, or it failed before ready).
         A failure is logged before it counts as no longer being made: whoever `wait_filled`
         wakes finds the warning written."""
@@ -222,8 +234,16 @@ class SpareInstances:
                          outcome.status if outcome else "?", outcome.value if outcome else "")
         with self._lock:
             self._unlaunched.discard(spare)
-            kept = self._kept[spare.program.hash]
-            if failed:
+            kept = self._kept.get(key)
+            if failed and kept is not None:
                 kept.num_making -= 1
                 kept.failed = kept.failed or kept.limits == spare_key(spare.limits)
+                self._forget_if_unused(key)
             self._lock.notify_all()
+
+    def _forget_if_unused(self, key: tuple[str, str]) -> None:
+        """Under the lock: drop the entry of `key` once it keeps no spares and none is being made
+        (a tenant that launches one program after another leaves no trail)."""
+        kept = self._kept[key]
+        if kept.num_spares == 0 and kept.num_making == 0 and not kept.ready:
+            del self._kept[key]

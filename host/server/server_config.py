@@ -262,6 +262,9 @@ class TenantConfig:
     # KV pages the built-in's shared chat prefixes may hold (0: off; None: the default below)
     prefix_cache_pages: int | None = None
     max_receive_wait_s: float | None = None   # its instances' wait in a receive (None: [limits])
+    # instances of its latest launched upload instantiated ahead, made while nothing runs and
+    # taken by its launches and their children of that program (0: none)
+    spare_instances: int = 0
     # what its instances may reach outside the host ([tenants.outbound]: allow_hosts, limits,
     # [[tenants.outbound.mcp_servers]]); nothing by default
     outbound: OutboundLimits = field(default_factory=OutboundLimits)
@@ -277,6 +280,11 @@ class TenantConfig:
         if cache_pages is not None and not 0 <= cache_pages <= self.max_kv_pages:
             raise ValueError(f"tenant {self.name!r}: prefix_cache_pages must be in 0.."
                              f"{self.max_kv_pages} (max_kv_pages), got {cache_pages}")
+        max_spares = RuntimeConfig.max_spare_instances
+        if not isinstance(self.spare_instances, int) \
+                or not 0 <= self.spare_instances <= max_spares:
+            raise ValueError(f"tenant {self.name!r}: spare_instances must be an int in "
+                             f"0..{max_spares}, got {self.spare_instances!r}")
         if not self.name or not set(self.name) <= NAME_CHARS:
             raise ValueError(f"tenants: name must be non-empty letters, digits, '_-.', "
                              f"got {self.name!r}")
@@ -325,6 +333,11 @@ class ServerConfig:
         tokens = [t.token for t in self.tenants if t.token]
         if len(set(tokens)) != len(tokens):
             raise ValueError("tenants: two tenants share one token")
+        num_spares = self.server.spare_builtins + sum(t.spare_instances for t in self.tenants)
+        if num_spares > RuntimeConfig.max_spare_instances:
+            raise ValueError(f"server.spare_builtins and the tenants' spare_instances add up to "
+                             f"{num_spares}, past the {RuntimeConfig.max_spare_instances} spare "
+                             f"instances a runtime keeps")
 
 
 def _strict_converter() -> cattrs.Converter:

@@ -14,6 +14,7 @@ Blocking runtime calls (load_program, launch, terminate, wait, close) run in `tr
 from __future__ import annotations
 
 import itertools
+import threading
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -81,6 +82,8 @@ class PieService:
         self._ended: OrderedDict[str, str] = OrderedDict()   # instance id -> tenant, newest last
         self._keys = itertools.count()
         self._token: trio.lowlevel.TrioToken | None = None
+        self._spare_programs: dict[str, tuple[str, Any]] = {}   # tenant -> (sha256, Program)
+        self._spares_lock = threading.Lock()    # the runtime's spares follow _spare_programs
 
     def model_info(self) -> dict[str, Any]:
         """The served model: name, page_size, num_pages, vocab_size, max_batch_tokens."""
@@ -192,10 +195,12 @@ class PieService:
 
     async def launch(self, tenant: Tenant, program: Any, sha256: str, args: tuple[str, ...],
                      sink: EventSink | None, kv_pages: int | None = None,
-                     affinity: str | None = None) -> InstanceHandle:
+                     affinity: str | None = None, keep_spares: bool = False) -> InstanceHandle:
         """Launch `program` for `tenant`; its events go to `sink`. Returns the handle.
         `affinity` (an export it will import, or a session key) places it on a cluster
-        (`pie serve --ray`); one process has nowhere else to place it and ignores it."""
+        (`pie serve --ray`); one process has nowhere else to place it and ignores it.
+        `keep_spares` (an upload's launch): from now on the tenant's spare_instances are of
+        this program."""
         if self.closing.is_set():
             raise ServiceError("server is shutting down: no new instances")
         pages = tenant.default_kv_pages if kv_pages is None else kv_pages
@@ -219,7 +224,26 @@ class PieService:
             self._forget(handle)
             raise ServiceError(f"launch failed: {exc}") from None
         self.metrics.instances_launched.inc()
+        if keep_spares and tenant.spare_instances:
+            await trio.to_thread.run_sync(self._keep_spares, tenant, program, sha256, limits)
         return handle
+
+    def _keep_spares(self, tenant: Tenant, program: Any, sha256: str, limits: Any) -> None:
+        """On a worker thread: keep the tenant's spare_instances spares of `program` for its
+        launches with `limits` (whatever their page reservation), and none of the program they
+        were of before. A refusal is logged: the launch stands, its successors instantiate."""
+        with self._spares_lock:
+            previous = self._spare_programs.get(tenant.name)
+            try:
+                if previous is not None and previous[0] != sha256:
+                    self.runtime.keep_spares(previous[1], 0, limits=limits, owner=tenant.name)
+                self.runtime.keep_spares(program, tenant.spare_instances, limits=limits,
+                                         owner=tenant.name)
+            except Exception as exc:                # ValueError, ClusterError: no spares
+                _log.warning("tenant %s: no spares of program %s: %s", tenant.name,
+                             sha256[:12], exc)
+                return
+            self._spare_programs[tenant.name] = (sha256, program)
 
     def _on_event_threaded(self, handle: InstanceHandle, event: Any) -> None:
         """Runtime callback, on the instance's thread (a final event may come from the thread

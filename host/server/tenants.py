@@ -52,6 +52,7 @@ class Tenant:
     max_receive_wait_s: float | None = None   # its instances' InstanceLimits (None: the server's)
     max_adapter_bytes: int = 256 * 1024 * 1024   # stored LoRA adapters (TenantConfig)
     outbound: OutboundLimits = field(default_factory=OutboundLimits)   # its instances' HTTP, MCP
+    spare_instances: int = 0         # of its latest launched upload, made ahead (TenantConfig)
 
     @property
     def default_kv_pages(self) -> int:
@@ -66,7 +67,7 @@ class TenantRegistry:
         self._by_token = [(t.resolved_token().encode(),
                            Tenant(t.name, t.max_instances, t.max_kv_pages, t.max_program_bytes,
                                   t.resolved_prefix_cache_pages, t.max_receive_wait_s,
-                                  t.max_adapter_bytes, t.outbound))
+                                  t.max_adapter_bytes, t.outbound, t.spare_instances))
                           for t in tenants]
 
     def authenticate(self, token: str) -> Tenant | None:

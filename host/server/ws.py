@@ -226,7 +226,8 @@ class Connection:
     async def _on_Launch(self, tenant: Tenant, request: p.Launch) -> None:
         program = await self.service.program_for(tenant, request.program)
         handle = await self.service.launch(tenant, program, request.program, request.args,
-                                           self._events, request.kv_pages, request.affinity)
+                                           self._events, request.kv_pages, request.affinity,
+                                           keep_spares=True)
         self._handles.append(handle)
         await self._send(p.reply_message(request.id, instance_id=handle.instance_id,
                                          kv_pages=handle.kv_pages))

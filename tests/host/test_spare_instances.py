@@ -160,6 +160,25 @@ def test_spares_are_bounded(components, make_runtime):  # noqa: F811
     assert runtime.spares.num_ready == 2
 
 
+def test_a_tenants_spares_serve_only_its_launches(components, make_runtime):  # noqa: F811
+    """Spares kept for owner alice serve only alice's launches; the runtime's own (owner "")
+    serve anyone's; dropping alice's (0 of them) leaves the runtime's."""
+    runtime = make_runtime(FakeEngine())
+    program = runtime.load_program(components.component("echo"))
+    runtime.keep_spares(program, 2, owner="alice")
+    runtime.keep_spares(program, 1)
+    assert runtime.wait_spares(10) and runtime.spares.num_ready == 3
+    running = []
+    for tenant, num_left in (("bob", 2), ("bob", 2), ("alice", 1), ("alice", 0), ("alice", 0)):
+        running.append(runtime.launch(program, tenant=tenant))    # each waits for input
+        assert runtime.spares.num_ready == num_left
+    for instance_id in running:
+        assert runtime.send(instance_id, "") and runtime.wait(instance_id, 10).value == "bye"
+    assert runtime.wait_spares(10) and runtime.spares.num_ready == 3
+    runtime.keep_spares(program, 0, owner="alice")
+    assert runtime.spares.num_ready == 1
+
+
 @pytest.mark.parametrize("value", [-1, 4097, "4"])
 def test_max_spare_instances_is_checked(value) -> None:
     with pytest.raises(ValueError, match="max_spare_instances must be an int in 0..4096"):
