@@ -21,7 +21,8 @@ KERNEL_SOURCES = ["engine/quant/module.c", "engine/quant/pool.c", "engine/quant/
                   "engine/quant/decode_attention_avx2.c", "engine/quant/kernels_avx512.c",
                   "engine/quant/decode_attention_avx512.c", "engine/quant/prefill_attention.c",
                   "engine/quant/interleaved_avx512.c", "engine/quant/interleaved_act8.c",
-                  "engine/quant/interleaved_act8_avx512.c",
+                  "engine/quant/interleaved_act8_avx512.c", "engine/quant/kquant_act8.c",
+                  "engine/quant/kquant_act8_avx512.c",
                   "engine/quant/prefill_attention_avx2.c", "engine/quant/prefill_attention_avx512.c"]
 BUILD_ERRORS = (CCompilerError, CompileError, ExecError, PlatformError, OSError)
 

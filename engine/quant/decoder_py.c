@@ -52,8 +52,8 @@ static int read_projection(const int64_t *fields, projection *proj, int64_t num_
         if (proj->act8_min_rows < 0 || !act8_supported(proj->qtypes[p], level)
                 || act8_layout(proj->qtypes[p]) != act8_layout(proj->qtypes[0])) {
             PyErr_Format(PyExc_ValueError, "decoder_new: 8-bit activations from %lld rows need "
-                         "parts of one interleaved layout at the scalar or avx512-vnni level "
-                         "(part %d: qtype %d, level %d)", (long long)proj->act8_min_rows, p,
+                         "parts of one 8-bit layout (interleaved or K-quant) at the scalar or "
+                         "avx512-vnni level (part %d: qtype %d, level %d)", (long long)proj->act8_min_rows, p,
                          proj->qtypes[p], level);
             return -1;
         }

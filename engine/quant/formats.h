@@ -107,6 +107,16 @@ static inline void q4k_scale_min(int j, const uint8_t *q, uint8_t *scale, uint8_
     }
 }
 
+/* Q6_K value i (0..255) of one super-block, in -32..31 */
+static inline int q6k_value(const block_q6_k *block, int i) {
+    int half = i / 128, l = i % 32, quarter = (i % 128) / 32;
+    const uint8_t *ql = block->ql + half * 64, *qh = block->qh + half * 32;
+    int low = quarter % 2 ? ql[l + 32] : ql[l];
+    low = quarter < 2 ? low & 0xF : low >> 4;
+    int high = (qh[l] >> (2 * quarter)) & 3;
+    return (low | (high << 4)) - 32;
+}
+
 /* bytes per row of k values, 0 for an unknown type or a k that is not whole blocks */
 static inline int64_t qtype_row_bytes(int qtype, int64_t k) {
     switch (qtype) {
@@ -166,13 +176,14 @@ dot_rows_fn dot_rows_avx512(int qtype);
 dot_rows_fn dot_rows_x8_avx512(int qtype);
 int dequantize_x8_avx512(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, float *out);
 
-/* 8-bit activation kernels of the _X8 types: y[r * ldy + j] = dot(row j of w, activation row r),
+/* 8-bit activation kernels of the _X8 types (and Q4_K / Q6_K, any row count): y[r * ldy + j] = dot(row j of w, activation row r),
  * j < num_rows (whole 8-row groups), r < m; x in act8_layout(qtype)'s layout */
 typedef void (*dot8_rows_fn)(const uint8_t *w, int64_t row_bytes, int64_t num_rows,
                              const act_q8 *x, int64_t m, float *y, int64_t ldy);
-/* the layout an _X8 type's 8-bit kernels read (-1 for any other type) */
+/* the layout a type's 8-bit kernels read: the _X8 types' and the row-major Q4_K / Q6_K's (both
+ * ACT8_Q8: the weight quants are the signed operand of vpdpbusd); -1 for any other type */
 static inline int act8_layout(int qtype) {
-    return qtype == QTYPE_Q8_0_X8 ? ACT8_Q8
+    return qtype == QTYPE_Q8_0_X8 || qtype == QTYPE_Q4_K || qtype == QTYPE_Q6_K ? ACT8_Q8
            : qtype == QTYPE_Q4_0_X8 || qtype == QTYPE_Q4_1_X8 ? ACT8_Q4 : -1;
 }
 /* interleaved.c: row j's scale d, offset m (w = d q + m) and 32 quants in one _X8 tile */
@@ -184,5 +195,10 @@ void quantize_act8_scalar(const float *x, int64_t m, act_q8 *out);
 dot8_rows_fn dot8_rows_x8_scalar(int qtype);
 void quantize_act8_avx512(const float *x, int64_t m, act_q8 *out);
 dot8_rows_fn dot8_rows_x8_avx512(int qtype);
+/* kquant_act8.c: the reference 8-bit kernels of the row-major Q4_K / Q6_K (NULL for another
+ * type), rows [0, num_rows) of GGUF's own bytes; kquant_act8_avx512.c: the same, bit for bit, with
+ * vpdpbusd (call only at LEVEL_AVX512) */
+dot8_rows_fn dot8_rows_k_scalar(int qtype);
+dot8_rows_fn dot8_rows_k_avx512(int qtype);
 
 #endif

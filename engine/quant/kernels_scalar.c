@@ -114,16 +114,6 @@ static void dot_q4_k(const uint8_t *w, int64_t row_bytes, int64_t num_rows, cons
     }
 }
 
-/* Q6_K value i (0..255) of one super-block, in -32..31 */
-static inline int q6k_value(const block_q6_k *block, int i) {
-    int half = i / 128, l = i % 32, quarter = (i % 128) / 32;
-    const uint8_t *ql = block->ql + half * 64, *qh = block->qh + half * 32;
-    int low = quarter % 2 ? ql[l + 32] : ql[l];
-    low = quarter < 2 ? low & 0xF : low >> 4;
-    int high = (qh[l] >> (2 * quarter)) & 3;
-    return (low | (high << 4)) - 32;
-}
-
 static void dot_q6_k(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q16 *x,
                      int64_t m, float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK, num_super = x->k / QK_K;

@@ -42,7 +42,7 @@ void quantize_act_rows(int level, const float *x, int64_t m, act_q16 *act, int n
 void matmul_rows(int qtype, int level, const uint8_t *w, int64_t n, const act_q16 *x, int64_t m,
                  float *y, int64_t ldy, int num_threads);
 
-/* 8-bit activations (formats.h act_q8) for the _X8 types, at LEVEL_AVX512 (vpdpbusd) and
+/* 8-bit activations (formats.h act_q8) for the _X8 types and Q4_K / Q6_K, at LEVEL_AVX512 (vpdpbusd) and
  * LEVEL_SCALAR (the reference): act8_supported says whether (qtype, level) has them. */
 int act8_supported(int qtype, int level);
 /* act_alloc's contract for act_q8 blocks of `layout` */
