@@ -19,7 +19,7 @@
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 #define INLINE TARGET static inline __attribute__((always_inline))
-#define MAX_ROWS 4          /* activation rows per pass over a weight row */
+#define MAX_ROWS 8          /* activation rows per pass over a weight row */
 #define SPANS 4             /* vectors of 64 weight quants per super-block */
 
 INLINE float half_at(const uint16_t *p) { return _cvtsh_ss(*p); }
@@ -53,6 +53,19 @@ INLINE __m512i span_index(int span, int per_scale) {
     return _mm512_loadu_si512((const void *)lanes);
 }
 
+/* formats.h's q4k_scale_min of sub-blocks 0-7 at once: bytes 0-7 the scales, 8-15 the minimums
+ * (4 sub-blocks per 32-bit word: j < 4 the low 6 bits of bytes j / j + 4; j >= 4 the nibbles of
+ * byte j + 4 under the top 2 bits of bytes j - 4 / j) */
+INLINE __m128i q4k_scales_mins(const uint8_t packed[12]) {
+    uint32_t word[3];
+    memcpy(word, packed, sizeof word);
+    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, top2 = 0x03030303u;
+    uint32_t scales_low = word[0] & low6, mins_low = word[1] & low6;
+    uint32_t scales_high = (word[2] & low4) | (((word[0] >> 6) & top2) << 4);
+    uint32_t mins_high = ((word[2] >> 4) & low4) | (((word[1] >> 6) & top2) << 4);
+    return _mm_setr_epi32((int)scales_low, (int)scales_high, (int)mins_low, (int)mins_high);
+}
+
 INLINE void q4_k_row8(const uint8_t *row, const act_q8 *x, int64_t r0, int R, float *y,
                       int64_t ldy) {
     int64_t num_blocks = x->k / QK, num_super = x->k / QK_K;
@@ -64,12 +77,12 @@ INLINE void q4_k_row8(const uint8_t *row, const act_q8 *x, int64_t r0, int R, fl
     for (int p = 0; p < SPANS; p++) index[p] = span_index(p, QK);
     for (int64_t sb = 0; sb < num_super; sb++) {
         const block_q4_k *block = (const block_q4_k *)(row + sb * sizeof(block_q4_k));
-        uint8_t sc[8], mn[8];
-        for (int s = 0; s < 8; s++) q4k_scale_min(s, block->scales, sc + s, mn + s);
+        __m128i six_bit = q4k_scales_mins(block->scales);
         __m256 scales = _mm256_mul_ps(_mm256_set1_ps(half_at(&block->d)),
-                                      _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc))));
-        __m256 minimums = _mm256_mul_ps(_mm256_set1_ps(-half_at(&block->dmin)),
-                                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn))));
+                                      _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(six_bit)));
+        __m256 minimums = _mm256_mul_ps(
+            _mm256_set1_ps(-half_at(&block->dmin)),
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(six_bit, six_bit))));
         __m512i w[SPANS], start[SPANS];
         for (int p = 0; p < SPANS; p++) {
             __m256i raw = _mm256_loadu_si256((const __m256i *)(block->qs + 32 * p));
@@ -151,6 +164,10 @@ INLINE void q6_k_row8(const uint8_t *row, const act_q8 *x, int64_t r0, int R, fl
         int64_t r0 = 0;                                                                      \
         for (; r0 + MAX_ROWS <= m; r0 += MAX_ROWS) call(MAX_ROWS);                           \
         switch (m - r0) {                                                                    \
+        case 7: call(7); break;                                                              \
+        case 6: call(6); break;                                                              \
+        case 5: call(5); break;                                                              \
+        case 4: call(4); break;                                                              \
         case 3: call(3); break;                                                              \
         case 2: call(2); break;                                                              \
         case 1: call(1); break;                                                              \
