@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Callable, Iterable
 
 from engine.protocol import EngineLike, EngineStats
@@ -113,7 +114,7 @@ class Runtime:
                                        self.restore_costs)
         self.page_allocator.on_free = self.suspensions.wake
         self.hub = MessageHub(config.messages)
-        self.spawns = Spawns(self._launch, self.terminate, self.send)
+        self.spawns = Spawns(partial(self._launch, client=False), self.terminate, self.send)
         self.outbound = Outbound()            # the instances' HTTP requests and MCP calls
         tokenizer = engine.tokenizer
         self.services = HostServices(
@@ -139,8 +140,10 @@ class Runtime:
         self.scheduler.start()
         self._ticker = threading.Thread(target=self._tick, name="pie-epoch", daemon=True)
         self._ticker.start()
-        self.spares = SpareInstances(self._make_spare, config.max_spare_instances,
-                                     self.services.threads.run, lambda: not self._running)
+        self.spares = SpareInstances(
+            self._make_spare, config.max_spare_instances, self.services.threads.run,
+            lambda: not self._running,
+            self.linear_memories.warm if self.linear_memories is not None else lambda _: None)
         if config.freeze_heap:
             gc.collect()
             gc.freeze()
@@ -168,7 +171,8 @@ class Runtime:
         limits = limits or self.config.limits
         return self._launch(program, tuple(str(arg) for arg in args), tenant, limits, on_event,
                             lambda instance_id: self.spawns.add_root(instance_id, tenant,
-                                                                     program, limits))
+                                                                     program, limits),
+                            client=True)
 
     def set_spawn_hooks(self, hooks: SpawnHooks | None) -> None:
         """How children.spawn finds a program other than the parent's own, and who admits a
@@ -178,8 +182,10 @@ class Runtime:
 
     def _launch(self, program: Program, args: tuple[str, ...], tenant: str,
                 limits: InstanceLimits, on_event: EventCallback | None,
-                before_start: Callable[[str], None]) -> str:
-        """Start an instance; `before_start(instance_id)` runs just before it may run."""
+                before_start: Callable[[str], None], *, client: bool) -> str:
+        """Start an instance; `before_start(instance_id)` runs just before it may run. `client`:
+        launched by a client (the scheduler's start hold waits for a pause in those), not
+        spawned by an instance."""
         if self._closed.is_set():
             raise RuntimeError("the runtime is closed")
         instance_id = uuid.uuid4().hex[:12]
@@ -204,7 +210,7 @@ class Runtime:
         else:
             instance.bind(launch)
         self.scheduler.set_owner_group(instance_id, tenant)
-        self.scheduler.owner_starting(instance_id)
+        self.scheduler.owner_starting(instance_id, burst=client)
         with self._lock:
             self._running[instance_id] = instance
             self._num_launched += 1

@@ -15,7 +15,9 @@ as the ImageFiles (never closed under a `restore` reading it).
 memory_pool.py): it reads the memory's page map (/proc/self/pagemap) and copies the image over
 exactly the pages that are no longer the file's (written, or swapped out), keeping them resident
 for the next guest, which writes mostly the same ones; a page the last instance did not write is
-the file's and holds the image already. It is used only where a self-test at construction found
+the file's and holds the image already. The same reading at a memory's end (`note_written`)
+tells a fresh memory of the image which pages its guest will likely write (`last_written`:
+host/sandbox/linear_memory.py faults them in ahead for a spare). It is used only where a self-test at construction found
 the page map telling a written private page from a read one; elsewhere (no page map, hidden
 flags) `restore` answers False and the caller maps the image afresh.
 
@@ -77,6 +79,9 @@ class ImageFiles:
         self._lock = threading.Lock()
         self._files: weakref.WeakKeyDictionary[MemoryImage, _ImageFile] = \
             weakref.WeakKeyDictionary()
+        # per image: the runs of pages the last memory that ended with it had written
+        self._written: weakref.WeakKeyDictionary[MemoryImage, list[tuple[int, int]]] = \
+            weakref.WeakKeyDictionary()
         self._pagemap_fd = _open_pagemap()     # open as long as this object: never reused
         if self._pagemap_fd is not None and not self._pagemap_tells_written_pages():
             os.close(self._pagemap_fd)
@@ -122,6 +127,27 @@ class ImageFiles:
             offset = first * _OS_PAGE
             ctypes.memmove(base + offset, image_file.source + offset, count * _OS_PAGE)
         return True
+
+    def note_written(self, base: int, image: MemoryImage, num_bytes: int) -> None:
+        """Record which of the first `num_bytes` of a memory mapped by `map` from `image` are
+        no longer the file's (written: private copies, or zero pages touched past the image),
+        as `image`'s last written pages (`last_written`). Nothing where the page map cannot
+        tell."""
+        fd = self._pagemap_fd
+        if fd is None:
+            return
+        try:
+            runs = written_runs(_read_entries(fd, base, -(-num_bytes // _OS_PAGE)))
+        except OSError:
+            return
+        with self._lock:
+            self._written[image] = runs
+
+    def last_written(self, image: MemoryImage) -> list[tuple[int, int]]:
+        """(first page, number of pages) of each run the last memory of `image` to end had
+        written (`note_written`); [] when none has."""
+        with self._lock:
+            return self._written.get(image, [])
 
     def _file(self, image: MemoryImage) -> _ImageFile | None:
         """The image's file, made on first use; None when the OS refuses one."""

@@ -87,12 +87,14 @@ class _Kept:
 class SpareInstances:
     """The spares of the programs named with `keep`. `make(program, limits, handover)` returns
     an unstarted Instance that instantiates, then waits on `handover`; `run(target, name)` calls
-    `target` on another thread."""
+    `target` on another thread; `warm(spare)` readies a spare's memory on its thread."""
 
     def __init__(self, make: Callable[[Any, InstanceLimits, SpareHandover], Any],
                  max_spares: int, run: Callable[[Callable[[], None], str], None],
-                 is_idle: Callable[[], bool]) -> None:
+                 is_idle: Callable[[], bool],
+                 warm: Callable[[Any], None] = lambda spare: None) -> None:
         self._make = make
+        self._warm = warm                          # a spare's memory, faulted in ahead
         self._run = run                            # runs a callable on another thread
         self._is_idle = is_idle                    # no instance runs
         self._max_spares = max_spares
@@ -209,7 +211,9 @@ class SpareInstances:
             spare.wait(timeout)
 
     def _ready(self, key: tuple[str, str], spare: Any) -> None:
-        """A spare's thread: instantiated, about to wait for its launch."""
+        """A spare's thread: instantiated, about to wait for its launch; its memory is warmed
+        first (the pages its guest will likely write, faulted in while nothing runs)."""
+        self._warm(spare)
         with self._lock:
             kept = self._kept[key]
             kept.num_making -= 1             # counted per program, whatever its limits now

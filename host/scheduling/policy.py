@@ -14,8 +14,11 @@ times, regroup into full batches; a lone instance is held only until it waits ag
 The start hold (`start_hold_ms` > 0): a batch whose passes are all the first passes of launched
 instances waits for the other instances launched and not blocked yet, each of them once, until its
 oldest pass has waited start_hold_ms in all; within that bound it also waits until
-LAUNCH_BURST_GAP_S has passed since the last launch (the first of a burst may block before the
-next launch is known). A batch with any other pass is never held for starting instances.
+LAUNCH_BURST_GAP_S has passed since the last launch by a client (the first of a burst may block
+before the next launch is known). A child's spawn opens no such pause: the children a parent
+spawns in a row are waited for as starting instances while they are, and a lone child's first
+pass is not held for launches that are not coming. A batch with any other pass is never held
+for starting instances.
 
 "k-or-t": when k queues have work or the oldest item has waited t_ms.
 

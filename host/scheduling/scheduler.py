@@ -79,7 +79,7 @@ class BatchScheduler:
         self._start_hold_s = (policy.start_hold_ms or 0) / 1000   # None (unresolved): none
         self._starting: set[Hashable] = set()   # adaptive: owners launched, not blocked yet
         self._unrun: set[Hashable] = set()      # ... launched, none of their passes taken yet
-        self._last_start = float("-inf")        # ... monotonic time of the last launch
+        self._last_start = float("-inf")        # ... monotonic time of the last client launch
         self._running = False                   # a batch is running (engine or waiting thread)
         self._engine_idle = False               # the engine thread waits with no timer
         self._lookahead = Lookahead(self, policy)
@@ -315,14 +315,16 @@ class BatchScheduler:
                 self._cond.notify_all()
 
     # ------------------------------------------------------- owners' comings and goings
-    def owner_starting(self, owner_id: Hashable) -> None:
+    def owner_starting(self, owner_id: Hashable, burst: bool = True) -> None:
         """`owner_id` was launched: with `start_hold_ms`, a batch of first passes may wait for
-        it until it first blocks or ends (policy.py)."""
+        it until it first blocks or ends, and (`burst`: a client's launch, whose next one the
+        host cannot see coming) for a pause in the launches (policy.py)."""
         if self.policy.kind == "adaptive" and self._start_hold_s > 0:
             with self.lock:
                 self._starting.add(owner_id)
                 self._unrun.add(owner_id)
-                self._last_start = time.monotonic()
+                if burst:
+                    self._last_start = time.monotonic()
 
     def owner_waiting(self, owner_id: Hashable) -> None:
         """`owner_id` is about to block (on a pass, a synchronize, a receive) or has ended: the

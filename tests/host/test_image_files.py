@@ -226,3 +226,34 @@ def test_the_page_map_stays_open_as_long_as_its_image_files():
 ])
 def test_written_runs_are_the_pages_that_are_not_the_files(entries, runs):
     assert written_runs(array.array("Q", entries).tobytes()) == runs
+
+
+def written_page_set(base: int) -> set[int]:
+    """The OS pages of the memory at `base` that are no longer the image file's (page map)."""
+    fd = os.open("/proc/self/pagemap", os.O_RDONLY)
+    try:
+        entries = image_files._read_entries(fd, base, NUM_PAGES * WASM_PAGE // OS_PAGE)
+    finally:
+        os.close(fd)
+    return {first + i for first, count in written_runs(entries) for i in range(count)}
+
+
+def test_warm_faults_in_what_the_last_memory_of_the_image_wrote():
+    """A fresh memory (no pool) of an image whose last memory wrote some pages: `warm` makes
+    those pages its own ahead, image and past it, and changes none of its bytes."""
+    setup = Setup(pool_bytes=0)
+    assert setup.memories._images.reads_written_pages       # Linux with /proc/self/pagemap
+    span = image_span(setup.image)
+    store, base = setup.instantiate()
+    written_pages(base, span)
+    expected_pages = written_page_set(base)
+    assert len(expected_pages) == 5                       # 3 in the image, 2 past it
+    del store
+    gc.collect()
+    store, base = setup.instantiate()
+    assert written_page_set(base) == set() and private_kb(base) == 0
+    setup.memories.warm(setup.owner)
+    assert written_page_set(base) == expected_pages
+    assert private_kb(base) == 4 * len([p for p in expected_pages if p * OS_PAGE < span])
+    assert setup.contents(base) == setup.expected
+    assert setup.owner.num_memory_bytes == NUM_PAGES * WASM_PAGE   # charged as before

@@ -9,10 +9,14 @@ from types import SimpleNamespace
 import pytest
 
 from host import InstanceLimits, RuntimeConfig
+from host.sandbox.programs.build import build_cached
+from host.sandbox.image_files import image_span
 from host.sandbox.spare_instances import SpareInstances
 from tests.host.components import _run, _wasm_tools
 from tests.host.components import components, make_runtime, program_cache_dir  # noqa: F401
 from tests.host.fake_engine import FakeEngine
+from tests.host.test_children import BUILD_CACHE, REPO_DIR
+from tests.host.test_image_files import private_kb
 
 # A component whose core module's start function calls the host (kv.create-sequence, lowered
 # straight into it: no memory needed) during instantiation; its `run` returns ok("ran").
@@ -200,3 +204,22 @@ def test_no_spare_is_made_once_a_launch_has_come() -> None:
     spares.fill()
     assert spares.wait_filled(1)
     assert made == [] and spares.num_ready == 0
+
+
+def test_a_spare_made_after_a_run_finds_its_memory_warmed(components,  # noqa: F811
+                                                          make_runtime):
+    """The pages the last ended instance of the program wrote are the spare's own before its
+    launch (LinearMemories.warm), not faulted in by its guest."""
+    runtime = make_runtime(FakeEngine(), count_linear_memory=True, memory_pool_mb=0)
+    wasm_path, _ = build_cached(REPO_DIR / "tests" / "host" / "apps" / "spawner.py",
+                                BUILD_CACHE)                  # a componentize-py guest
+    program = runtime.load_program(wasm_path.read_bytes())
+    assert program.memory_image is not None
+    assert runtime.wait(runtime.launch(program, ["quick"]), timeout=60).status == "ok"
+    written = runtime.linear_memories._images.last_written(program.memory_image)
+    assert written                                       # noted as its memory ended
+    runtime.keep_spares(program, 1)
+    assert runtime.wait_spares(10) and runtime.spares.num_ready == 1
+    (memory,) = runtime.linear_memories._memories.values()
+    assert private_kb(memory.base) == 4 * sum(
+        count for first, count in written if first * 4096 < image_span(program.memory_image))

@@ -139,6 +139,25 @@ def test_the_wait_for_a_burst_ends_at_the_start_hold_bound(monkeypatch):
     assert 0.15 <= held_s < 2.0
 
 
+def test_a_childs_spawn_opens_no_wait_for_a_burst(monkeypatch):
+    """A spawned child (burst=False) is waited for while it starts, like a launch, but its spawn
+    does not make a lone first pass wait for more launches: the same pass as above runs at once."""
+    monkeypatch.setattr(batch_policy, "LAUNCH_BURST_GAP_S", 30.0)
+    engine = FakeEngine(num_pages=8, page_size=4)
+    with BatchScheduler(engine, SchedulerPolicy(start_hold_ms=200, max_hold_ms=0)) as scheduler:
+        scheduler.owner_starting("child", burst=False)
+        assert seconds_to_result(scheduler, "child") < 0.1
+        scheduler.owner_starting("a", burst=False)
+        scheduler.owner_starting("b", burst=False)       # spawned before "a" blocked
+        threads = [threading.Thread(target=submit_and_wait, args=(scheduler, owner, i, delay))
+                   for i, (owner, delay) in enumerate((("a", 0.0), ("b", 0.05)), start=2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert [len(batch.requests) for batch in engine.batches] == [1, 2]
+
+
 def test_start_hold_ms_is_validated():
     with pytest.raises(ValueError, match="SchedulerPolicy.start_hold_ms must be >= 0"):
         SchedulerPolicy(start_hold_ms=-1)
