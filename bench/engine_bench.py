@@ -71,14 +71,17 @@ def prompts_for(row: str, vocab: int) -> list[list[int]]:
 
 
 def bench_ours(rows: list[str], new_tokens: int, repeats: int, dtype: str,
-               thread_counts: list[int], act8: bool = False) -> tuple[dict, float, float, int, str]:
-    """({threads: {row: tok/s}}, load s, peak RSS MB, vocab size, kernel line): one engine, the
-    rows run on each of thread_counts threads in turn (torch's count, which the kernels use)."""
+               thread_counts: list[int], act8: bool = False,
+               model: Path | None = None) -> tuple[dict, float, float, int, str]:
+    """({threads: {row: tok/s}}, load s, peak RSS MB, vocab size, kernel line): one engine of
+    `model` (a GGUF; default the embedded model), the rows run on each of thread_counts threads
+    in turn (torch's count, which the kernels use)."""
     import torch
-    from engine import load_default_engine
+    from engine.engine import load_engine
 
     start = time.perf_counter()
-    engine = load_default_engine(dtype=dtype, progress=False, seed=0, act8=act8)
+    engine = load_engine(model or default_gguf_path(), dtype=dtype, progress=False, seed=0,
+                         act8=act8)
     load_s = time.perf_counter() - start
     vocab = engine.model_config.vocab_size
     results, before = {}, torch.get_num_threads()
@@ -121,15 +124,16 @@ def decode_tok_s(engine, prompts: list[list[int]], new_tokens: int, repeats: int
 
 
 # ---- transformers -----------------------------------------------------------------------------
-def bench_hf(rows: list[str], new_tokens: int, repeats: int, vocab: int) -> dict:
+def bench_hf(rows: list[str], new_tokens: int, repeats: int, vocab: int,
+             path: Path) -> dict:
+    """{row: tok/s} of transformers on the GGUF at `path` (dequantized to float32); {} without
+    transformers."""
     try:
         import torch
         from transformers import AutoModelForCausalLM
     except ImportError:
         return {}
-    from engine.loaders import default_gguf_path
 
-    path = default_gguf_path()
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                  dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None
@@ -271,7 +275,12 @@ def main() -> None:
     parser.add_argument("--no-scaling", action="store_true",
                         help="skip the 1-thread runs (and the 1 -> N thread speed-ups)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="a GGUF for every side (default: the embedded SmolLM2-135M)")
     args = parser.parse_args()
+    if args.model is not None and not args.model.is_file():
+        parser.error(f"--model {args.model}: no such file")
+    model = args.model or default_gguf_path()
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
@@ -283,16 +292,16 @@ def main() -> None:
     scaling = not args.no_scaling and num_threads > 1
     ours_by_threads, load_s, peak_rss_mb, vocab, kernel_summary = bench_ours(
         rows, args.new_tokens, args.repeats, args.dtype,
-        [1, num_threads] if scaling else [num_threads], act8=args.act8)
+        [1, num_threads] if scaling else [num_threads], act8=args.act8, model=model)
     ours, ours_1t = ours_by_threads[num_threads], ours_by_threads.get(1, {}) if scaling else {}
-    hf = {} if args.no_hf else bench_hf(rows, args.new_tokens, args.repeats, vocab)
+    hf = {} if args.no_hf else bench_hf(rows, args.new_tokens, args.repeats, vocab, model)
     cpp_threads = args.threads or DEFAULT_THREADS
     row_prompts = {row: prompts_for(row, vocab) for row in rows}
     cpp, cpp_rss_mb = ({}, None) if args.no_llama_cpp else bench_in_child(
-        str(default_gguf_path()), row_prompts, args.new_tokens, args.repeats, cpp_threads,
+        str(model), row_prompts, args.new_tokens, args.repeats, cpp_threads,
         USER_OMP_WAIT_POLICY)
     cpp_1t = {} if args.no_llama_cpp or not scaling or cpp_threads <= 1 or not cpp else bench_in_child(
-        str(default_gguf_path()), row_prompts, args.new_tokens, args.repeats, 1,
+        str(model), row_prompts, args.new_tokens, args.repeats, 1,
         USER_OMP_WAIT_POLICY)[0]
     report = {
         "rows": [{"name": r, "ours_tok_s": ours.get(r), "hf_tok_s": hf.get(r),
@@ -305,7 +314,7 @@ def main() -> None:
         "llama_cpp_threads": args.threads or DEFAULT_THREADS,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "llama_cpp_omp_wait_policy": USER_OMP_WAIT_POLICY or "default",
-        "machine": cpu_description(), "kernels": kernel_summary,
+        "machine": cpu_description(), "kernels": kernel_summary, "model": str(model),
     }
     for row in report["rows"]:
         ours_tok_s = row["ours_tok_s"]

@@ -6,10 +6,10 @@
  * 32): the products equal the portable kernels' up to the order of float additions, so the
  * engine's outputs keep their tolerances. What changes is the width and the instruction count:
  * vpdpwssd multiplies 32 int16 pairs and adds them into 16 int32 sums in one instruction (AVX2:
- * vpmaddwd, then vpaddd, 16 pairs). 8-bit activations (vpdpbusd, llama.cpp's scheme) would
- * double the products per instruction again but round each activation to 1/127 of its block's
- * largest: not used here. One block of 32 values is one vector, up to 4 activation rows per
- * unpacked block. */
+ * vpmaddwd, then vpaddd, 16 pairs). 8-bit activations (vpdpbusd) double the products per
+ * instruction again but round each activation to 1/127 of its block's largest: Q4_K / Q6_K's are
+ * kquant_act8_avx512.c's, where the planner measured them faster. One block of 32 values is one
+ * vector, up to 4 activation rows per unpacked block. */
 #include "formats.h"
 
 #if defined(__x86_64__) || defined(__i386__)
