@@ -176,8 +176,9 @@ dot_rows_fn dot_rows_avx512(int qtype);
 dot_rows_fn dot_rows_x8_avx512(int qtype);
 int dequantize_x8_avx512(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, float *out);
 
-/* 8-bit activation kernels of the _X8 types (and Q4_K / Q6_K, any row count): y[r * ldy + j] = dot(row j of w, activation row r),
- * j < num_rows (whole 8-row groups), r < m; x in act8_layout(qtype)'s layout */
+/* 8-bit activation kernels of the _X8 types and Q4_K / Q6_K: y[r * ldy + j] = dot(row j of w,
+ * activation row r), j < num_rows (_X8: whole 8-row groups), r < m; x in act8_layout(qtype)'s
+ * layout */
 typedef void (*dot8_rows_fn)(const uint8_t *w, int64_t row_bytes, int64_t num_rows,
                              const act_q8 *x, int64_t m, float *y, int64_t ldy);
 /* the layout a type's 8-bit kernels read: the _X8 types' and the row-major Q4_K / Q6_K's (both

@@ -122,9 +122,9 @@ INLINE void q6_k_row8(const uint8_t *row, const act_q8 *x, int64_t r0, int R, fl
     const __m512i block_of_scale = span_index(0, 8);   /* lane t: t / 2 (scale t's block) */
     for (int64_t sb = 0; sb < num_super; sb++) {
         const block_q6_k *block = (const block_q6_k *)(row + sb * sizeof(block_q6_k));
-        __m512 scales = _mm512_mul_ps(
-            _mm512_set1_ps(half_at(&block->d)),
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)block->scales))));
+        __m128i sixteen = _mm_loadu_si128((const __m128i *)block->scales);
+        __m512 scales = _mm512_mul_ps(_mm512_set1_ps(half_at(&block->d)),
+                                      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sixteen)));
         __m512i w[SPANS], start[SPANS];
         for (int half = 0; half < 2; half++) {
             const uint8_t *ql = block->ql + half * 64, *qh = block->qh + half * 32;
@@ -146,8 +146,8 @@ INLINE void q6_k_row8(const uint8_t *row, const act_q8 *x, int64_t r0, int R, fl
         }
         for (int r = 0; r < R; r++) {
             int64_t first = (r0 + r) * num_blocks + sb * (QK_K / QK);
-            __m512 dx = _mm512_permutexvar_ps(block_of_scale,
-                                              _mm512_castps256_ps512(_mm256_loadu_ps(x->d + first)));
+            __m512 dx = _mm512_permutexvar_ps(
+                block_of_scale, _mm512_castps256_ps512(_mm256_loadu_ps(x->d + first)));
             __m512 block_scales = _mm512_mul_ps(scales, dx);
             const uint8_t *xq = x->qs + (r0 + r) * x->k + sb * QK_K;
             for (int p = 0; p < SPANS; p++)

@@ -125,13 +125,15 @@ def quantize_q4_k(values: np.ndarray) -> np.ndarray:
     sub = values.reshape(-1, 8, 32).astype(np.float32)              # [super, sub-block, 32]
     low = np.minimum(sub.min(axis=2), 0)
     step = (sub.max(axis=2) - low) / 15
-    d, dmin = (step.max(axis=1) / 63).astype(np.float16), ((-low).max(axis=1) / 63).astype(np.float16)
+    d = (step.max(axis=1) / 63).astype(np.float16)
+    dmin = ((-low).max(axis=1) / 63).astype(np.float16)
     d32, dmin32 = d.astype(np.float32)[:, None], dmin.astype(np.float32)[:, None]
     sc = np.clip(np.rint(_divide(step, d32)), 0, 63).astype(np.uint8)
     mn = np.clip(np.rint(_divide(-low, dmin32)), 0, 63).astype(np.uint8)
     q = np.clip(np.rint(_divide(sub + (dmin32 * mn)[:, :, None], (d32 * sc)[:, :, None])), 0, 15)
     q = q.astype(np.uint8)
-    scales = np.concatenate([sc[:, :4] | ((sc[:, 4:] >> 4) << 6), mn[:, :4] | ((mn[:, 4:] >> 4) << 6),
+    scales = np.concatenate([sc[:, :4] | ((sc[:, 4:] >> 4) << 6),
+                             mn[:, :4] | ((mn[:, 4:] >> 4) << 6),
                              (sc[:, 4:] & 0xF) | ((mn[:, 4:] & 0xF) << 4)], axis=1)
     qs = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(len(sub), 128)  # sub-blocks 2p, 2p + 1
     return np.concatenate([d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2),
