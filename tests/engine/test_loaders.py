@@ -12,6 +12,7 @@ from engine.loaders import (LoadedModel, ModelLoadError, default_gguf_path, load
                             load_model)
 from engine.loaders.dequant import dequantize
 from engine.loaders.gguf_reader import read_gguf
+from engine.quant import QuantizedTensor
 from tests.engine.gguf_factory import TINY, tiny_hf_weights, write_tiny_gguf
 
 
@@ -87,6 +88,24 @@ def test_tiny_gguf_dequantizes_like_gguf_package(tmp_path, qtype):
         if original.ndim == 2 and qtype != Q.F32:
             expected = quants.dequantize(quants.quantize(original, qtype), qtype)
         np.testing.assert_array_equal(model.weights[name].numpy(), expected, err_msg=name)
+
+
+def test_q5_0_matrices_stay_blocks_holding_the_same_values_as_q8_0(tmp_path):
+    """keep_quantized: a Q5_0 matrix (no kernel of its own) becomes Q8_0 blocks whose values
+    are exactly the Q5_0 ones; a vector stays float32."""
+    weights = tiny_hf_weights(seed=2, tied=False)
+    path = write_tiny_gguf(tmp_path / "q5.gguf", weights, matrix_type=Q.Q5_0)
+    blocks = load_gguf(path, progress=False, keep_quantized=True).weights
+    values = load_gguf(path, progress=False).weights
+    for name, original in weights.items():
+        if original.ndim != 2:
+            assert isinstance(blocks[name], torch.Tensor)
+            continue
+        assert isinstance(blocks[name], QuantizedTensor) and blocks[name].qtype == Q.Q8_0
+        widened = quants.dequantize(blocks[name].blocks.numpy(), Q.Q8_0)
+        np.testing.assert_array_equal(widened, values[name].numpy(), err_msg=name)
+        np.testing.assert_array_equal(
+            widened, quants.dequantize(quants.quantize(original, Q.Q5_0), Q.Q5_0), err_msg=name)
 
 
 def test_fast_reader_agrees_with_gguf_reader():
