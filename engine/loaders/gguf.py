@@ -21,7 +21,6 @@ from engine.engine_config import ModelConfig
 from engine.loaders.common import LoadedModel, ModelLoadError, check_weight_shapes, torch_dtype
 from engine.loaders.dequant import SUPPORTED_QTYPES, dequantize
 from engine.loaders.gguf_reader import GGUFFile, GGUFTensorInfo, read_gguf
-from engine.loaders.widen import WIDENED_QTYPES, widen_blocks
 from engine.quant import KERNEL_QTYPES, QuantizedTensor
 from engine.tokenizer import Tokenizer
 
@@ -109,8 +108,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype | str = torch.float32,
     """Load the GGUF at `path`: config, HF-named weights of `dtype`, and its tokenizer.
 
     keep_quantized: matrices of a type the C kernels read (engine.quant.KERNEL_QTYPES) stay as
-    QuantizedTensor (a copy of their blocks, Q/K rows in HF order), Q5_0 ones rewritten exactly
-    as Q8_0 (engine/loaders/widen.py); the rest become `dtype`.
+    QuantizedTensor (a copy of their blocks, Q/K rows in HF order); the rest become `dtype`.
 
     Raises ModelLoadError (naming the file and the reason) for a missing, truncated or corrupt
     file, an architecture other than llama, or a quantization type we cannot dequantize.
@@ -172,9 +170,6 @@ def _convert_tensor(tensor: GGUFTensorInfo, config: ModelConfig, dtype: torch.dt
     if keep_quantized and tensor.qtype in KERNEL_QTYPES and len(tensor.shape) == 2:
         blocks = torch.from_numpy(np.array(data.reshape(num_rows, -1), copy=True))
         return QuantizedTensor(blocks, tensor.qtype, int(tensor.shape[0]))   # [out, in] values
-    if keep_quantized and tensor.qtype in WIDENED_QTYPES and len(tensor.shape) == 2:
-        blocks = torch.from_numpy(widen_blocks(data.reshape(num_rows, -1), tensor.qtype))
-        return QuantizedTensor(blocks, WIDENED_QTYPES[tensor.qtype], int(tensor.shape[0]))
     values = dequantize(data, tensor.qtype, num_rows, dtype)   # [num_rows, row_len]
     return values.reshape(tuple(reversed(tensor.shape)))
 

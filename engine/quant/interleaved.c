@@ -1,4 +1,4 @@
-/* Q4_0 / Q4_1 / Q8_0 rows interleaved 8 at a time (the _X8 types of formats.h): the repacking
+/* Q4_0 / Q4_1 / Q5_0 / Q8_0 rows interleaved 8 at a time (the _X8 types of formats.h): the repacking
  * done at load, and the portable kernel and dequantization of that layout (the reference the
  * AVX2 kernels in interleaved_avx2.c are tested against). The AVX2 kernels multiply one
  * unpacked vector of 8 rows x 2 values by a broadcast pair of activations, so the per-block
@@ -12,6 +12,7 @@ static int source_qtype(int qtype) {
     case QTYPE_Q4_0_X8: return QTYPE_Q4_0;
     case QTYPE_Q4_1_X8: return QTYPE_Q4_1;
     case QTYPE_Q8_0_X8: return QTYPE_Q8_0;
+    case QTYPE_Q5_0_X8: return QTYPE_Q5_0;
     default: return qtype;
     }
 }
@@ -33,11 +34,19 @@ static inline void x8_position(int qtype, int j, int k, int *byte, int *shift) {
     *shift = 4 * (nibble % 2);
 }
 
-/* quant i (0..31) of one source block */
+/* byte and bit of value k (0..31) of row j's high bit in a Q5_0 tile's qh (formats.h) */
+static inline void x5_high_position(int j, int k, int *byte, int *bit) {
+    int chunk = k / 8, nibble = (k % 8) / 2, lane = 2 * j + k % 2;
+    *byte = 2 * lane + nibble / 2;
+    *bit = 2 * chunk + nibble % 2;
+}
+
+/* quant i (0..31) of one source block (Q5_0: its 5 bits, high bit from qh) */
 static int source_quant(int qtype, const uint8_t *block, int i) {
     if (qtype == QTYPE_Q8_0) return (int8_t)block[2 + i];
     const uint8_t *nibbles = block + block_bytes(qtype) - QK / 2;
-    return i < 16 ? nibbles[i] & 0xF : nibbles[i - 16] >> 4;
+    int low = i < 16 ? nibbles[i] & 0xF : nibbles[i - 16] >> 4;
+    return qtype == QTYPE_Q5_0 ? low | ((block[2 + i / 8] >> (i % 8)) & 1) << 4 : low;
 }
 
 typedef struct {
@@ -64,9 +73,14 @@ static void interleave_groups(void *ctx, int64_t start, int64_t count) {
                 memcpy(tile + 2 * j, block, 2);                               /* d */
                 if (qtype == QTYPE_Q4_1) memcpy(tile + 16 + 2 * j, block + 2, 2);   /* m */
                 for (int i = 0; i < QK; i++) {
-                    int byte, shift;
+                    int byte, shift, quant = source_quant(qtype, block, i);
                     x8_position(qtype, j, i, &byte, &shift);
-                    qs[byte] |= (uint8_t)(source_quant(qtype, block, i) << shift);
+                    qs[byte] |= (uint8_t)((qtype == QTYPE_Q5_0 ? quant & 0xF : quant) << shift);
+                    if (qtype == QTYPE_Q5_0) {
+                        int high_byte, bit;
+                        x5_high_position(j, i, &high_byte, &bit);
+                        tile[X5_HIGH_AT + high_byte] |= (uint8_t)((quant >> 4) << bit);
+                    }
                 }
             }
         }
@@ -75,8 +89,8 @@ static void interleave_groups(void *ctx, int64_t start, int64_t count) {
 
 int interleave_rows(int qtype, const uint8_t *src, int64_t num_rows, int64_t k, uint8_t *dst,
                     int num_threads) {
-    if ((qtype != QTYPE_Q4_0 && qtype != QTYPE_Q4_1 && qtype != QTYPE_Q8_0) || num_rows % X8_ROWS
-            || k % QK)
+    if ((qtype != QTYPE_Q4_0 && qtype != QTYPE_Q4_1 && qtype != QTYPE_Q5_0 && qtype != QTYPE_Q8_0)
+            || num_rows % X8_ROWS || k % QK)
         return -1;
     interleave_job job = {.qtype = qtype, .src = src, .num_blocks = k / QK, .dst = dst};
     pool_run_rows(interleave_groups, &job, num_rows / X8_ROWS, 1, num_threads);
@@ -89,7 +103,7 @@ static void x8_scale(int qtype, const uint8_t *tile, int j, float *d, float *m) 
     memcpy(&h, tile + 2 * j, 2);
     *d = fp16_to_fp32(h);
     int source = source_qtype(qtype);
-    *m = source == QTYPE_Q4_0 ? -8.0f * *d : 0.0f;
+    *m = source == QTYPE_Q4_0 ? -8.0f * *d : source == QTYPE_Q5_0 ? -16.0f * *d : 0.0f;
     if (source == QTYPE_Q4_1) {
         memcpy(&h, tile + 16 + 2 * j, 2);
         *m = fp16_to_fp32(h);
@@ -105,6 +119,10 @@ void x8_unpack(int qtype, const uint8_t *tile, int j, float *d, float *m, int q[
         int byte, shift;
         x8_position(qtype, j, i, &byte, &shift);
         q[i] = source == QTYPE_Q8_0 ? (int8_t)qs[byte] : (qs[byte] >> shift) & 0xF;
+        if (source == QTYPE_Q5_0) {
+            x5_high_position(j, i, &byte, &shift);
+            q[i] |= ((tile[X5_HIGH_AT + byte] >> shift) & 1) << 4;
+        }
     }
 }
 
@@ -118,6 +136,14 @@ static const uint8_t *x8_tile(int qtype, const uint8_t *w, int64_t num_blocks, i
 static void dequantize_tile(int qtype, const uint8_t *tile, int64_t b, int64_t k, float *out) {
     float d[X8_ROWS], m[X8_ROWS];
     int source = source_qtype(qtype);
+    if (source == QTYPE_Q5_0) {
+        for (int j = 0; j < X8_ROWS; j++) {
+            int q[QK];
+            x8_unpack(qtype, tile, j, d + j, m + j, q);
+            for (int i = 0; i < QK; i++) out[j * k + b * QK + i] = q[i] * d[j] + m[j];
+        }
+        return;
+    }
     for (int j = 0; j < X8_ROWS; j++) x8_scale(qtype, tile, j, d + j, m + j);
     const uint8_t *qs = tile + scales_bytes(qtype);
     for (int pair = 0; pair < QK / 2; pair++) {
@@ -172,12 +198,14 @@ static void dot_x8(int qtype, const uint8_t *w, int64_t num_rows, const act_q16 
 X8_SCALAR(dot_q4_0_x8, QTYPE_Q4_0_X8)
 X8_SCALAR(dot_q4_1_x8, QTYPE_Q4_1_X8)
 X8_SCALAR(dot_q8_0_x8, QTYPE_Q8_0_X8)
+X8_SCALAR(dot_q5_0_x8, QTYPE_Q5_0_X8)
 
 dot_rows_fn dot_rows_x8_scalar(int qtype) {
     switch (qtype) {
     case QTYPE_Q4_0_X8: return dot_q4_0_x8;
     case QTYPE_Q4_1_X8: return dot_q4_1_x8;
     case QTYPE_Q8_0_X8: return dot_q8_0_x8;
+    case QTYPE_Q5_0_X8: return dot_q5_0_x8;
     default: return NULL;
     }
 }

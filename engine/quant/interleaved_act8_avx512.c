@@ -26,7 +26,8 @@
 #define MAX_CHAINS 2        /* int32 sum chains per activation row (few rows: latency) */
 #define CHAINS(R) ((R) <= 4 ? MAX_CHAINS : 1)
 
-enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0 };
+enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0 };
+#define OR_AND_IMM 0xF8     /* vpternlog: a | (b & c) */
 
 TARGET void quantize_act8_avx512(const float *x, int64_t m, act_q8 *out) {
     int64_t k = out->k, num_blocks = k / QK;
@@ -78,17 +79,37 @@ INLINE __m512 halves_16(const uint8_t *low, const uint8_t *high) {
         _mm_loadu_si128((const __m128i *)high), 1));
 }
 
+/* A Q5_0 tile's high bits (formats.h) shifted so that bit 4 of each byte of 32-bit lane j is the
+ * high bit of row j's byte in chunk c's low nibbles (set 0) or high nibbles (set 1): that byte's
+ * bit 2 c + set. The other bits are not cleared (the vpternlog that ORs them in masks them). */
+INLINE __m512i q5_high_512(__m512i qh, int chunk, int set) {
+    int bit = 2 * chunk + set;
+    return bit < 4 ? _mm512_slli_epi32(qh, 4 - bit) : _mm512_srli_epi32(qh, bit - 4);
+}
+
+INLINE __m256i q5_high_256(__m256i qh, int chunk, int set) {
+    int bit = 2 * chunk + set;
+    return bit < 4 ? _mm256_slli_epi32(qh, 4 - bit) : _mm256_srli_epi32(qh, bit - 4);
+}
+
 /* sums[r][c] += the int32 dot products of two Q4 tiles' quants (group a's rows in lanes 0-7,
  * b's in 8-15) with activation row r0 + r: chunk c's low nibbles are its stored bytes 8 c..8 c+3,
- * its high nibbles 8 c + 4..8 c + 7 */
-INLINE void q4_tile_pair_sums(const uint8_t *qs_a, const uint8_t *qs_b, const act_q8 *x,
-                              int64_t r0, int R, int64_t b, __m512i sums[][MAX_CHAINS]) {
+ * its high nibbles 8 c + 4..8 c + 7 (is_q5: Q5_0 tiles, their high bits at qs + 128 OR'd in as
+ * bit 4 of each byte) */
+INLINE void q4_tile_pair_sums(const uint8_t *qs_a, const uint8_t *qs_b, int is_q5,
+                              const act_q8 *x, int64_t r0, int R, int64_t b,
+                              __m512i sums[][MAX_CHAINS]) {
     const int chains = CHAINS(R);
-    const __m512i low_mask = _mm512_set1_epi8(0xF);
+    const __m512i low_mask = _mm512_set1_epi8(0xF), bit4 = _mm512_set1_epi8(0x10);
+    __m512i qh = is_q5 ? join_256(qs_a + 128, qs_b + 128) : _mm512_setzero_si512();
     for (int chunk = 0; chunk < 4; chunk++) {
         __m512i raw = join_256(qs_a + 32 * chunk, qs_b + 32 * chunk);
         __m512i low = _mm512_and_si512(raw, low_mask);
         __m512i high = _mm512_and_si512(_mm512_srli_epi32(raw, 4), low_mask);
+        if (is_q5) {
+            low = _mm512_ternarylogic_epi32(low, q5_high_512(qh, chunk, 0), bit4, OR_AND_IMM);
+            high = _mm512_ternarylogic_epi32(high, q5_high_512(qh, chunk, 1), bit4, OR_AND_IMM);
+        }
         for (int r = 0; r < R; r++) {
             sums[r][0] = _mm512_dpbusd_epi32(
                 sums[r][0], low, _mm512_set1_epi32(act_word(x, r0 + r, b, 8 * chunk)));
@@ -119,8 +140,11 @@ INLINE void q8_tile_pair_sums(const uint8_t *qs_a, const uint8_t *qs_b, const ac
 }
 
 INLINE int64_t x8_tile_bytes(int kind) {
-    return X8_ROWS * (kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18 : 34);
+    return X8_ROWS * (kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18 : kind == KIND_Q5_0 ? 22 : 34);
 }
+
+/* the offset term's factor of d: w = d q + low (Q4_1's low is its own m) */
+INLINE float low_factor(int kind) { return kind == KIND_Q5_0 ? -16.0f : -8.0f; }
 
 /* y[r0 + r][0..15] for two consecutive groups of 8 rows (group_b = group_a's successor) against
  * R activation rows; the first visit (r0 == 0) prefetches both weight streams ahead (as the
@@ -140,7 +164,7 @@ INLINE void x8_group_pair(const uint8_t *group_a, const uint8_t *group_b, int ki
         }
         __m512 d = halves_16(tile_a, tile_b);
         __m512 low = kind == KIND_Q4_1 ? halves_16(tile_a + 16, tile_b + 16)
-                                       : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+                                       : _mm512_mul_ps(d, _mm512_set1_ps(low_factor(kind)));
         __m512i sums[X8_MAX_ROWS][MAX_CHAINS], weight_sums = _mm512_setzero_si512();
         for (int r = 0; r < R; r++)
             for (int c = 0; c < chains; c++) sums[r][c] = _mm512_setzero_si512();
@@ -148,7 +172,8 @@ INLINE void x8_group_pair(const uint8_t *group_a, const uint8_t *group_b, int ki
             q8_tile_pair_sums(tile_a + quants_at, tile_b + quants_at, x, r0, R, b, sums,
                               &weight_sums);
         else
-            q4_tile_pair_sums(tile_a + quants_at, tile_b + quants_at, x, r0, R, b, sums);
+            q4_tile_pair_sums(tile_a + quants_at, tile_b + quants_at, kind == KIND_Q5_0, x, r0,
+                              R, b, sums);
         __m512i offset_sums = _mm512_slli_epi32(weight_sums, 7);     /* 128 sum(w): Q8_0 only */
         for (int r = 0; r < R; r++) {
             __m512i total = chains == 2 ? _mm512_add_epi32(sums[r][0], sums[r][1]) : sums[r][0];
@@ -162,15 +187,21 @@ INLINE void x8_group_pair(const uint8_t *group_a, const uint8_t *group_b, int ki
     for (int r = 0; r < R; r++) _mm512_storeu_ps(y + (r0 + r) * ldy, acc[r]);
 }
 
-/* sums[r][c] += one Q4 tile's products (8 rows in the 32-bit lanes) with activation row r0 + r */
-INLINE void q4_tile_single_sums(const uint8_t *qs, const act_q8 *x, int64_t r0, int R, int64_t b,
-                                __m256i sums[][MAX_CHAINS]) {
+/* sums[r][c] += one Q4 (is_q5: Q5_0) tile's products (8 rows in the 32-bit lanes) with
+ * activation row r0 + r */
+INLINE void q4_tile_single_sums(const uint8_t *qs, int is_q5, const act_q8 *x, int64_t r0, int R,
+                                int64_t b, __m256i sums[][MAX_CHAINS]) {
     const int chains = CHAINS(R);
-    const __m256i low_mask = _mm256_set1_epi8(0xF);
+    const __m256i low_mask = _mm256_set1_epi8(0xF), bit4 = _mm256_set1_epi8(0x10);
+    __m256i qh = is_q5 ? _mm256_loadu_si256((const __m256i *)(qs + 128)) : _mm256_setzero_si256();
     for (int chunk = 0; chunk < 4; chunk++) {
         __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * chunk));
         __m256i low = _mm256_and_si256(raw, low_mask);
         __m256i high = _mm256_and_si256(_mm256_srli_epi32(raw, 4), low_mask);
+        if (is_q5) {
+            low = _mm256_ternarylogic_epi32(low, q5_high_256(qh, chunk, 0), bit4, OR_AND_IMM);
+            high = _mm256_ternarylogic_epi32(high, q5_high_256(qh, chunk, 1), bit4, OR_AND_IMM);
+        }
         for (int r = 0; r < R; r++) {
             sums[r][0] = _mm256_dpbusd_epi32(
                 sums[r][0], low, _mm256_set1_epi32(act_word(x, r0 + r, b, 8 * chunk)));
@@ -210,14 +241,14 @@ INLINE void x8_group_single(const uint8_t *group, int kind, const act_q8 *x, int
         if (r0 == 0) prefetch_ahead(tile, tile_bytes);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
         __m256 low = kind == KIND_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)))
-                                       : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+                                       : _mm256_mul_ps(d, _mm256_set1_ps(low_factor(kind)));
         __m256i sums[X8_MAX_ROWS][MAX_CHAINS], weight_sums = _mm256_setzero_si256();
         for (int r = 0; r < R; r++)
             for (int c = 0; c < chains; c++) sums[r][c] = _mm256_setzero_si256();
         if (kind == KIND_Q8_0)
             q8_tile_single_sums(tile + quants_at, x, r0, R, b, sums, &weight_sums);
         else
-            q4_tile_single_sums(tile + quants_at, x, r0, R, b, sums);
+            q4_tile_single_sums(tile + quants_at, kind == KIND_Q5_0, x, r0, R, b, sums);
         __m256i offset_sums = _mm256_slli_epi32(weight_sums, 7);
         for (int r = 0; r < R; r++) {
             __m256i total = chains == 2 ? _mm256_add_epi32(sums[r][0], sums[r][1]) : sums[r][0];
@@ -270,12 +301,14 @@ INLINE void x8_group_single(const uint8_t *group, int kind, const act_q8 *x, int
 X8_KERNEL8(dot8_q4_0_x8_avx512, KIND_Q4_0)
 X8_KERNEL8(dot8_q4_1_x8_avx512, KIND_Q4_1)
 X8_KERNEL8(dot8_q8_0_x8_avx512, KIND_Q8_0)
+X8_KERNEL8(dot8_q5_0_x8_avx512, KIND_Q5_0)
 
 dot8_rows_fn dot8_rows_x8_avx512(int qtype) {
     switch (qtype) {
     case QTYPE_Q4_0_X8: return dot8_q4_0_x8_avx512;
     case QTYPE_Q4_1_X8: return dot8_q4_1_x8_avx512;
     case QTYPE_Q8_0_X8: return dot8_q8_0_x8_avx512;
+    case QTYPE_Q5_0_X8: return dot8_q5_0_x8_avx512;
     default: return NULL;
     }
 }

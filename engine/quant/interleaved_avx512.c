@@ -24,7 +24,12 @@
 #define PAIR_MIN_ROWS 5
 #define MAX_CHAINS 4        /* int32 sum chains per activation row in the single-group loop */
 
-enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0 };
+enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0 };
+
+/* A Q5_0 tile's high bits (formats.h) for nibble v of chunk c, shifted to bit 4 of each uint16
+ * lane (the other bits not cleared: `a | (b & 0x10)` is one vpternlog with the nibbles) */
+#define Q5_BIT(chunk, nibble) (8 * ((nibble) / 2) + 2 * (chunk) + (nibble) % 2)
+#define OR_AND_IMM 0xF8     /* vpternlog: a | (b & c) */
 
 /* the pair of activations (k, k + 1) of row r, block b, as one int32 */
 INLINE int32_t pair_bits(const act_q16 *x, int64_t r, int64_t b, int k) {
@@ -50,18 +55,32 @@ INLINE __m512 halves_16(const uint8_t *low, const uint8_t *high) {
     return _mm512_cvtph_ps(join_128(low, high));
 }
 
+INLINE __m512i q5_high_512(__m512i qh, int chunk, int nibble) {
+    int bit = Q5_BIT(chunk, nibble);
+    return bit < 4 ? _mm512_slli_epi16(qh, 4 - bit) : _mm512_srli_epi16(qh, bit - 4);
+}
+
+INLINE __m256i q5_high_256(__m256i qh, int chunk, int nibble) {
+    int bit = Q5_BIT(chunk, nibble);
+    return bit < 4 ? _mm256_slli_epi16(qh, 4 - bit) : _mm256_srli_epi16(qh, bit - 4);
+}
+
 /* sums[r] += the int32 dot products of two tiles' quants (group a's 8 rows in lanes 0-7, group
  * b's in 8-15) with activation row r0 + r: chunk c of each tile side by side, nibble v of every
- * uint16 lane is pair 4 c + v of the 16 rows */
-INLINE void q4_tile_pair_sums(const uint8_t *qs_a, const uint8_t *qs_b, const act_q16 *x,
-                              int64_t r0, int R, int64_t b, __m512i *sums) {
-    const __m512i low_mask = _mm512_set1_epi16(0xF);
+ * uint16 lane is pair 4 c + v of the 16 rows (is_q5: Q5_0 tiles, their high bits at qs + 128
+ * OR'd in as bit 4) */
+INLINE void q4_tile_pair_sums(const uint8_t *qs_a, const uint8_t *qs_b, int is_q5,
+                              const act_q16 *x, int64_t r0, int R, int64_t b, __m512i *sums) {
+    const __m512i low_mask = _mm512_set1_epi16(0xF), bit4 = _mm512_set1_epi16(0x10);
+    __m512i qh = is_q5 ? join_256(qs_a + 128, qs_b + 128) : _mm512_setzero_si512();
     for (int chunk = 0; chunk < 4; chunk++) {
         __m512i raw = join_256(qs_a + 32 * chunk, qs_b + 32 * chunk);
         for (int nibble = 0; nibble < 4; nibble++) {
             __m512i w = nibble == 0 ? _mm512_and_si512(raw, low_mask)
                         : nibble == 3 ? _mm512_srli_epi16(raw, 12)     /* the top 4 bits */
                         : _mm512_and_si512(_mm512_srli_epi16(raw, 4 * nibble), low_mask);
+            if (is_q5)
+                w = _mm512_ternarylogic_epi32(w, q5_high_512(qh, chunk, nibble), bit4, OR_AND_IMM);
             int k = 2 * (4 * chunk + nibble);
             for (int r = 0; r < R; r++)
                 sums[r] = _mm512_dpwssd_epi32(sums[r], w,
@@ -82,8 +101,11 @@ INLINE void q8_tile_pair_sums(const uint8_t *qs_a, const uint8_t *qs_b, const ac
 }
 
 INLINE int64_t x8_tile_bytes(int kind) {
-    return X8_ROWS * (kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18 : 34);
+    return X8_ROWS * (kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18 : kind == KIND_Q5_0 ? 22 : 34);
 }
+
+/* the offset term's factor of d: w = d q + low (Q4_1's low is its own m) */
+INLINE float low_factor(int kind) { return kind == KIND_Q5_0 ? -16.0f : -8.0f; }
 
 /* y[r0 + r][0..15] for two consecutive groups of 8 rows (group_b = group_a's successor) against
  * R activation rows; the first visit (r0 == 0) prefetches both weight streams ahead, the later
@@ -102,13 +124,14 @@ INLINE void x8_group_pair(const uint8_t *group_a, const uint8_t *group_b, int ki
         }
         __m512 d = halves_16(tile_a, tile_b);
         __m512 low = kind == KIND_Q4_1 ? halves_16(tile_a + 16, tile_b + 16)
-                                       : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+                                       : _mm512_mul_ps(d, _mm512_set1_ps(low_factor(kind)));
         __m512i sums[X8_MAX_ROWS];
         for (int r = 0; r < R; r++) sums[r] = _mm512_setzero_si512();
         if (kind == KIND_Q8_0)
             q8_tile_pair_sums(tile_a + quants_at, tile_b + quants_at, x, r0, R, b, sums);
         else
-            q4_tile_pair_sums(tile_a + quants_at, tile_b + quants_at, x, r0, R, b, sums);
+            q4_tile_pair_sums(tile_a + quants_at, tile_b + quants_at, kind == KIND_Q5_0, x, r0,
+                              R, b, sums);
         for (int r = 0; r < R; r++) {
             int64_t i = (r0 + r) * num_blocks + b;
             __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(x->d[i]));
@@ -125,16 +148,19 @@ INLINE void x8_group_pair(const uint8_t *group_a, const uint8_t *group_b, int ki
 
 /* sums[r][c] += the int32 dot products of one tile's quants (8 rows in lanes) with activation
  * row r0 + r, pair p of the tile going to chain p % chains */
-INLINE void q4_tile_single_sums(const uint8_t *qs, const act_q16 *x, int64_t r0, int R,
-                                int64_t b, __m256i sums[][MAX_CHAINS]) {
+INLINE void q4_tile_single_sums(const uint8_t *qs, int is_q5, const act_q16 *x, int64_t r0,
+                                int R, int64_t b, __m256i sums[][MAX_CHAINS]) {
     const int chains = SINGLE_CHAINS(R);
-    const __m256i low_mask = _mm256_set1_epi16(0xF);
+    const __m256i low_mask = _mm256_set1_epi16(0xF), bit4 = _mm256_set1_epi16(0x10);
+    __m256i qh = is_q5 ? _mm256_loadu_si256((const __m256i *)(qs + 128)) : _mm256_setzero_si256();
     for (int chunk = 0; chunk < 4; chunk++) {
         __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * chunk));
         for (int nibble = 0; nibble < 4; nibble++) {
             __m256i w = nibble == 0 ? _mm256_and_si256(raw, low_mask)
                         : nibble == 3 ? _mm256_srli_epi16(raw, 12)
                         : _mm256_and_si256(_mm256_srli_epi16(raw, 4 * nibble), low_mask);
+            if (is_q5)
+                w = _mm256_ternarylogic_epi32(w, q5_high_256(qh, chunk, nibble), bit4, OR_AND_IMM);
             int pair = 4 * chunk + nibble;
             for (int r = 0; r < R; r++)
                 sums[r][pair % chains] = _mm256_dpwssd_epi32(
@@ -167,14 +193,15 @@ INLINE void x8_group_single(const uint8_t *group, int kind, const act_q16 *x, in
         if (r0 == 0) prefetch_ahead(tile, tile_bytes);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
         __m256 low = kind == KIND_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)))
-                                       : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+                                       : _mm256_mul_ps(d, _mm256_set1_ps(low_factor(kind)));
         __m256i sums[X8_MAX_ROWS][MAX_CHAINS];
         for (int r = 0; r < R; r++)
             for (int c = 0; c < chains; c++) sums[r][c] = _mm256_setzero_si256();
         if (kind == KIND_Q8_0)
             q8_tile_single_sums(tile + 16, x, r0, R, b, sums);
         else
-            q4_tile_single_sums(tile + (kind == KIND_Q4_1 ? 32 : 16), x, r0, R, b, sums);
+            q4_tile_single_sums(tile + (kind == KIND_Q4_1 ? 32 : 16), kind == KIND_Q5_0, x, r0, R,
+                                b, sums);
         for (int r = 0; r < R; r++) {
             __m256i total = sums[r][0];
             for (int c = 1; c < chains; c++) total = _mm256_add_epi32(total, sums[r][c]);
@@ -226,15 +253,24 @@ INLINE void x8_group_single(const uint8_t *group, int kind, const act_q16 *x, in
 X8_KERNEL(dot_q4_0_x8_avx512, KIND_Q4_0)
 X8_KERNEL(dot_q4_1_x8_avx512, KIND_Q4_1)
 X8_KERNEL(dot_q8_0_x8_avx512, KIND_Q8_0)
+X8_KERNEL(dot_q5_0_x8_avx512, KIND_Q5_0)
 
 /* ---- dequantization of interleaved tiles (the GEMM path of long batches) ------------------- */
 
-/* out[j * k + b * 32 + i] for the 8 rows j of one Q4 tile. The quants are 64 uint16 words: value
- * i of row j is nibble (i % 8) / 2 of word 16 (i / 8) + 2 j + i % 2 (formats.h), so one two-source
- * word permute puts the word of each of row j's 32 values in its lane and a variable shift its
- * nibble at the bottom. q d + m as a product, then a sum (no fused multiply-add): the portable
- * dequantizer's values bit for bit. */
-INLINE void dequantize_q4_tile(const uint8_t *tile, int is_q4_1, int64_t b, int64_t k, float *out) {
+/* lane i (value i of a row): the bit of its high bit in its uint16 word of a Q5_0 tile's qh
+ * (formats.h: bit 8 (v / 2) + 2 c + v % 2, c = i / 8, v = i % 8 / 2) */
+static const uint16_t Q5_LANE_BITS[32] = {
+    1, 1, 2, 2, 256, 256, 512, 512, 4, 4, 8, 8, 1024, 1024, 2048, 2048,
+    16, 16, 32, 32, 4096, 4096, 8192, 8192, 64, 64, 128, 128, 16384, 16384, 32768, 32768};
+
+/* out[j * k + b * 32 + i] for the 8 rows j of one Q4 (or Q5_0) tile. The quants are 64 uint16
+ * words: value i of row j is nibble (i % 8) / 2 of word 16 (i / 8) + 2 j + i % 2 (formats.h), so
+ * one two-source word permute puts the word of each of row j's 32 values in its lane and a
+ * variable shift its nibble at the bottom; a Q5_0 tile's high bit of value i is in qh word
+ * 2 j + i % 2, one more permute and a bit test. q d + m as a product, then a sum (no fused
+ * multiply-add): the portable dequantizer's values bit for bit. */
+INLINE void dequantize_q4_tile(const uint8_t *tile, int kind, int64_t b, int64_t k, float *out) {
+    int is_q4_1 = kind == KIND_Q4_1, is_q5 = kind == KIND_Q5_0;
     const uint8_t *qs = tile + (is_q4_1 ? 32 : 16);
     __m512i words_low = _mm512_loadu_si512((const void *)qs);
     __m512i words_high = _mm512_loadu_si512((const void *)(qs + 64));
@@ -243,10 +279,14 @@ INLINE void dequantize_q4_tile(const uint8_t *tile, int is_q4_1, int64_t b, int6
                                           1, 0);      /* lane i: 16 (i / 8) + i % 2 */
     const __m512i shifts = _mm512_set_epi16(12, 12, 8, 8, 4, 4, 0, 0, 12, 12, 8, 8, 4, 4, 0, 0,
                                             12, 12, 8, 8, 4, 4, 0, 0, 12, 12, 8, 8, 4, 4, 0, 0);
-    const __m512i low_mask = _mm512_set1_epi16(0xF);
+    const __m512i low_mask = _mm512_set1_epi16(0xF), bit4 = _mm512_set1_epi16(0x10);
+    const __m512i high_base = _mm512_set1_epi32(0x00010000);        /* lane i: i % 2 */
+    const __m512i lane_bits = _mm512_loadu_si512((const void *)Q5_LANE_BITS);
+    __m512i qh = is_q5 ? _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(qs + 128)))
+                       : _mm512_setzero_si512();
     __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
     __m256 m8 = is_q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)))
-                        : _mm256_mul_ps(d8, _mm256_set1_ps(-8.0f));
+                        : _mm256_mul_ps(d8, _mm256_set1_ps(low_factor(kind)));
     float d[X8_ROWS], m[X8_ROWS];
     _mm256_storeu_ps(d, d8);
     _mm256_storeu_ps(m, m8);
@@ -255,6 +295,12 @@ INLINE void dequantize_q4_tile(const uint8_t *tile, int is_q4_1, int64_t b, int6
         __m512i q = _mm512_and_si512(
             _mm512_srlv_epi16(_mm512_permutex2var_epi16(words_low, index, words_high), shifts),
             low_mask);
+        if (is_q5) {
+            __m512i high_index = _mm512_add_epi16(high_base, _mm512_set1_epi16((short)(2 * j)));
+            __mmask32 set = _mm512_test_epi16_mask(_mm512_permutexvar_epi16(high_index, qh),
+                                                   lane_bits);
+            q = _mm512_or_si512(q, _mm512_maskz_mov_epi16(set, bit4));
+        }
         __m512 scale = _mm512_set1_ps(d[j]), low = _mm512_set1_ps(m[j]);
         float *row = out + j * k + b * QK;
         _mm512_storeu_ps(row, _mm512_add_ps(_mm512_mul_ps(
@@ -290,8 +336,11 @@ INLINE void dequantize_q8_tile(const uint8_t *tile, int64_t b, int64_t k, float 
 
 TARGET int dequantize_x8_avx512(int qtype, const uint8_t *w, int64_t num_rows, int64_t k,
                                 float *out) {
-    if (qtype != QTYPE_Q4_0_X8 && qtype != QTYPE_Q4_1_X8 && qtype != QTYPE_Q8_0_X8) return -1;
-    int kind = qtype == QTYPE_Q4_0_X8 ? KIND_Q4_0 : qtype == QTYPE_Q4_1_X8 ? KIND_Q4_1 : KIND_Q8_0;
+    if (qtype != QTYPE_Q4_0_X8 && qtype != QTYPE_Q4_1_X8 && qtype != QTYPE_Q8_0_X8
+            && qtype != QTYPE_Q5_0_X8)
+        return -1;
+    int kind = qtype == QTYPE_Q4_0_X8 ? KIND_Q4_0 : qtype == QTYPE_Q4_1_X8 ? KIND_Q4_1
+               : qtype == QTYPE_Q5_0_X8 ? KIND_Q5_0 : KIND_Q8_0;
     int64_t num_blocks = k / QK, tile_bytes = x8_tile_bytes(kind);
     for (int64_t group = 0; group < num_rows / X8_ROWS; group++) {
         const uint8_t *tiles = w + group * num_blocks * tile_bytes;
@@ -300,7 +349,7 @@ TARGET int dequantize_x8_avx512(int qtype, const uint8_t *w, int64_t num_rows, i
             if (kind == KIND_Q8_0)
                 dequantize_q8_tile(tiles + b * tile_bytes, b, k, rows);
             else
-                dequantize_q4_tile(tiles + b * tile_bytes, kind == KIND_Q4_1, b, k, rows);
+                dequantize_q4_tile(tiles + b * tile_bytes, kind, b, k, rows);
         }
     }
     return 0;
@@ -311,6 +360,7 @@ dot_rows_fn dot_rows_x8_avx512(int qtype) {
     case QTYPE_Q4_0_X8: return dot_q4_0_x8_avx512;
     case QTYPE_Q4_1_X8: return dot_q4_1_x8_avx512;
     case QTYPE_Q8_0_X8: return dot_q8_0_x8_avx512;
+    case QTYPE_Q5_0_X8: return dot_q5_0_x8_avx512;
     default: return NULL;
     }
 }

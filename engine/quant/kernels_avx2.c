@@ -100,6 +100,44 @@ INLINE void q4_row(const uint8_t *row, int is_q4_1, const act_q16 *x, int64_t r0
     for (int r = 0; r < R; r++) y[(r0 + r) * ldy] = hsum(acc[r]) + low_sum[r];
 }
 
+/* 16 int16 lanes: bit i of `bits` as 0x10 in lane i (a Q5_0 block's high bits of 16 values) */
+INLINE __m256i high_bits_16(uint32_t bits) {
+    const __m256i select = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,
+                                             4096, 8192, 16384, (short)0x8000);
+    __m256i set = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)bits), select),
+                                     select);
+    return _mm256_and_si256(set, _mm256_set1_epi16(0x10));
+}
+
+/* Q5_0 rows (w = d * (q - 16): Q4_0's nibbles, bit i of qh as bit 4 of value i) */
+INLINE void q5_0_row(const uint8_t *row, const act_q16 *x, int64_t r0, int R, float *y,
+                     int64_t ldy) {
+    int64_t num_blocks = x->k / QK;
+    __m256 acc[MAX_ROWS];
+    float low_sum[MAX_ROWS];
+    for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); low_sum[r] = 0.0f; }
+    const __m128i low_mask = _mm_set1_epi8(0xF);
+    for (int64_t b = 0; b < num_blocks; b++) {
+        const uint8_t *block = row + b * (int64_t)sizeof(block_q5_0);
+        float d = half_at(block), low = -16.0f * d;
+        uint32_t qh;
+        memcpy(&qh, block + 2, sizeof qh);
+        __m128i raw = _mm_loadu_si128((const __m128i *)(block + 6));
+        __m256i w_lo = _mm256_or_si256(_mm256_cvtepu8_epi16(_mm_and_si128(raw, low_mask)),
+                                       high_bits_16(qh & 0xFFFF));
+        __m256i w_hi = _mm256_or_si256(
+            _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low_mask)),
+            high_bits_16(qh >> 16));
+        for (int r = 0; r < R; r++) {
+            int64_t i = (r0 + r) * num_blocks + b;
+            __m256 p = _mm256_cvtepi32_ps(dot_block(w_lo, w_hi, x, r0 + r, b));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d[i]), p, acc[r]);
+            low_sum[r] += low * x->s[i];
+        }
+    }
+    for (int r = 0; r < R; r++) y[(r0 + r) * ldy] = hsum(acc[r]) + low_sum[r];
+}
+
 INLINE void q8_0_row(const uint8_t *row, const act_q16 *x, int64_t r0, int R, float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK;
     __m256 acc[MAX_ROWS];
@@ -212,10 +250,12 @@ INLINE void q6_k_row(const uint8_t *row, const act_q16 *x, int64_t r0, int R, fl
 
 #define CALL_Q4_0(R) q4_row(row, 0, x, r0, R, out, ldy)
 #define CALL_Q4_1(R) q4_row(row, 1, x, r0, R, out, ldy)
+#define CALL_Q5_0(R) q5_0_row(row, x, r0, R, out, ldy)
 #define CALL_Q8_0(R) q8_0_row(row, x, r0, R, out, ldy)
 #define CALL_Q4_K(R) q4_k_row(row, x, r0, R, out, ldy)
 #define CALL_Q6_K(R) q6_k_row(row, x, r0, R, out, ldy)
 ROWS_KERNEL(dot_q4_0_avx2, CALL_Q4_0)
+ROWS_KERNEL(dot_q5_0_avx2, CALL_Q5_0)
 ROWS_KERNEL(dot_q4_1_avx2, CALL_Q4_1)
 ROWS_KERNEL(dot_q8_0_avx2, CALL_Q8_0)
 ROWS_KERNEL(dot_q4_k_avx2, CALL_Q4_K)
@@ -225,10 +265,12 @@ dot_rows_fn dot_rows_avx2(int qtype) {
     switch (qtype) {
     case QTYPE_Q4_0: return dot_q4_0_avx2;
     case QTYPE_Q4_1: return dot_q4_1_avx2;
+    case QTYPE_Q5_0: return dot_q5_0_avx2;
     case QTYPE_Q8_0: return dot_q8_0_avx2;
     case QTYPE_Q4_K: return dot_q4_k_avx2;
     case QTYPE_Q6_K: return dot_q6_k_avx2;
-    case QTYPE_Q4_0_X8: case QTYPE_Q4_1_X8: case QTYPE_Q8_0_X8: return dot_rows_x8_avx2(qtype);
+    case QTYPE_Q4_0_X8: case QTYPE_Q4_1_X8: case QTYPE_Q8_0_X8: case QTYPE_Q5_0_X8:
+        return dot_rows_x8_avx2(qtype);
     default: return NULL;
     }
 }

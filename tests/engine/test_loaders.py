@@ -90,9 +90,10 @@ def test_tiny_gguf_dequantizes_like_gguf_package(tmp_path, qtype):
         np.testing.assert_array_equal(model.weights[name].numpy(), expected, err_msg=name)
 
 
-def test_q5_0_matrices_stay_blocks_holding_the_same_values_as_q8_0(tmp_path):
-    """keep_quantized: a Q5_0 matrix (no kernel of its own) becomes Q8_0 blocks whose values
-    are exactly the Q5_0 ones; a vector stays float32."""
+def test_q5_0_matrices_stay_q5_0_blocks(tmp_path):
+    """keep_quantized: a Q5_0 matrix stays Q5_0 blocks (22 bytes per 32 values, the C kernels
+    read them in place) holding exactly the values the float32 load gives; a vector stays
+    float32."""
     weights = tiny_hf_weights(seed=2, tied=False)
     path = write_tiny_gguf(tmp_path / "q5.gguf", weights, matrix_type=Q.Q5_0)
     blocks = load_gguf(path, progress=False, keep_quantized=True).weights
@@ -101,11 +102,13 @@ def test_q5_0_matrices_stay_blocks_holding_the_same_values_as_q8_0(tmp_path):
         if original.ndim != 2:
             assert isinstance(blocks[name], torch.Tensor)
             continue
-        assert isinstance(blocks[name], QuantizedTensor) and blocks[name].qtype == Q.Q8_0
-        widened = quants.dequantize(blocks[name].blocks.numpy(), Q.Q8_0)
-        np.testing.assert_array_equal(widened, values[name].numpy(), err_msg=name)
+        kept = blocks[name]
+        assert isinstance(kept, QuantizedTensor) and kept.qtype == Q.Q5_0
+        assert kept.blocks.shape == (original.shape[0], original.shape[1] // 32 * 22)
+        held = quants.dequantize(kept.blocks.numpy(), Q.Q5_0)
+        np.testing.assert_array_equal(held, values[name].numpy(), err_msg=name)
         np.testing.assert_array_equal(
-            widened, quants.dequantize(quants.quantize(original, Q.Q5_0), Q.Q5_0), err_msg=name)
+            held, quants.dequantize(quants.quantize(original, Q.Q5_0), Q.Q5_0), err_msg=name)
 
 
 def test_fast_reader_agrees_with_gguf_reader():
