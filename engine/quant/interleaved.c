@@ -1,8 +1,8 @@
-/* Q4_0 / Q4_1 / Q5_0 / Q8_0 rows interleaved 8 at a time (the _X8 types of formats.h): the repacking
- * done at load, and the portable kernel and dequantization of that layout (the reference the
- * AVX2 kernels in interleaved_avx2.c are tested against). The AVX2 kernels multiply one
- * unpacked vector of 8 rows x 2 values by a broadcast pair of activations, so the per-block
- * scale work is shared by 8 output rows instead of done per row. */
+/* Q4_0 / Q4_1 / Q5_0 / Q8_0 rows interleaved 8 at a time (the _X8 types of formats.h): the
+ * repacking done at load, and the portable kernel and dequantization of that layout (the
+ * reference the AVX2 kernels in interleaved_avx2.c are tested against). The AVX2 kernels
+ * multiply one unpacked vector of 8 rows x 2 values by a broadcast pair of activations, so the
+ * per-block scale work is shared by 8 output rows instead of done per row. */
 #include "formats.h"
 #include "pool.h"
 

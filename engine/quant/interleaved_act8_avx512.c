@@ -10,7 +10,9 @@
  * time on 256-bit vectors, as the 16-bit kernels do (interleaved_avx512.c: there the pass is
  * bound by the weight stream, and two groups' streams side by side ran it slower). Q4 tiles need no repacking: 32-bit lane j of a 32-byte chunk holds row
  * j's 8 nibbles of that chunk, and a mask (low nibbles) or a shift and mask (high) gives 4
- * unsigned bytes per row in the ACT8_Q4 order of the activations. Q8_0 tiles hold pairs of
+ * unsigned bytes per row in the ACT8_Q4 order of the activations; a Q5_0 tile's high bits,
+ * one 32-bit mask per row in the same lane, come to bit 4 of those bytes with one shift per
+ * byte set and are OR'd in with one vpternlog. Q8_0 tiles hold pairs of
  * values per row; one word permute per 4 values brings each row's 4 signed bytes into its lane,
  * and the activations come offset to unsigned (+128), the sum taken off again with the weights'
  * own sum, counted by the same instruction against bytes of ones. */
@@ -140,7 +142,8 @@ INLINE void q8_tile_pair_sums(const uint8_t *qs_a, const uint8_t *qs_b, const ac
 }
 
 INLINE int64_t x8_tile_bytes(int kind) {
-    return X8_ROWS * (kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18 : kind == KIND_Q5_0 ? 22 : 34);
+    return X8_ROWS * (kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18
+                      : kind == KIND_Q5_0 ? 22 : 34);
 }
 
 /* the offset term's factor of d: w = d q + low (Q4_1's low is its own m) */

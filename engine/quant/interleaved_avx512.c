@@ -101,7 +101,8 @@ INLINE void q8_tile_pair_sums(const uint8_t *qs_a, const uint8_t *qs_b, const ac
 }
 
 INLINE int64_t x8_tile_bytes(int kind) {
-    return X8_ROWS * (kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18 : kind == KIND_Q5_0 ? 22 : 34);
+    return X8_ROWS * (kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18
+                      : kind == KIND_Q5_0 ? 22 : 34);
 }
 
 /* the offset term's factor of d: w = d q + low (Q4_1's low is its own m) */

@@ -86,7 +86,8 @@ static void dot_q5_0(const uint8_t *w, int64_t row_bytes, int64_t num_rows, cons
                 const int16_t *xq = x->qs + r * x->k + b * QK;
                 int dot = 0;
                 for (int i = 0; i < QK; i++) dot += q5_0_quant(blocks + b, i) * xq[i];
-                acc += d * x->d[r * num_blocks + b] * (float)dot - 16.0f * d * x->s[r * num_blocks + b];
+                acc += d * x->d[r * num_blocks + b] * (float)dot
+                       - 16.0f * d * x->s[r * num_blocks + b];
             }
             y[r * ldy + j] = acc;
         }

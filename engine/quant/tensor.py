@@ -44,8 +44,9 @@ class QuantizedTensor:
         if not self.blocks.is_contiguous():
             raise ValueError("blocks must be contiguous")
         if self.interleaved and not self.can_interleave:
-            raise ValueError(f"only Q4_0 / Q4_1 / Q5_0 / Q8_0 matrices of whole {INTERLEAVED_ROWS}-row groups "
-                             f"are interleaved, not {self.qtype.name} x {self.blocks.shape[0]} rows")
+            raise ValueError(f"only Q4_0 / Q4_1 / Q5_0 / Q8_0 matrices of whole "
+                             f"{INTERLEAVED_ROWS}-row groups are interleaved, not "
+                             f"{self.qtype.name} x {self.blocks.shape[0]} rows")
         expected = row_bytes(self.qtype, self.num_cols)
         if self.blocks.shape[1] != expected:
             raise ValueError(f"{self.qtype.name} rows of {self.num_cols} values take {expected} "
