@@ -110,6 +110,22 @@ def test_fused_decode_equals_the_per_layer_path(mixed_gguf, num_sequences, kv_dt
         torch.testing.assert_close(got, expected, rtol=0, atol=MAX_RELATIVE_DIFF * scale)
 
 
+def test_q5_0_blocks_decode_fused_as_the_per_layer_path(tmp_path) -> None:
+    """A model of Q5_0 matrices (a Q4_K_M's fallback type) kept as Q5_0 blocks: interleaved where
+    a SIMD level runs, fused as every other type, the same logits as the per-layer path."""
+    weights = tiny_hf_weights(seed=5)
+    path = write_tiny_gguf(tmp_path / "q5_0.gguf", weights, matrix_type=Q.Q5_0)
+    fused_engine = quantized_engine(path, fused=True)
+    qkv = fused_engine.model.fused_decoder.layers[0].projections[0]
+    assert [p.qtype for p in qkv] == [Q.Q5_0]
+    assert qkv[0].interleaved == (kernels.best_level() != "scalar")
+    fused_logits, fed = decode_logits(fused_engine, PROMPTS, 4, None)
+    layer_logits, _ = decode_logits(quantized_engine(path, fused=False), PROMPTS, 4, fed)
+    for got, expected in zip(fused_logits, layer_logits):
+        scale = float(expected.abs().max())
+        torch.testing.assert_close(got, expected, rtol=0, atol=MAX_RELATIVE_DIFF * scale)
+
+
 def test_a_dense_projection_keeps_the_per_layer_path(tmp_path) -> None:
     weights = tiny_hf_weights(seed=4)
     types = _types(weights, {"self_attn.o_proj": Q.F32})
