@@ -130,10 +130,10 @@ class PartsLinear:
 
 
 def _interleaved_if_faster(weight: QuantizedTensor) -> QuantizedTensor:
-    """Q4_0 / Q4_1 / Q8_0 rows interleaved 8 at a time where the AVX2 kernels run: there the
-    interleaved kernel is 1.9-2.1x the row kernel at 1 to 32 activation rows (SmolLM2's Q4_1
-    layers; its Q8_0 output layer 1.15-1.6x; one thread, AVX2-only EPYC). The scalar kernels gain
-    nothing from it: the weight stays as is."""
+    """The rows of an interleavable type (QuantizedTensor.can_interleave: Q4_0, Q4_1, Q5_0, Q8_0)
+    interleaved 8 at a time where a vector level runs, whose interleaved kernels are faster than
+    its row kernels (docs/performance/2026-11-28-figures-from-docstrings.md); the scalar kernels
+    gain nothing from it: there the weight stays as is."""
     if (quant_kernels.available() and quant_kernels.best_level() != "scalar"
             and weight.can_interleave):                # AVX2 or AVX-512: both read 8-row groups
         return quant_kernels.interleave(weight)
