@@ -130,7 +130,7 @@ class PartsLinear:
 
 
 def _interleaved_if_faster(weight: QuantizedTensor) -> QuantizedTensor:
-    """The rows of an interleavable type (QuantizedTensor.can_interleave: Q4_0, Q4_1, Q5_0, Q8_0)
+    """The rows of an interleavable type (QuantizedTensor.can_interleave: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
     interleaved 8 at a time where a vector level runs, whose interleaved kernels are faster than
     its row kernels (docs/performance/2026-11-28-figures-from-docstrings.md); the scalar kernels
     gain nothing from it: there the weight stays as is."""

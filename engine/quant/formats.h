@@ -6,28 +6,32 @@
 #include <string.h>
 
 /* GGML type ids, as stored in a GGUF file */
-enum { QTYPE_Q4_0 = 2, QTYPE_Q4_1 = 3, QTYPE_Q5_0 = 6, QTYPE_Q8_0 = 8, QTYPE_Q4_K = 12,
-       QTYPE_Q6_K = 14 };
+enum { QTYPE_Q4_0 = 2, QTYPE_Q4_1 = 3, QTYPE_Q5_0 = 6, QTYPE_Q5_1 = 7, QTYPE_Q8_0 = 8,
+       QTYPE_Q4_K = 12, QTYPE_Q6_K = 14 };
 
-/* Not GGML types: Q4_0 / Q4_1 / Q5_0 / Q8_0 matrices whose rows are interleaved 8 at a time
- * (interleaved.c), made at load for the SIMD kernels, the same bytes per row as their source
- * type. A tile is 8 rows x one block of 32 values: d[8] (Q4_1: then m[8]) as fp16, then the
+/* Not GGML types: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrices whose rows are interleaved 8 at a
+ * time (interleaved.c), made at load for the SIMD kernels, the same bytes per row as their source
+ * type. A tile is 8 rows x one block of 32 values: d[8] (Q4_1 / Q5_1: then m[8]) as fp16, then the
  * quants. Q4: qs[128] as 4 chunks of 16 uint16 lanes: nibble v of lane 2 j + e of chunk c is row
  * j's value k = 8 c + 2 v + e, so a shift and a mask give the 16 int16 (row, k) of a pair of
- * values of the 8 rows. Q5_0: the low nibbles as Q4's qs[128], then its high bits qh[32] as 16
- * uint16 lanes: bit 8 (v / 2) + 2 c + v % 2 of lane 2 j + e is bit 4 of the same value (row j's
- * 32-bit mask, in the order that one shift per nibble, or per byte set of the 8-bit kernels,
- * brings to bit 4). Q8_0: qs[256] int8, byte 16 p + 2 j + e is row j's value k = 2 p + e. */
-enum { QTYPE_Q4_0_X8 = 256, QTYPE_Q4_1_X8 = 257, QTYPE_Q8_0_X8 = 258, QTYPE_Q5_0_X8 = 259 };
+ * values of the 8 rows. Q5_0 / Q5_1: the low nibbles as Q4's qs[128], then the high bits qh[32]
+ * as 16 uint16 lanes: bit 8 (v / 2) + 2 c + v % 2 of lane 2 j + e is bit 4 of the same value
+ * (row j's 32-bit mask, in the order that one shift per nibble, or per byte set of the 8-bit
+ * kernels, brings to bit 4). Q8_0: qs[256] int8, byte 16 p + 2 j + e is row j's value
+ * k = 2 p + e. */
+enum { QTYPE_Q4_0_X8 = 256, QTYPE_Q4_1_X8 = 257, QTYPE_Q8_0_X8 = 258, QTYPE_Q5_0_X8 = 259,
+       QTYPE_Q5_1_X8 = 260 };
 #define X5_HIGH_AT (16 + 128)   /* a Q5_0 tile's qh: after d[8] and the low nibbles */
+#define X5_1_HIGH_AT (32 + 128) /* a Q5_1 tile's qh: after d[8], m[8] and the low nibbles */
 #define X8_ROWS 8
 
-#define QK 32        /* values per Q4_0 / Q4_1 / Q5_0 / Q8_0 block, and per activation block */
+#define QK 32        /* values per Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 block, and activation block */
 #define QK_K 256     /* values per K-quant super-block */
 
 typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_q4_0;             /* 18 bytes */
 typedef struct { uint16_t d, m; uint8_t qs[QK / 2]; } block_q4_1;          /* 20 bytes */
 typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_0; /* 22 bytes */
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_1; /* 24 bytes */
 typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;                  /* 34 bytes */
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_k; /* 144 */
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16];
@@ -47,10 +51,10 @@ typedef struct {
 
 /* The same rows quantized to 8 bits per block of 32 (d = max |x| / 127), for the AVX512-VNNI
  * vpdpbusd kernels of the _X8 types (interleaved_act8*.c), in the order and sign their weights
- * want (act8_layout): ACT8_Q4 (Q4_0 / Q4_1 / Q5_0 weights, unsigned 4 or 5 bits): int8 quants,
- * each run of 8 values stored as values 0 4 1 5 2 6 3 7 (the order a tile's 32-bit lane holds
- * its nibbles, low then high); ACT8_Q8 (Q8_0 weights, signed): the quants + 128 as uint8, in
- * value order.
+ * want (act8_layout): ACT8_Q4 (Q4_0 / Q4_1 / Q5_0 / Q5_1 weights, unsigned 4 or 5 bits): int8
+ * quants, each run of 8 values stored as values 0 4 1 5 2 6 3 7 (the order a tile's 32-bit
+ * lane holds its nibbles, low then high); ACT8_Q8 (Q8_0 weights, signed): the quants + 128 as
+ * uint8, in value order.
  * x[r, b*32 + i] ~= d[r, b] * q[r, b*32 + i]; s[r, b] = d[r, b] * sum_i q[r, b*32 + i]. */
 enum { ACT8_Q4 = 0, ACT8_Q8 = 1 };
 typedef struct {
@@ -132,6 +136,7 @@ static inline int64_t qtype_row_bytes(int qtype, int64_t k) {
     case QTYPE_Q4_0_X8: return k % QK ? 0 : k / QK * (int64_t)sizeof(block_q4_0);
     case QTYPE_Q4_1_X8: return k % QK ? 0 : k / QK * (int64_t)sizeof(block_q4_1);
     case QTYPE_Q5_0: case QTYPE_Q5_0_X8: return k % QK ? 0 : k / QK * (int64_t)sizeof(block_q5_0);
+    case QTYPE_Q5_1: case QTYPE_Q5_1_X8: return k % QK ? 0 : k / QK * (int64_t)sizeof(block_q5_1);
     case QTYPE_Q8_0_X8: return k % QK ? 0 : k / QK * (int64_t)sizeof(block_q8_0);
     case QTYPE_Q8_0: return k % QK ? 0 : k / QK * (int64_t)sizeof(block_q8_0);
     case QTYPE_Q4_K: return k % QK_K ? 0 : k / QK_K * (int64_t)sizeof(block_q4_k);
@@ -162,7 +167,7 @@ void quantize_act_scalar(const float *x, int64_t m, act_q16 *out);
 dot_rows_fn dot_rows_scalar(int qtype);
 void dequantize_rows(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, float *out);
 
-/* interleaved.c: src rows of Q4_0 / Q4_1 / Q5_0 / Q8_0 (num_rows a multiple of 8) -> the _X8
+/* interleaved.c: src rows of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 (num_rows a multiple of 8) -> the _X8
  * layout in dst (as many bytes), groups shared over num_threads threads; 0, or -1 for another
  * type or row count. Scalar kernels and dequantization of the _X8 types (dot_rows_scalar /
  * dequantize_rows dispatch to them). */
@@ -193,7 +198,8 @@ typedef void (*dot8_rows_fn)(const uint8_t *w, int64_t row_bytes, int64_t num_ro
  * ACT8_Q8: the weight quants are the signed operand of vpdpbusd); -1 for any other type */
 static inline int act8_layout(int qtype) {
     return qtype == QTYPE_Q8_0_X8 || qtype == QTYPE_Q4_K || qtype == QTYPE_Q6_K ? ACT8_Q8
-           : qtype == QTYPE_Q4_0_X8 || qtype == QTYPE_Q4_1_X8 || qtype == QTYPE_Q5_0_X8 ? ACT8_Q4
+           : qtype == QTYPE_Q4_0_X8 || qtype == QTYPE_Q4_1_X8 || qtype == QTYPE_Q5_0_X8
+             || qtype == QTYPE_Q5_1_X8 ? ACT8_Q4
            : -1;
 }
 /* interleaved.c: row j's scale d, offset m (w = d q + m) and 32 quants in one _X8 tile */

@@ -1,4 +1,4 @@
-/* Q4_0 / Q4_1 / Q5_0 / Q8_0 rows interleaved 8 at a time (the _X8 types of formats.h): the
+/* Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 rows interleaved 8 at a time (the _X8 types of formats.h): the
  * repacking done at load, and the portable kernel and dequantization of that layout (the
  * reference the AVX2 kernels in interleaved_avx2.c are tested against). The AVX2 kernels
  * multiply one unpacked vector of 8 rows x 2 values by a broadcast pair of activations, so the
@@ -13,14 +13,24 @@ static int source_qtype(int qtype) {
     case QTYPE_Q4_1_X8: return QTYPE_Q4_1;
     case QTYPE_Q8_0_X8: return QTYPE_Q8_0;
     case QTYPE_Q5_0_X8: return QTYPE_Q5_0;
+    case QTYPE_Q5_1_X8: return QTYPE_Q5_1;
     default: return qtype;
     }
 }
 
 static int64_t block_bytes(int qtype) { return qtype_row_bytes(source_qtype(qtype), QK); }
 
-/* bytes before a tile's quants: d[8], and m[8] for Q4_1 */
-static int scales_bytes(int qtype) { return source_qtype(qtype) == QTYPE_Q4_1 ? 32 : 16; }
+/* whether a source type stores its own offset m (w = d q + m) */
+static int has_offset(int source) { return source == QTYPE_Q4_1 || source == QTYPE_Q5_1; }
+
+/* whether a source type has a fifth (high) bit per quant in qh */
+static int has_high_bit(int source) { return source == QTYPE_Q5_0 || source == QTYPE_Q5_1; }
+
+/* bytes before a tile's quants: d[8], and m[8] for Q4_1 / Q5_1 */
+static int scales_bytes(int qtype) { return has_offset(source_qtype(qtype)) ? 32 : 16; }
+
+/* offset of a Q5_0 / Q5_1 tile's qh (formats.h) */
+static int high_at(int qtype) { return scales_bytes(qtype) + 128; }
 
 /* byte and shift of value k (0..31) of row j in a tile's quants */
 static inline void x8_position(int qtype, int j, int k, int *byte, int *shift) {
@@ -34,19 +44,20 @@ static inline void x8_position(int qtype, int j, int k, int *byte, int *shift) {
     *shift = 4 * (nibble % 2);
 }
 
-/* byte and bit of value k (0..31) of row j's high bit in a Q5_0 tile's qh (formats.h) */
+/* byte and bit of value k (0..31) of row j's high bit in a Q5_0 / Q5_1 tile's qh (formats.h) */
 static inline void x5_high_position(int j, int k, int *byte, int *bit) {
     int chunk = k / 8, nibble = (k % 8) / 2, lane = 2 * j + k % 2;
     *byte = 2 * lane + nibble / 2;
     *bit = 2 * chunk + nibble % 2;
 }
 
-/* quant i (0..31) of one source block (Q5_0: its 5 bits, high bit from qh) */
+/* quant i (0..31) of one source block (Q5_0 / Q5_1: its 5 bits, high bit from qh) */
 static int source_quant(int qtype, const uint8_t *block, int i) {
     if (qtype == QTYPE_Q8_0) return (int8_t)block[2 + i];
     const uint8_t *nibbles = block + block_bytes(qtype) - QK / 2;
     int low = i < 16 ? nibbles[i] & 0xF : nibbles[i - 16] >> 4;
-    return qtype == QTYPE_Q5_0 ? low | ((block[2 + i / 8] >> (i % 8)) & 1) << 4 : low;
+    const uint8_t *qh = nibbles - 4;
+    return has_high_bit(qtype) ? low | ((qh[i / 8] >> (i % 8)) & 1) << 4 : low;
 }
 
 typedef struct {
@@ -71,15 +82,15 @@ static void interleave_groups(void *ctx, int64_t start, int64_t count) {
                 const uint8_t *block = job->src + (group * X8_ROWS + j) * row_bytes
                                        + b * block_bytes(qtype);
                 memcpy(tile + 2 * j, block, 2);                               /* d */
-                if (qtype == QTYPE_Q4_1) memcpy(tile + 16 + 2 * j, block + 2, 2);   /* m */
+                if (has_offset(qtype)) memcpy(tile + 16 + 2 * j, block + 2, 2);     /* m */
                 for (int i = 0; i < QK; i++) {
                     int byte, shift, quant = source_quant(qtype, block, i);
                     x8_position(qtype, j, i, &byte, &shift);
-                    qs[byte] |= (uint8_t)((qtype == QTYPE_Q5_0 ? quant & 0xF : quant) << shift);
-                    if (qtype == QTYPE_Q5_0) {
+                    qs[byte] |= (uint8_t)((has_high_bit(qtype) ? quant & 0xF : quant) << shift);
+                    if (has_high_bit(qtype)) {
                         int high_byte, bit;
                         x5_high_position(j, i, &high_byte, &bit);
-                        tile[X5_HIGH_AT + high_byte] |= (uint8_t)((quant >> 4) << bit);
+                        tile[high_at(qtype) + high_byte] |= (uint8_t)((quant >> 4) << bit);
                     }
                 }
             }
@@ -89,8 +100,8 @@ static void interleave_groups(void *ctx, int64_t start, int64_t count) {
 
 int interleave_rows(int qtype, const uint8_t *src, int64_t num_rows, int64_t k, uint8_t *dst,
                     int num_threads) {
-    if ((qtype != QTYPE_Q4_0 && qtype != QTYPE_Q4_1 && qtype != QTYPE_Q5_0 && qtype != QTYPE_Q8_0)
-            || num_rows % X8_ROWS || k % QK)
+    if ((qtype != QTYPE_Q4_0 && qtype != QTYPE_Q4_1 && qtype != QTYPE_Q5_0 && qtype != QTYPE_Q5_1
+         && qtype != QTYPE_Q8_0) || num_rows % X8_ROWS || k % QK)
         return -1;
     interleave_job job = {.qtype = qtype, .src = src, .num_blocks = k / QK, .dst = dst};
     pool_run_rows(interleave_groups, &job, num_rows / X8_ROWS, 1, num_threads);
@@ -104,7 +115,7 @@ static void x8_scale(int qtype, const uint8_t *tile, int j, float *d, float *m) 
     *d = fp16_to_fp32(h);
     int source = source_qtype(qtype);
     *m = source == QTYPE_Q4_0 ? -8.0f * *d : source == QTYPE_Q5_0 ? -16.0f * *d : 0.0f;
-    if (source == QTYPE_Q4_1) {
+    if (has_offset(source)) {
         memcpy(&h, tile + 16 + 2 * j, 2);
         *m = fp16_to_fp32(h);
     }
@@ -119,9 +130,9 @@ void x8_unpack(int qtype, const uint8_t *tile, int j, float *d, float *m, int q[
         int byte, shift;
         x8_position(qtype, j, i, &byte, &shift);
         q[i] = source == QTYPE_Q8_0 ? (int8_t)qs[byte] : (qs[byte] >> shift) & 0xF;
-        if (source == QTYPE_Q5_0) {
+        if (has_high_bit(source)) {
             x5_high_position(j, i, &byte, &shift);
-            q[i] |= ((tile[X5_HIGH_AT + byte] >> shift) & 1) << 4;
+            q[i] |= ((tile[high_at(qtype) + byte] >> shift) & 1) << 4;
         }
     }
 }
@@ -136,7 +147,7 @@ static const uint8_t *x8_tile(int qtype, const uint8_t *w, int64_t num_blocks, i
 static void dequantize_tile(int qtype, const uint8_t *tile, int64_t b, int64_t k, float *out) {
     float d[X8_ROWS], m[X8_ROWS];
     int source = source_qtype(qtype);
-    if (source == QTYPE_Q5_0) {
+    if (has_high_bit(source)) {
         for (int j = 0; j < X8_ROWS; j++) {
             int q[QK];
             x8_unpack(qtype, tile, j, d + j, m + j, q);
@@ -199,6 +210,7 @@ X8_SCALAR(dot_q4_0_x8, QTYPE_Q4_0_X8)
 X8_SCALAR(dot_q4_1_x8, QTYPE_Q4_1_X8)
 X8_SCALAR(dot_q8_0_x8, QTYPE_Q8_0_X8)
 X8_SCALAR(dot_q5_0_x8, QTYPE_Q5_0_X8)
+X8_SCALAR(dot_q5_1_x8, QTYPE_Q5_1_X8)
 
 dot_rows_fn dot_rows_x8_scalar(int qtype) {
     switch (qtype) {
@@ -206,6 +218,7 @@ dot_rows_fn dot_rows_x8_scalar(int qtype) {
     case QTYPE_Q4_1_X8: return dot_q4_1_x8;
     case QTYPE_Q8_0_X8: return dot_q8_0_x8;
     case QTYPE_Q5_0_X8: return dot_q5_0_x8;
+    case QTYPE_Q5_1_X8: return dot_q5_1_x8;
     default: return NULL;
     }
 }

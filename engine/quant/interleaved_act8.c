@@ -2,8 +2,8 @@
  * kernels that the AVX512-VNNI ones (interleaved_act8_avx512.c) must equal bit for bit. Per
  * block of 32, the integer dot product of the weight quants and the activation quants is exact;
  * the float steps are the vector kernels' own, in their order, with fused multiply-adds:
- * acc = fma(dot, d_w d_x, acc), then for Q4 / Q5 acc = fma(low_w, s_x, acc) (low_w: Q4_1's m,
- * Q4_0's -8 d_w, Q5_0's -16 d_w). */
+ * acc = fma(dot, d_w d_x, acc), then for Q4 / Q5 acc = fma(low_w, s_x, acc) (low_w: Q4_1's and
+ * Q5_1's m, Q4_0's -8 d_w, Q5_0's -16 d_w). */
 #include <math.h>
 
 #include "formats.h"
@@ -75,6 +75,7 @@ X8_SCALAR8(dot8_q4_0_x8, QTYPE_Q4_0_X8)
 X8_SCALAR8(dot8_q4_1_x8, QTYPE_Q4_1_X8)
 X8_SCALAR8(dot8_q8_0_x8, QTYPE_Q8_0_X8)
 X8_SCALAR8(dot8_q5_0_x8, QTYPE_Q5_0_X8)
+X8_SCALAR8(dot8_q5_1_x8, QTYPE_Q5_1_X8)
 
 dot8_rows_fn dot8_rows_x8_scalar(int qtype) {
     switch (qtype) {
@@ -82,6 +83,7 @@ dot8_rows_fn dot8_rows_x8_scalar(int qtype) {
     case QTYPE_Q4_1_X8: return dot8_q4_1_x8;
     case QTYPE_Q8_0_X8: return dot8_q8_0_x8;
     case QTYPE_Q5_0_X8: return dot8_q5_0_x8;
+    case QTYPE_Q5_1_X8: return dot8_q5_1_x8;
     default: return NULL;
     }
 }

@@ -10,7 +10,7 @@
  * time on 256-bit vectors, as the 16-bit kernels do (interleaved_avx512.c: there the pass is
  * bound by the weight stream, and two groups' streams side by side ran it slower). Q4 tiles need no repacking: 32-bit lane j of a 32-byte chunk holds row
  * j's 8 nibbles of that chunk, and a mask (low nibbles) or a shift and mask (high) gives 4
- * unsigned bytes per row in the ACT8_Q4 order of the activations; a Q5_0 tile's high bits,
+ * unsigned bytes per row in the ACT8_Q4 order of the activations; a Q5 tile's high bits,
  * one 32-bit mask per row in the same lane, come to bit 4 of those bytes with one shift per
  * byte set and are OR'd in with one vpternlog. Q8_0 tiles hold pairs of
  * values per row; one word permute per 4 values brings each row's 4 signed bytes into its lane,
@@ -28,7 +28,11 @@
 #define MAX_CHAINS 2        /* int32 sum chains per activation row (few rows: latency) */
 #define CHAINS(R) ((R) <= 4 ? MAX_CHAINS : 1)
 
-enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0 };
+enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q5_1 };
+
+/* whether a kind stores its own offset m (w = d q + m), and whether it has qh high bits */
+INLINE int kind_has_m(int kind) { return kind == KIND_Q4_1 || kind == KIND_Q5_1; }
+INLINE int kind_is_q5(int kind) { return kind == KIND_Q5_0 || kind == KIND_Q5_1; }
 #define OR_AND_IMM 0xF8     /* vpternlog: a | (b & c) */
 
 TARGET void quantize_act8_avx512(const float *x, int64_t m, act_q8 *out) {
@@ -81,7 +85,7 @@ INLINE __m512 halves_16(const uint8_t *low, const uint8_t *high) {
         _mm_loadu_si128((const __m128i *)high), 1));
 }
 
-/* A Q5_0 tile's high bits (formats.h) shifted so that bit 4 of each byte of 32-bit lane j is the
+/* A Q5 tile's high bits (formats.h) shifted so that bit 4 of each byte of 32-bit lane j is the
  * high bit of row j's byte in chunk c's low nibbles (set 0) or high nibbles (set 1): that byte's
  * bit 2 c + set. The other bits are not cleared (the vpternlog that ORs them in masks them). */
 INLINE __m512i q5_high_512(__m512i qh, int chunk, int set) {
@@ -96,7 +100,7 @@ INLINE __m256i q5_high_256(__m256i qh, int chunk, int set) {
 
 /* sums[r][c] += the int32 dot products of two Q4 tiles' quants (group a's rows in lanes 0-7,
  * b's in 8-15) with activation row r0 + r: chunk c's low nibbles are its stored bytes 8 c..8 c+3,
- * its high nibbles 8 c + 4..8 c + 7 (is_q5: Q5_0 tiles, their high bits at qs + 128 OR'd in as
+ * its high nibbles 8 c + 4..8 c + 7 (is_q5: Q5 tiles, their high bits at qs + 128 OR'd in as
  * bit 4 of each byte) */
 INLINE void q4_tile_pair_sums(const uint8_t *qs_a, const uint8_t *qs_b, int is_q5,
                               const act_q8 *x, int64_t r0, int R, int64_t b,
@@ -143,10 +147,10 @@ INLINE void q8_tile_pair_sums(const uint8_t *qs_a, const uint8_t *qs_b, const ac
 
 INLINE int64_t x8_tile_bytes(int kind) {
     return X8_ROWS * (kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18
-                      : kind == KIND_Q5_0 ? 22 : 34);
+                      : kind == KIND_Q5_0 ? 22 : kind == KIND_Q5_1 ? 24 : 34);
 }
 
-/* the offset term's factor of d: w = d q + low (Q4_1's low is its own m) */
+/* the offset term's factor of d: w = d q + low (Q4_1's and Q5_1's low is their own m) */
 INLINE float low_factor(int kind) { return kind == KIND_Q5_0 ? -16.0f : -8.0f; }
 
 /* y[r0 + r][0..15] for two consecutive groups of 8 rows (group_b = group_a's successor) against
@@ -156,7 +160,7 @@ INLINE void x8_group_pair(const uint8_t *group_a, const uint8_t *group_b, int ki
                           const act_q8 *x, int64_t r0, int R, float *y, int64_t ldy) {
     const int chains = CHAINS(R);
     int64_t num_blocks = x->k / QK, tile_bytes = x8_tile_bytes(kind);
-    int quants_at = kind == KIND_Q4_1 ? 32 : 16;
+    int quants_at = kind_has_m(kind) ? 32 : 16;
     __m512 acc[X8_MAX_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < num_blocks; b++) {
@@ -166,7 +170,7 @@ INLINE void x8_group_pair(const uint8_t *group_a, const uint8_t *group_b, int ki
             prefetch_ahead(tile_b, tile_bytes);
         }
         __m512 d = halves_16(tile_a, tile_b);
-        __m512 low = kind == KIND_Q4_1 ? halves_16(tile_a + 16, tile_b + 16)
+        __m512 low = kind_has_m(kind) ? halves_16(tile_a + 16, tile_b + 16)
                                        : _mm512_mul_ps(d, _mm512_set1_ps(low_factor(kind)));
         __m512i sums[X8_MAX_ROWS][MAX_CHAINS], weight_sums = _mm512_setzero_si512();
         for (int r = 0; r < R; r++)
@@ -175,7 +179,7 @@ INLINE void x8_group_pair(const uint8_t *group_a, const uint8_t *group_b, int ki
             q8_tile_pair_sums(tile_a + quants_at, tile_b + quants_at, x, r0, R, b, sums,
                               &weight_sums);
         else
-            q4_tile_pair_sums(tile_a + quants_at, tile_b + quants_at, kind == KIND_Q5_0, x, r0,
+            q4_tile_pair_sums(tile_a + quants_at, tile_b + quants_at, kind_is_q5(kind), x, r0,
                               R, b, sums);
         __m512i offset_sums = _mm512_slli_epi32(weight_sums, 7);     /* 128 sum(w): Q8_0 only */
         for (int r = 0; r < R; r++) {
@@ -190,7 +194,7 @@ INLINE void x8_group_pair(const uint8_t *group_a, const uint8_t *group_b, int ki
     for (int r = 0; r < R; r++) _mm512_storeu_ps(y + (r0 + r) * ldy, acc[r]);
 }
 
-/* sums[r][c] += one Q4 (is_q5: Q5_0) tile's products (8 rows in the 32-bit lanes) with
+/* sums[r][c] += one Q4 (is_q5: Q5_0 / Q5_1) tile's products (8 rows in the 32-bit lanes) with
  * activation row r0 + r */
 INLINE void q4_tile_single_sums(const uint8_t *qs, int is_q5, const act_q8 *x, int64_t r0, int R,
                                 int64_t b, __m256i sums[][MAX_CHAINS]) {
@@ -236,14 +240,14 @@ INLINE void x8_group_single(const uint8_t *group, int kind, const act_q8 *x, int
                             float *y, int64_t ldy) {
     const int chains = CHAINS(R);
     int64_t num_blocks = x->k / QK, tile_bytes = x8_tile_bytes(kind);
-    int quants_at = kind == KIND_Q4_1 ? 32 : 16;
+    int quants_at = kind_has_m(kind) ? 32 : 16;
     __m256 acc[X8_MAX_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < num_blocks; b++) {
         const uint8_t *tile = group + b * tile_bytes;
         if (r0 == 0) prefetch_ahead(tile, tile_bytes);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
-        __m256 low = kind == KIND_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)))
+        __m256 low = kind_has_m(kind) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)))
                                        : _mm256_mul_ps(d, _mm256_set1_ps(low_factor(kind)));
         __m256i sums[X8_MAX_ROWS][MAX_CHAINS], weight_sums = _mm256_setzero_si256();
         for (int r = 0; r < R; r++)
@@ -251,7 +255,7 @@ INLINE void x8_group_single(const uint8_t *group, int kind, const act_q8 *x, int
         if (kind == KIND_Q8_0)
             q8_tile_single_sums(tile + quants_at, x, r0, R, b, sums, &weight_sums);
         else
-            q4_tile_single_sums(tile + quants_at, kind == KIND_Q5_0, x, r0, R, b, sums);
+            q4_tile_single_sums(tile + quants_at, kind_is_q5(kind), x, r0, R, b, sums);
         __m256i offset_sums = _mm256_slli_epi32(weight_sums, 7);
         for (int r = 0; r < R; r++) {
             __m256i total = chains == 2 ? _mm256_add_epi32(sums[r][0], sums[r][1]) : sums[r][0];
@@ -305,6 +309,7 @@ X8_KERNEL8(dot8_q4_0_x8_avx512, KIND_Q4_0)
 X8_KERNEL8(dot8_q4_1_x8_avx512, KIND_Q4_1)
 X8_KERNEL8(dot8_q8_0_x8_avx512, KIND_Q8_0)
 X8_KERNEL8(dot8_q5_0_x8_avx512, KIND_Q5_0)
+X8_KERNEL8(dot8_q5_1_x8_avx512, KIND_Q5_1)
 
 dot8_rows_fn dot8_rows_x8_avx512(int qtype) {
     switch (qtype) {
@@ -312,6 +317,7 @@ dot8_rows_fn dot8_rows_x8_avx512(int qtype) {
     case QTYPE_Q4_1_X8: return dot8_q4_1_x8_avx512;
     case QTYPE_Q8_0_X8: return dot8_q8_0_x8_avx512;
     case QTYPE_Q5_0_X8: return dot8_q5_0_x8_avx512;
+    case QTYPE_Q5_1_X8: return dot8_q5_1_x8_avx512;
     default: return NULL;
     }
 }

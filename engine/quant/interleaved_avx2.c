@@ -19,9 +19,13 @@ INLINE __m256i pair_at(const act_q16 *x, int64_t r, int64_t b, int k) {
     return _mm256_set1_epi32(pair);
 }
 
-enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0 };
+enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q5_1 };
 
-/* the high bits of nibble v of chunk c of a Q5_0 tile (its qh lanes, formats.h) at bit 4 */
+/* whether a kind stores its own offset m (w = d q + m), and whether it has qh high bits */
+INLINE int kind_has_m(int kind) { return kind == KIND_Q4_1 || kind == KIND_Q5_1; }
+INLINE int kind_is_q5(int kind) { return kind == KIND_Q5_0 || kind == KIND_Q5_1; }
+
+/* the high bits of nibble v of chunk c of a Q5_0 / Q5_1 tile (its qh lanes, formats.h) at bit 4 */
 INLINE __m256i q5_high(__m256i qh, int chunk, int nibble) {
     int bit = 8 * (nibble / 2) + 2 * chunk + nibble % 2;
     __m256i at4 = bit < 4 ? _mm256_slli_epi16(qh, 4 - bit) : _mm256_srli_epi16(qh, bit - 4);
@@ -29,7 +33,7 @@ INLINE __m256i q5_high(__m256i qh, int chunk, int nibble) {
 }
 
 /* sums[r] += the int32 dot products of the tile's quants (8 rows in lanes) with row r0 + r;
- * is_q5: a Q5_0 tile, its high bits at qs + 128 */
+ * is_q5: a Q5_0 / Q5_1 tile, its high bits at qs + 128 */
 INLINE void q4_tile_sums(const uint8_t *qs, int is_q5, const act_q16 *x, int64_t r0, int R,
                          int64_t b, __m256i *sums) {
     const __m256i low_mask = _mm256_set1_epi16(0xF);
@@ -61,21 +65,21 @@ INLINE void x8_group(const uint8_t *group, int kind, const act_q16 *x, int64_t r
                      float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK;
     int64_t tile_bytes = X8_ROWS * (kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18
-                                    : kind == KIND_Q5_0 ? 22 : 34);
+                                    : kind == KIND_Q5_0 ? 22 : kind == KIND_Q5_1 ? 24 : 34);
     __m256 acc[MAX_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < num_blocks; b++) {
         const uint8_t *tile = group + b * tile_bytes;
         if (r0 == 0) prefetch_ahead(tile, tile_bytes);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
-        __m256 low = kind == KIND_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)))
+        __m256 low = kind_has_m(kind) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)))
                    : _mm256_mul_ps(d, _mm256_set1_ps(kind == KIND_Q5_0 ? -16.0f : -8.0f));
         __m256i sums[MAX_ROWS];
         for (int r = 0; r < R; r++) sums[r] = _mm256_setzero_si256();
         if (kind == KIND_Q8_0)
             q8_tile_sums(tile + 16, x, r0, R, b, sums);
         else
-            q4_tile_sums(tile + (kind == KIND_Q4_1 ? 32 : 16), kind == KIND_Q5_0, x, r0, R, b,
+            q4_tile_sums(tile + (kind_has_m(kind) ? 32 : 16), kind_is_q5(kind), x, r0, R, b,
                          sums);
         for (int r = 0; r < R; r++) {
             int64_t i = (r0 + r) * num_blocks + b;
@@ -108,6 +112,7 @@ X8_KERNEL(dot_q4_0_x8_avx2, KIND_Q4_0)
 X8_KERNEL(dot_q4_1_x8_avx2, KIND_Q4_1)
 X8_KERNEL(dot_q8_0_x8_avx2, KIND_Q8_0)
 X8_KERNEL(dot_q5_0_x8_avx2, KIND_Q5_0)
+X8_KERNEL(dot_q5_1_x8_avx2, KIND_Q5_1)
 
 dot_rows_fn dot_rows_x8_avx2(int qtype) {
     switch (qtype) {
@@ -115,6 +120,7 @@ dot_rows_fn dot_rows_x8_avx2(int qtype) {
     case QTYPE_Q4_1_X8: return dot_q4_1_x8_avx2;
     case QTYPE_Q8_0_X8: return dot_q8_0_x8_avx2;
     case QTYPE_Q5_0_X8: return dot_q5_0_x8_avx2;
+    case QTYPE_Q5_1_X8: return dot_q5_1_x8_avx2;
     default: return NULL;
     }
 }

@@ -24,7 +24,11 @@
 #define PAIR_MIN_ROWS 5
 #define MAX_CHAINS 4        /* int32 sum chains per activation row in the single-group loop */
 
-enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0 };
+enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q5_1 };
+
+/* whether a kind stores its own offset m (w = d q + m), and whether it has qh high bits */
+INLINE int kind_has_m(int kind) { return kind == KIND_Q4_1 || kind == KIND_Q5_1; }
+INLINE int kind_is_q5(int kind) { return kind == KIND_Q5_0 || kind == KIND_Q5_1; }
 
 /* A Q5_0 tile's high bits (formats.h) for nibble v of chunk c, shifted to bit 4 of each uint16
  * lane (the other bits not cleared: `a | (b & 0x10)` is one vpternlog with the nibbles) */
@@ -67,7 +71,7 @@ INLINE __m256i q5_high_256(__m256i qh, int chunk, int nibble) {
 
 /* sums[r] += the int32 dot products of two tiles' quants (group a's 8 rows in lanes 0-7, group
  * b's in 8-15) with activation row r0 + r: chunk c of each tile side by side, nibble v of every
- * uint16 lane is pair 4 c + v of the 16 rows (is_q5: Q5_0 tiles, their high bits at qs + 128
+ * uint16 lane is pair 4 c + v of the 16 rows (is_q5: Q5_0 / Q5_1 tiles, their high bits at qs + 128
  * OR'd in as bit 4) */
 INLINE void q4_tile_pair_sums(const uint8_t *qs_a, const uint8_t *qs_b, int is_q5,
                               const act_q16 *x, int64_t r0, int R, int64_t b, __m512i *sums) {
@@ -102,10 +106,10 @@ INLINE void q8_tile_pair_sums(const uint8_t *qs_a, const uint8_t *qs_b, const ac
 
 INLINE int64_t x8_tile_bytes(int kind) {
     return X8_ROWS * (kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18
-                      : kind == KIND_Q5_0 ? 22 : 34);
+                      : kind == KIND_Q5_0 ? 22 : kind == KIND_Q5_1 ? 24 : 34);
 }
 
-/* the offset term's factor of d: w = d q + low (Q4_1's low is its own m) */
+/* the offset term's factor of d: w = d q + low (Q4_1's and Q5_1's low is their own m) */
 INLINE float low_factor(int kind) { return kind == KIND_Q5_0 ? -16.0f : -8.0f; }
 
 /* y[r0 + r][0..15] for two consecutive groups of 8 rows (group_b = group_a's successor) against
@@ -114,7 +118,7 @@ INLINE float low_factor(int kind) { return kind == KIND_Q5_0 ? -16.0f : -8.0f; }
 INLINE void x8_group_pair(const uint8_t *group_a, const uint8_t *group_b, int kind,
                           const act_q16 *x, int64_t r0, int R, float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK, tile_bytes = x8_tile_bytes(kind);
-    int quants_at = kind == KIND_Q4_1 ? 32 : 16;
+    int quants_at = kind_has_m(kind) ? 32 : 16;
     __m512 acc[X8_MAX_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < num_blocks; b++) {
@@ -124,14 +128,14 @@ INLINE void x8_group_pair(const uint8_t *group_a, const uint8_t *group_b, int ki
             prefetch_ahead(tile_b, tile_bytes);
         }
         __m512 d = halves_16(tile_a, tile_b);
-        __m512 low = kind == KIND_Q4_1 ? halves_16(tile_a + 16, tile_b + 16)
+        __m512 low = kind_has_m(kind) ? halves_16(tile_a + 16, tile_b + 16)
                                        : _mm512_mul_ps(d, _mm512_set1_ps(low_factor(kind)));
         __m512i sums[X8_MAX_ROWS];
         for (int r = 0; r < R; r++) sums[r] = _mm512_setzero_si512();
         if (kind == KIND_Q8_0)
             q8_tile_pair_sums(tile_a + quants_at, tile_b + quants_at, x, r0, R, b, sums);
         else
-            q4_tile_pair_sums(tile_a + quants_at, tile_b + quants_at, kind == KIND_Q5_0, x, r0,
+            q4_tile_pair_sums(tile_a + quants_at, tile_b + quants_at, kind_is_q5(kind), x, r0,
                               R, b, sums);
         for (int r = 0; r < R; r++) {
             int64_t i = (r0 + r) * num_blocks + b;
@@ -193,7 +197,7 @@ INLINE void x8_group_single(const uint8_t *group, int kind, const act_q16 *x, in
         const uint8_t *tile = group + b * tile_bytes;
         if (r0 == 0) prefetch_ahead(tile, tile_bytes);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
-        __m256 low = kind == KIND_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)))
+        __m256 low = kind_has_m(kind) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)))
                                        : _mm256_mul_ps(d, _mm256_set1_ps(low_factor(kind)));
         __m256i sums[X8_MAX_ROWS][MAX_CHAINS];
         for (int r = 0; r < R; r++)
@@ -201,7 +205,7 @@ INLINE void x8_group_single(const uint8_t *group, int kind, const act_q16 *x, in
         if (kind == KIND_Q8_0)
             q8_tile_single_sums(tile + 16, x, r0, R, b, sums);
         else
-            q4_tile_single_sums(tile + (kind == KIND_Q4_1 ? 32 : 16), kind == KIND_Q5_0, x, r0, R,
+            q4_tile_single_sums(tile + (kind_has_m(kind) ? 32 : 16), kind_is_q5(kind), x, r0, R,
                                 b, sums);
         for (int r = 0; r < R; r++) {
             __m256i total = sums[r][0];
@@ -255,23 +259,24 @@ X8_KERNEL(dot_q4_0_x8_avx512, KIND_Q4_0)
 X8_KERNEL(dot_q4_1_x8_avx512, KIND_Q4_1)
 X8_KERNEL(dot_q8_0_x8_avx512, KIND_Q8_0)
 X8_KERNEL(dot_q5_0_x8_avx512, KIND_Q5_0)
+X8_KERNEL(dot_q5_1_x8_avx512, KIND_Q5_1)
 
 /* ---- dequantization of interleaved tiles (the GEMM path of long batches) ------------------- */
 
-/* lane i (value i of a row): the bit of its high bit in its uint16 word of a Q5_0 tile's qh
+/* lane i (value i of a row): the bit of its high bit in its uint16 word of a Q5_0 / Q5_1 tile's qh
  * (formats.h: bit 8 (v / 2) + 2 c + v % 2, c = i / 8, v = i % 8 / 2) */
 static const uint16_t Q5_LANE_BITS[32] = {
     1, 1, 2, 2, 256, 256, 512, 512, 4, 4, 8, 8, 1024, 1024, 2048, 2048,
     16, 16, 32, 32, 4096, 4096, 8192, 8192, 64, 64, 128, 128, 16384, 16384, 32768, 32768};
 
-/* out[j * k + b * 32 + i] for the 8 rows j of one Q4 (or Q5_0) tile. The quants are 64 uint16
+/* out[j * k + b * 32 + i] for the 8 rows j of one Q4 (or Q5) tile. The quants are 64 uint16
  * words: value i of row j is nibble (i % 8) / 2 of word 16 (i / 8) + 2 j + i % 2 (formats.h), so
  * one two-source word permute puts the word of each of row j's 32 values in its lane and a
- * variable shift its nibble at the bottom; a Q5_0 tile's high bit of value i is in qh word
+ * variable shift its nibble at the bottom; a Q5 tile's high bit of value i is in qh word
  * 2 j + i % 2, one more permute and a bit test. q d + m as a product, then a sum (no fused
  * multiply-add): the portable dequantizer's values bit for bit. */
 INLINE void dequantize_q4_tile(const uint8_t *tile, int kind, int64_t b, int64_t k, float *out) {
-    int is_q4_1 = kind == KIND_Q4_1, is_q5 = kind == KIND_Q5_0;
+    int is_q4_1 = kind_has_m(kind), is_q5 = kind_is_q5(kind);
     const uint8_t *qs = tile + (is_q4_1 ? 32 : 16);
     __m512i words_low = _mm512_loadu_si512((const void *)qs);
     __m512i words_high = _mm512_loadu_si512((const void *)(qs + 64));
@@ -338,10 +343,11 @@ INLINE void dequantize_q8_tile(const uint8_t *tile, int64_t b, int64_t k, float 
 TARGET int dequantize_x8_avx512(int qtype, const uint8_t *w, int64_t num_rows, int64_t k,
                                 float *out) {
     if (qtype != QTYPE_Q4_0_X8 && qtype != QTYPE_Q4_1_X8 && qtype != QTYPE_Q8_0_X8
-            && qtype != QTYPE_Q5_0_X8)
+            && qtype != QTYPE_Q5_0_X8 && qtype != QTYPE_Q5_1_X8)
         return -1;
     int kind = qtype == QTYPE_Q4_0_X8 ? KIND_Q4_0 : qtype == QTYPE_Q4_1_X8 ? KIND_Q4_1
-               : qtype == QTYPE_Q5_0_X8 ? KIND_Q5_0 : KIND_Q8_0;
+               : qtype == QTYPE_Q5_0_X8 ? KIND_Q5_0 : qtype == QTYPE_Q5_1_X8 ? KIND_Q5_1
+               : KIND_Q8_0;
     int64_t num_blocks = k / QK, tile_bytes = x8_tile_bytes(kind);
     for (int64_t group = 0; group < num_rows / X8_ROWS; group++) {
         const uint8_t *tiles = w + group * num_blocks * tile_bytes;
@@ -362,6 +368,7 @@ dot_rows_fn dot_rows_x8_avx512(int qtype) {
     case QTYPE_Q4_1_X8: return dot_q4_1_x8_avx512;
     case QTYPE_Q8_0_X8: return dot_q8_0_x8_avx512;
     case QTYPE_Q5_0_X8: return dot_q5_0_x8_avx512;
+    case QTYPE_Q5_1_X8: return dot_q5_1_x8_avx512;
     default: return NULL;
     }
 }

@@ -100,7 +100,7 @@ INLINE void q4_row(const uint8_t *row, int is_q4_1, const act_q16 *x, int64_t r0
     for (int r = 0; r < R; r++) y[(r0 + r) * ldy] = hsum(acc[r]) + low_sum[r];
 }
 
-/* 16 int16 lanes: bit i of `bits` as 0x10 in lane i (a Q5_0 block's high bits of 16 values) */
+/* 16 int16 lanes: bit i of `bits` as 0x10 in lane i (a Q5 block's high bits of 16 values) */
 INLINE __m256i high_bits_16(uint32_t bits) {
     const __m256i select = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,
                                              4096, 8192, 16384, (short)0x8000);
@@ -109,20 +109,23 @@ INLINE __m256i high_bits_16(uint32_t bits) {
     return _mm256_and_si256(set, _mm256_set1_epi16(0x10));
 }
 
-/* Q5_0 rows (w = d * (q - 16): Q4_0's nibbles, bit i of qh as bit 4 of value i) */
-INLINE void q5_0_row(const uint8_t *row, const act_q16 *x, int64_t r0, int R, float *y,
-                     int64_t ldy) {
+/* Q5_0 (is_q5_1 = 0: w = d * (q - 16)) and Q5_1 (w = d * q + m) rows: Q4's nibbles, bit i of
+ * qh as bit 4 of value i */
+INLINE void q5_row(const uint8_t *row, int is_q5_1, const act_q16 *x, int64_t r0, int R, float *y,
+                   int64_t ldy) {
     int64_t num_blocks = x->k / QK;
+    int64_t block_bytes = is_q5_1 ? (int64_t)sizeof(block_q5_1) : (int64_t)sizeof(block_q5_0);
+    int qh_at = is_q5_1 ? 4 : 2;
     __m256 acc[MAX_ROWS];
     float low_sum[MAX_ROWS];
     for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); low_sum[r] = 0.0f; }
     const __m128i low_mask = _mm_set1_epi8(0xF);
     for (int64_t b = 0; b < num_blocks; b++) {
-        const uint8_t *block = row + b * (int64_t)sizeof(block_q5_0);
-        float d = half_at(block), low = -16.0f * d;
+        const uint8_t *block = row + b * block_bytes;
+        float d = half_at(block), low = is_q5_1 ? half_at(block + 2) : -16.0f * d;
         uint32_t qh;
-        memcpy(&qh, block + 2, sizeof qh);
-        __m128i raw = _mm_loadu_si128((const __m128i *)(block + 6));
+        memcpy(&qh, block + qh_at, sizeof qh);
+        __m128i raw = _mm_loadu_si128((const __m128i *)(block + qh_at + 4));
         __m256i w_lo = _mm256_or_si256(_mm256_cvtepu8_epi16(_mm_and_si128(raw, low_mask)),
                                        high_bits_16(qh & 0xFFFF));
         __m256i w_hi = _mm256_or_si256(
@@ -250,12 +253,14 @@ INLINE void q6_k_row(const uint8_t *row, const act_q16 *x, int64_t r0, int R, fl
 
 #define CALL_Q4_0(R) q4_row(row, 0, x, r0, R, out, ldy)
 #define CALL_Q4_1(R) q4_row(row, 1, x, r0, R, out, ldy)
-#define CALL_Q5_0(R) q5_0_row(row, x, r0, R, out, ldy)
+#define CALL_Q5_0(R) q5_row(row, 0, x, r0, R, out, ldy)
+#define CALL_Q5_1(R) q5_row(row, 1, x, r0, R, out, ldy)
 #define CALL_Q8_0(R) q8_0_row(row, x, r0, R, out, ldy)
 #define CALL_Q4_K(R) q4_k_row(row, x, r0, R, out, ldy)
 #define CALL_Q6_K(R) q6_k_row(row, x, r0, R, out, ldy)
 ROWS_KERNEL(dot_q4_0_avx2, CALL_Q4_0)
 ROWS_KERNEL(dot_q5_0_avx2, CALL_Q5_0)
+ROWS_KERNEL(dot_q5_1_avx2, CALL_Q5_1)
 ROWS_KERNEL(dot_q4_1_avx2, CALL_Q4_1)
 ROWS_KERNEL(dot_q8_0_avx2, CALL_Q8_0)
 ROWS_KERNEL(dot_q4_k_avx2, CALL_Q4_K)
@@ -266,10 +271,12 @@ dot_rows_fn dot_rows_avx2(int qtype) {
     case QTYPE_Q4_0: return dot_q4_0_avx2;
     case QTYPE_Q4_1: return dot_q4_1_avx2;
     case QTYPE_Q5_0: return dot_q5_0_avx2;
+    case QTYPE_Q5_1: return dot_q5_1_avx2;
     case QTYPE_Q8_0: return dot_q8_0_avx2;
     case QTYPE_Q4_K: return dot_q4_k_avx2;
     case QTYPE_Q6_K: return dot_q6_k_avx2;
     case QTYPE_Q4_0_X8: case QTYPE_Q4_1_X8: case QTYPE_Q8_0_X8: case QTYPE_Q5_0_X8:
+    case QTYPE_Q5_1_X8:
         return dot_rows_x8_avx2(qtype);
     default: return NULL;
     }

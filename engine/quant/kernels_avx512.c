@@ -59,22 +59,24 @@ INLINE void q4_row(const uint8_t *row, int is_q4_1, const act_q16 *x, int64_t r0
     for (int r = 0; r < R; r++) y[(r0 + r) * ldy] = hsum(acc[r]) + low_sum[r];
 }
 
-/* Q5_0 rows (w = d * (q - 16)): Q4_0's nibbles, values 0-31 in the 32 int16 lanes, with bit i
- * of qh set in lane i as bit 4 under a mask */
-INLINE void q5_0_row(const uint8_t *row, const act_q16 *x, int64_t r0, int R, float *y,
-                     int64_t ldy) {
+/* Q5_0 (is_q5_1 = 0: w = d * (q - 16)) and Q5_1 (w = d * q + m) rows: Q4's nibbles, values
+ * 0-31 in the 32 int16 lanes, with bit i of qh set in lane i as bit 4 under a mask */
+INLINE void q5_row(const uint8_t *row, int is_q5_1, const act_q16 *x, int64_t r0, int R, float *y,
+                   int64_t ldy) {
     int64_t num_blocks = x->k / QK;
+    int64_t block_bytes = is_q5_1 ? (int64_t)sizeof(block_q5_1) : (int64_t)sizeof(block_q5_0);
+    int qh_at = is_q5_1 ? 4 : 2;
     __m512 acc[MAX_ROWS];
     float low_sum[MAX_ROWS];
     for (int r = 0; r < R; r++) { acc[r] = _mm512_setzero_ps(); low_sum[r] = 0.0f; }
     const __m128i low_mask = _mm_set1_epi8(0xF);
     const __m512i bit4 = _mm512_set1_epi16(0x10);
     for (int64_t b = 0; b < num_blocks; b++) {
-        const uint8_t *block = row + b * (int64_t)sizeof(block_q5_0);
-        float d = half_at(block), low = -16.0f * d;
+        const uint8_t *block = row + b * block_bytes;
+        float d = half_at(block), low = is_q5_1 ? half_at(block + 2) : -16.0f * d;
         uint32_t qh;
-        memcpy(&qh, block + 2, sizeof qh);
-        __m128i raw = _mm_loadu_si128((const __m128i *)(block + 6));
+        memcpy(&qh, block + qh_at, sizeof qh);
+        __m128i raw = _mm_loadu_si128((const __m128i *)(block + qh_at + 4));
         __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low_mask),
                                      _mm_and_si128(raw, low_mask));
         __m512i w = _mm512_cvtepu8_epi16(q);
@@ -204,12 +206,14 @@ INLINE void q6_k_row(const uint8_t *row, const act_q16 *x, int64_t r0, int R, fl
 
 #define CALL_Q4_0(R) q4_row(row, 0, x, r0, R, out, ldy)
 #define CALL_Q4_1(R) q4_row(row, 1, x, r0, R, out, ldy)
-#define CALL_Q5_0(R) q5_0_row(row, x, r0, R, out, ldy)
+#define CALL_Q5_0(R) q5_row(row, 0, x, r0, R, out, ldy)
+#define CALL_Q5_1(R) q5_row(row, 1, x, r0, R, out, ldy)
 #define CALL_Q8_0(R) q8_0_row(row, x, r0, R, out, ldy)
 #define CALL_Q4_K(R) q4_k_row(row, x, r0, R, out, ldy)
 #define CALL_Q6_K(R) q6_k_row(row, x, r0, R, out, ldy)
 ROWS_KERNEL(dot_q4_0_avx512, CALL_Q4_0)
 ROWS_KERNEL(dot_q5_0_avx512, CALL_Q5_0)
+ROWS_KERNEL(dot_q5_1_avx512, CALL_Q5_1)
 ROWS_KERNEL(dot_q4_1_avx512, CALL_Q4_1)
 ROWS_KERNEL(dot_q8_0_avx512, CALL_Q8_0)
 ROWS_KERNEL(dot_q4_k_avx512, CALL_Q4_K)
@@ -220,6 +224,7 @@ dot_rows_fn dot_rows_avx512(int qtype) {
     case QTYPE_Q4_0: return dot_q4_0_avx512;
     case QTYPE_Q4_1: return dot_q4_1_avx512;
     case QTYPE_Q5_0: return dot_q5_0_avx512;
+    case QTYPE_Q5_1: return dot_q5_1_avx512;
     case QTYPE_Q8_0: return dot_q8_0_avx512;
     case QTYPE_Q4_K: return dot_q4_k_avx512;
     case QTYPE_Q6_K: return dot_q6_k_avx512;

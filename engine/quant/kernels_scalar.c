@@ -94,6 +94,31 @@ static void dot_q5_0(const uint8_t *w, int64_t row_bytes, int64_t num_rows, cons
     }
 }
 
+/* Q5_1 quant i (0..31) of one block: its nibble and bit i of qh as bit 4 (w = d * q + m) */
+static inline int q5_1_quant(const block_q5_1 *block, int i) {
+    int low = i < QK / 2 ? block->qs[i] & 0xF : block->qs[i - QK / 2] >> 4;
+    return low | ((block->qh[i / 8] >> (i % 8)) & 1) << 4;
+}
+
+static void dot_q5_1(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q16 *x,
+                     int64_t m, float *y, int64_t ldy) {
+    int64_t num_blocks = x->k / QK;
+    for (int64_t j = 0; j < num_rows; j++) {
+        const block_q5_1 *blocks = (const block_q5_1 *)(w + j * row_bytes);
+        for (int64_t r = 0; r < m; r++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < num_blocks; b++) {
+                const int16_t *xq = x->qs + r * x->k + b * QK;
+                int dot = 0;
+                for (int i = 0; i < QK; i++) dot += q5_1_quant(blocks + b, i) * xq[i];
+                acc += fp16_to_fp32(blocks[b].d) * x->d[r * num_blocks + b] * (float)dot
+                       + fp16_to_fp32(blocks[b].m) * x->s[r * num_blocks + b];
+            }
+            y[r * ldy + j] = acc;
+        }
+    }
+}
+
 static void dot_q8_0(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q16 *x,
                      int64_t m, float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK;
@@ -171,10 +196,12 @@ dot_rows_fn dot_rows_scalar(int qtype) {
     case QTYPE_Q4_0: return dot_q4_0;
     case QTYPE_Q4_1: return dot_q4_1;
     case QTYPE_Q5_0: return dot_q5_0;
+    case QTYPE_Q5_1: return dot_q5_1;
     case QTYPE_Q8_0: return dot_q8_0;
     case QTYPE_Q4_K: return dot_q4_k;
     case QTYPE_Q6_K: return dot_q6_k;
     case QTYPE_Q4_0_X8: case QTYPE_Q4_1_X8: case QTYPE_Q8_0_X8: case QTYPE_Q5_0_X8:
+    case QTYPE_Q5_1_X8:
         return dot_rows_x8_scalar(qtype);
     default: return NULL;
     }
@@ -182,7 +209,7 @@ dot_rows_fn dot_rows_scalar(int qtype) {
 
 void dequantize_rows(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, float *out) {
     if (qtype == QTYPE_Q4_0_X8 || qtype == QTYPE_Q4_1_X8 || qtype == QTYPE_Q8_0_X8
-            || qtype == QTYPE_Q5_0_X8) {
+            || qtype == QTYPE_Q5_0_X8 || qtype == QTYPE_Q5_1_X8) {
         dequantize_x8(qtype, w, num_rows, k, out);
         return;
     }
@@ -209,6 +236,12 @@ void dequantize_rows(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, f
             for (int64_t b = 0; b < k / QK; b++) {
                 float d = fp16_to_fp32(blocks[b].d), low = -16.0f * d;
                 for (int i = 0; i < QK; i++) o[b * QK + i] = q5_0_quant(blocks + b, i) * d + low;
+            }
+        } else if (qtype == QTYPE_Q5_1) {
+            const block_q5_1 *blocks = (const block_q5_1 *)row;
+            for (int64_t b = 0; b < k / QK; b++) {
+                float d = fp16_to_fp32(blocks[b].d), low = fp16_to_fp32(blocks[b].m);
+                for (int i = 0; i < QK; i++) o[b * QK + i] = q5_1_quant(blocks + b, i) * d + low;
             }
         } else if (qtype == QTYPE_Q8_0) {
             const block_q8_0 *blocks = (const block_q8_0 *)row;

@@ -52,8 +52,8 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     if (act_bits == 8) {
         if (!act8_supported(qtype, level))
             return PyErr_Format(PyExc_ValueError, "matmul: 8-bit activations need an interleaved "
-                                "Q4_0 / Q4_1 / Q5_0 / Q8_0 or a Q4_K / Q6_K weight at the scalar "
-                                "or avx512-vnni level "
+                                "Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 or a Q4_K / Q6_K weight "
+                                "at the scalar or avx512-vnni level "
                                 "(got qtype %d, level %d)", qtype, level);
         return matmul8(qtype, level, (const uint8_t *)(uintptr_t)w_addr, n, k,
                        (const float *)(uintptr_t)x_addr, m, (float *)(uintptr_t)y_addr, num_threads);
@@ -112,8 +112,8 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* interleave(qtype, src, num_rows, k, dst, num_threads): Q4_0 / Q4_1 / Q5_0 / Q8_0 rows -> the _X8
- * layout (formats.h) */
+/* interleave(qtype, src, num_rows, k, dst, num_threads): Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 rows
+ * -> the _X8 layout (formats.h) */
 static PyObject *py_interleave(PyObject *self, PyObject *args) {
     int qtype, num_threads;
     unsigned long long src, dst;
@@ -127,8 +127,8 @@ static PyObject *py_interleave(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     if (status != 0)
         return PyErr_Format(PyExc_ValueError, "interleave: qtype %d with %lld rows of %lld "
-                            "(Q4_0 / Q4_1 / Q5_0 / Q8_0, rows a multiple of 8)", qtype, num_rows,
-                            k);
+                            "(Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0, rows a multiple of 8)", qtype,
+                            num_rows, k);
     Py_RETURN_NONE;
 }
 
@@ -261,7 +261,7 @@ static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS, "y[m, n] = x[m, k] @ W[n, k]^T from GGUF blocks"},
     {"dequantize", py_dequantize, METH_VARARGS, "out[n, k] float32 from GGUF blocks"},
     {"interleave", py_interleave, METH_VARARGS,
-     "Q4_0 / Q4_1 / Q5_0 / Q8_0 rows interleaved 8 at a time"},
+     "Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 rows interleaved 8 at a time"},
     {"levels", py_levels, METH_NOARGS, "kernel levels this CPU supports, slowest first"},
     {"cpu_features", py_cpu_features, METH_NOARGS, "what CPUID / XGETBV report for the levels"},
     {"decode_attention", py_decode_attention, METH_VARARGS, "paged attention of decode steps"},

@@ -10,11 +10,14 @@ from gguf.constants import GGML_QUANT_SIZES
 __all__ = ["KERNEL_QTYPES", "INTERLEAVABLE_QTYPES", "INTERLEAVED_ROWS", "QTYPE_NAMES",
            "QuantizedTensor"]
 
-KERNEL_QTYPES = frozenset((Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q6_K))  # C kernels read
-INTERLEAVABLE_QTYPES = frozenset((Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0))
+KERNEL_QTYPES = frozenset((Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K,
+                           Q.Q6_K))  # types the C kernels read
+INTERLEAVABLE_QTYPES = frozenset((Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0))
 INTERLEAVED_ROWS = 8
-# the C side's ids of interleaved matrices (formats.h QTYPE_Q4_0_X8, _Q4_1_X8, _Q8_0_X8, _Q5_0_X8)
-_INTERLEAVED_KERNEL_QTYPES = {Q.Q4_0: 256, Q.Q4_1: 257, Q.Q8_0: 258, Q.Q5_0: 259}
+# the C side's ids of interleaved matrices (formats.h QTYPE_Q4_0_X8, _Q4_1_X8, _Q8_0_X8, _Q5_0_X8,
+# _Q5_1_X8)
+_INTERLEAVED_KERNEL_QTYPES = {Q.Q4_0: 256, Q.Q4_1: 257, Q.Q8_0: 258, Q.Q5_0: 259,
+                              Q.Q5_1: 260}
 QTYPE_NAMES = {int(q): q.name for q in KERNEL_QTYPES} | {
     code: f"{q.name}x{INTERLEAVED_ROWS}" for q, code in _INTERLEAVED_KERNEL_QTYPES.items()}
 
@@ -44,7 +47,7 @@ class QuantizedTensor:
         if not self.blocks.is_contiguous():
             raise ValueError("blocks must be contiguous")
         if self.interleaved and not self.can_interleave:
-            raise ValueError(f"only Q4_0 / Q4_1 / Q5_0 / Q8_0 matrices of whole "
+            raise ValueError(f"only Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrices of whole "
                              f"{INTERLEAVED_ROWS}-row groups are interleaved, not "
                              f"{self.qtype.name} x {self.blocks.shape[0]} rows")
         expected = row_bytes(self.qtype, self.num_cols)

@@ -74,7 +74,7 @@ def test_gguf_brings_its_tokenizer(smollm):
     assert smollm.source == str(default_gguf_path())
 
 
-@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0])
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1])
 def test_tiny_gguf_dequantizes_like_gguf_package(tmp_path, qtype):
     """Each type gives what gguf.quants.dequantize gives, and Q/K come back in HF order."""
     weights = tiny_hf_weights(seed=1, tied=False)
@@ -90,12 +90,14 @@ def test_tiny_gguf_dequantizes_like_gguf_package(tmp_path, qtype):
         np.testing.assert_array_equal(model.weights[name].numpy(), expected, err_msg=name)
 
 
-def test_q5_0_matrices_stay_q5_0_blocks(tmp_path):
-    """keep_quantized: a Q5_0 matrix stays Q5_0 blocks (22 bytes per 32 values, the C kernels
-    read them in place) holding exactly the values the float32 load gives; a vector stays
-    float32."""
+@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q5_1], ids=lambda q: q.name)
+def test_q5_matrices_stay_q5_blocks(tmp_path, qtype):
+    """keep_quantized: a Q5_0 / Q5_1 matrix stays its own blocks (22 / 24 bytes per 32 values,
+    the C kernels read them in place) holding exactly the values the float32 load gives; a
+    vector stays float32."""
     weights = tiny_hf_weights(seed=2, tied=False)
-    path = write_tiny_gguf(tmp_path / "q5.gguf", weights, matrix_type=Q.Q5_0)
+    path = write_tiny_gguf(tmp_path / "q5.gguf", weights, matrix_type=qtype)
+    block_bytes = GGML_QUANT_SIZES[qtype][1]
     blocks = load_gguf(path, progress=False, keep_quantized=True).weights
     values = load_gguf(path, progress=False).weights
     for name, original in weights.items():
@@ -103,12 +105,12 @@ def test_q5_0_matrices_stay_q5_0_blocks(tmp_path):
             assert isinstance(blocks[name], torch.Tensor)
             continue
         kept = blocks[name]
-        assert isinstance(kept, QuantizedTensor) and kept.qtype == Q.Q5_0
-        assert kept.blocks.shape == (original.shape[0], original.shape[1] // 32 * 22)
-        held = quants.dequantize(kept.blocks.numpy(), Q.Q5_0)
+        assert isinstance(kept, QuantizedTensor) and kept.qtype == qtype
+        assert kept.blocks.shape == (original.shape[0], original.shape[1] // 32 * block_bytes)
+        held = quants.dequantize(kept.blocks.numpy(), qtype)
         np.testing.assert_array_equal(held, values[name].numpy(), err_msg=name)
         np.testing.assert_array_equal(
-            held, quants.dequantize(quants.quantize(original, Q.Q5_0), Q.Q5_0), err_msg=name)
+            held, quants.dequantize(quants.quantize(original, qtype), qtype), err_msg=name)
 
 
 def test_fast_reader_agrees_with_gguf_reader():

@@ -1,4 +1,4 @@
-"""8-bit activations on the interleaved Q4_0 / Q4_1 / Q5_0 / Q8_0 layout (engine/quant/
+"""8-bit activations on the interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 layout (engine/quant/
 interleaved_act8*.c): the vpdpbusd kernels equal the portable reference bit for bit at every level
 the machine has, the reference equals an independent float64 computation of the same quants, the
 choice between 8 and 16 bits is made per shape and row count, the fused decoder stays within the
@@ -21,7 +21,7 @@ from tests.engine.test_quant_kernels import random_blocks, reference_weight
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.unavailable_reason())
 
-QTYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0)
+QTYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
 ACT8_LEVELS = [level for level in kernels.levels() if level in kernels.ACT8_LEVELS]
 # The float32 result against float64 sums of the same quants: the kernel's float steps (one
 # product and sum per block of 32) round at float32's 6e-8; over a row of 24 blocks, 1e-6 of the

@@ -110,14 +110,16 @@ def test_fused_decode_equals_the_per_layer_path(mixed_gguf, num_sequences, kv_dt
         torch.testing.assert_close(got, expected, rtol=0, atol=MAX_RELATIVE_DIFF * scale)
 
 
-def test_q5_0_blocks_decode_fused_as_the_per_layer_path(tmp_path) -> None:
-    """A model of Q5_0 matrices (a Q4_K_M's fallback type) kept as Q5_0 blocks: interleaved where
-    a SIMD level runs, fused as every other type, the same logits as the per-layer path."""
+@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q5_1], ids=lambda q: q.name)
+def test_q5_blocks_decode_fused_as_the_per_layer_path(tmp_path, qtype) -> None:
+    """A model of Q5_0 / Q5_1 matrices (the fallback types of Q4_K_M / Q5_K_M) kept as their own
+    blocks: interleaved where a SIMD level runs, fused as every other type, the same logits as
+    the per-layer path."""
     weights = tiny_hf_weights(seed=5)
-    path = write_tiny_gguf(tmp_path / "q5_0.gguf", weights, matrix_type=Q.Q5_0)
+    path = write_tiny_gguf(tmp_path / "q5.gguf", weights, matrix_type=qtype)
     fused_engine = quantized_engine(path, fused=True)
     qkv = fused_engine.model.fused_decoder.layers[0].projections[0]
-    assert [p.qtype for p in qkv] == [Q.Q5_0]
+    assert [p.qtype for p in qkv] == [qtype]
     assert qkv[0].interleaved == (kernels.best_level() != "scalar")
     fused_logits, fed = decode_logits(fused_engine, PROMPTS, 4, None)
     layer_logits, _ = decode_logits(quantized_engine(path, fused=False), PROMPTS, 4, fed)

@@ -1,4 +1,4 @@
-"""Q4_0 / Q4_1 / Q5_0 / Q8_0 matrices with rows interleaved 8 at a time (engine/quant/
+"""Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrices with rows interleaved 8 at a time (engine/quant/
 interleaved*.c): the same values as the GGUF blocks (gguf's own dequantizer is the oracle), the
 same products at every kernel level and thread count, and refusals for what the layout cannot
 hold."""
@@ -15,7 +15,7 @@ from tests.engine.test_quant_kernels import (ACTIVATION_ROUNDING_TOLERANCE, rand
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.unavailable_reason())
 
-QTYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0)
+QTYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
 
 
 def weights(qtype: Q, num_rows: int, num_cols: int, seed: int):
@@ -77,7 +77,7 @@ def test_a_long_lookup_runs_in_rounds_and_reads_every_row() -> None:
 def test_what_the_layout_cannot_hold_is_refused() -> None:
     q8, _, _ = weights(Q.Q4_1, 16, 64, seed=3)
     blocks = random_blocks(Q.Q4_K, 16, 256, seed=3)
-    with pytest.raises(ValueError, match="Q4_0 / Q4_1 / Q5_0 / Q8_0"):
+    with pytest.raises(ValueError, match="Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0"):
         kernels.interleave(QuantizedTensor(torch.from_numpy(blocks), Q.Q4_K, 256))
     odd = QuantizedTensor(q8.blocks[:12].contiguous(), Q.Q4_1, 64)
     with pytest.raises(ValueError, match="multiple of 8"):

@@ -15,8 +15,8 @@ from engine.quant import kernels
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.unavailable_reason())
 
 # byte offsets of the float16 scale fields inside one block
-HALF_OFFSETS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_K: (0, 2),
-                Q.Q6_K: (208,)}
+HALF_OFFSETS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,),
+                Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
 # activation rows are rounded to 16 bits per block of 32: relative error of a whole output row
 ACTIVATION_ROUNDING_TOLERANCE = 1e-4
 
@@ -95,7 +95,7 @@ def test_rejects_blocks_of_the_wrong_width() -> None:
     with pytest.raises(ValueError, match="multiple of 256"):
         QuantizedTensor(torch.zeros(2, 144, dtype=torch.uint8), Q.Q4_K, 128)
     with pytest.raises(ValueError, match="no kernel"):
-        QuantizedTensor(torch.zeros(2, 48, dtype=torch.uint8), Q.Q5_1, 64)
+        QuantizedTensor(torch.zeros(2, 110, dtype=torch.uint8), Q.Q3_K, 256)
 
 
 def test_unsupported_level_is_refused() -> None:

@@ -20,7 +20,7 @@ from tests.engine.test_quant_kernels import (ACTIVATION_ROUNDING_TOLERANCE, HALF
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.unavailable_reason())
 
-INTERLEAVABLE = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0)
+INTERLEAVABLE = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
 # the same integer sums at every level, float additions reordered: relative to an output row
 REORDERING_TOLERANCE = 1e-6
 
