@@ -7,7 +7,7 @@
 
 /* GGML type ids, as stored in a GGUF file */
 enum { QTYPE_Q4_0 = 2, QTYPE_Q4_1 = 3, QTYPE_Q5_0 = 6, QTYPE_Q5_1 = 7, QTYPE_Q8_0 = 8,
-       QTYPE_Q4_K = 12, QTYPE_Q6_K = 14 };
+       QTYPE_Q4_K = 12, QTYPE_Q5_K = 13, QTYPE_Q6_K = 14 };
 
 /* Not GGML types: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrices whose rows are interleaved 8 at a
  * time (interleaved.c), made at load for the SIMD kernels, the same bytes per row as their source
@@ -34,6 +34,9 @@ typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_0; /*
 typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_1; /* 24 bytes */
 typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;                  /* 34 bytes */
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_k; /* 144 */
+/* Q5_K: Q4_K's scales and minimums, then value l of sub-block s has its bit 4 at bit s of qh[l] */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2];
+               } block_q5_k;                                               /* 176 bytes */
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16];
                  uint16_t d; } block_q6_k;                                 /* 210 bytes */
 
@@ -107,7 +110,7 @@ static inline uint16_t fp32_to_fp16(float value) {
     return (uint16_t)(sign | ((rounded - 0x38000000u) >> 13));
 }
 
-/* Q4_K's 6-bit scale and minimum of sub-block j (0..7) */
+/* Q4_K's (and Q5_K's) 6-bit scale and minimum of sub-block j (0..7) */
 static inline void q4k_scale_min(int j, const uint8_t *q, uint8_t *scale, uint8_t *minimum) {
     if (j < 4) {
         *scale = q[j] & 63;
@@ -128,6 +131,13 @@ static inline int q6k_value(const block_q6_k *block, int i) {
     return (low | (high << 4)) - 32;
 }
 
+/* Q5_K value i (0..255) of one super-block, in 0..31 (w = d sc q - dmin m of its sub-block) */
+static inline int q5k_value(const block_q5_k *block, int i) {
+    int sub = i / QK, l = i % QK;
+    int low = (block->qs[(sub / 2) * QK + l] >> (4 * (sub % 2))) & 0xF;
+    return low | ((block->qh[l] >> sub) & 1) << 4;
+}
+
 /* bytes per row of k values, 0 for an unknown type or a k that is not whole blocks */
 static inline int64_t qtype_row_bytes(int qtype, int64_t k) {
     switch (qtype) {
@@ -140,6 +150,7 @@ static inline int64_t qtype_row_bytes(int qtype, int64_t k) {
     case QTYPE_Q8_0_X8: return k % QK ? 0 : k / QK * (int64_t)sizeof(block_q8_0);
     case QTYPE_Q8_0: return k % QK ? 0 : k / QK * (int64_t)sizeof(block_q8_0);
     case QTYPE_Q4_K: return k % QK_K ? 0 : k / QK_K * (int64_t)sizeof(block_q4_k);
+    case QTYPE_Q5_K: return k % QK_K ? 0 : k / QK_K * (int64_t)sizeof(block_q5_k);
     case QTYPE_Q6_K: return k % QK_K ? 0 : k / QK_K * (int64_t)sizeof(block_q6_k);
     default: return 0;
     }
@@ -189,15 +200,16 @@ dot_rows_fn dot_rows_avx512(int qtype);
 dot_rows_fn dot_rows_x8_avx512(int qtype);
 int dequantize_x8_avx512(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, float *out);
 
-/* 8-bit activation kernels of the _X8 types and Q4_K / Q6_K: y[r * ldy + j] = dot(row j of w,
- * activation row r), j < num_rows (_X8: whole 8-row groups), r < m; x in act8_layout(qtype)'s
+/* 8-bit activation kernels of the _X8 types and Q4_K / Q5_K / Q6_K: y[r * ldy + j] = dot(row j
+ * of w, activation row r), j < num_rows (_X8: whole 8-row groups), r < m; x in act8_layout(qtype)'s
  * layout */
 typedef void (*dot8_rows_fn)(const uint8_t *w, int64_t row_bytes, int64_t num_rows,
                              const act_q8 *x, int64_t m, float *y, int64_t ldy);
-/* the layout a type's 8-bit kernels read: the _X8 types' and the row-major Q4_K / Q6_K's (both
+/* the layout a type's 8-bit kernels read: the _X8 types' and the row-major K-quants' (both
  * ACT8_Q8: the weight quants are the signed operand of vpdpbusd); -1 for any other type */
 static inline int act8_layout(int qtype) {
-    return qtype == QTYPE_Q8_0_X8 || qtype == QTYPE_Q4_K || qtype == QTYPE_Q6_K ? ACT8_Q8
+    return qtype == QTYPE_Q8_0_X8 || qtype == QTYPE_Q4_K || qtype == QTYPE_Q5_K
+           || qtype == QTYPE_Q6_K ? ACT8_Q8
            : qtype == QTYPE_Q4_0_X8 || qtype == QTYPE_Q4_1_X8 || qtype == QTYPE_Q5_0_X8
              || qtype == QTYPE_Q5_1_X8 ? ACT8_Q4
            : -1;
@@ -211,9 +223,9 @@ void quantize_act8_scalar(const float *x, int64_t m, act_q8 *out);
 dot8_rows_fn dot8_rows_x8_scalar(int qtype);
 void quantize_act8_avx512(const float *x, int64_t m, act_q8 *out);
 dot8_rows_fn dot8_rows_x8_avx512(int qtype);
-/* kquant_act8.c: the reference 8-bit kernels of the row-major Q4_K / Q6_K (NULL for another
- * type), rows [0, num_rows) of GGUF's own bytes; kquant_act8_avx512.c: the same, bit for bit, with
- * vpdpbusd (call only at LEVEL_AVX512) */
+/* kquant_act8.c: the reference 8-bit kernels of the row-major Q4_K / Q5_K / Q6_K (NULL for
+ * another type), rows [0, num_rows) of GGUF's own bytes; kquant_act8_avx512.c: the same, bit for
+ * bit, with vpdpbusd (call only at LEVEL_AVX512) */
 dot8_rows_fn dot8_rows_k_scalar(int qtype);
 dot8_rows_fn dot8_rows_k_avx512(int qtype);
 

@@ -27,12 +27,12 @@ LOOKUP_CHUNK_IDS = 64           # dequantize_rows of an interleaved matrix: ids 
 LEVELS = ("scalar", "avx2", "avx512-vnni")   # every level, slowest first (module.c LEVEL_NAMES)
 LEVEL_ENV = "PIE_KERNEL_LEVEL"  # names the level to run instead of the best (one of LEVELS)
 # levels with 8-bit activation kernels (interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0, row-major
-# Q4_K / Q6_K): the vpdpbusd ones, and the portable reference they equal bit for bit (engine/quant/
+# Q4_K / Q5_K / Q6_K): the vpdpbusd ones, and the portable reference they equal bit for bit (engine/quant/
 # interleaved_act8*.c, kquant_act8*.c)
 ACT8_LEVELS = ("scalar", "avx512-vnni")
 ACT8_QTYPES = {2: 0, 3: 0, 6: 0, 7: 0, 8: 1}  # GGML Q4_0 / Q4_1 / Q5_0 / Q5_1 -> ACT8_Q4;
 # Q8_0 -> ACT8_Q8 (_X8)
-ACT8_ROW_QTYPES = {12: 1, 14: 1}  # GGML Q4_K, Q6_K (row-major) -> ACT8_Q8
+ACT8_ROW_QTYPES = {12: 1, 13: 1, 14: 1}  # GGML Q4_K, Q5_K, Q6_K (row-major) -> ACT8_Q8
 ACT8_ENV = "PIE_ACT8"           # "0": no 8-bit activations anywhere (to measure the 16-bit path)
 
 
@@ -265,7 +265,8 @@ class PrefillAttention:
 
 def act8_layout(weight: QuantizedTensor) -> int | None:
     """The activation layout (formats.h ACT8_*) of a weight's 8-bit kernels; None when it has
-    none (only interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 and row-major Q4_K / Q6_K do)."""
+    none (only interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 and row-major Q4_K / Q5_K / Q6_K
+    do)."""
     if weight.interleaved:
         return ACT8_QTYPES.get(int(weight.qtype))
     return ACT8_ROW_QTYPES.get(int(weight.qtype))

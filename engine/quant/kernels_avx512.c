@@ -108,21 +108,31 @@ INLINE void q8_0_row(const uint8_t *row, const act_q16 *x, int64_t r0, int R, fl
     for (int r = 0; r < R; r++) y[(r0 + r) * ldy] = hsum(acc[r]);
 }
 
-INLINE void q4_k_row(const uint8_t *row, const act_q16 *x, int64_t r0, int R, float *y, int64_t ldy) {
+/* Q4_K (is_q5 = 0) and Q5_K rows: the same d, dmin and 6-bit scales at the same offsets; Q5_K's
+ * qh[32] before its nibbles, bit s of byte l the bit 4 of value l of sub-block s */
+INLINE void q4_k_row(const uint8_t *row, int is_q5, const act_q16 *x, int64_t r0, int R, float *y,
+                     int64_t ldy) {
     int64_t num_blocks = x->k / QK, num_super = x->k / QK_K;
+    int64_t super_bytes = is_q5 ? (int64_t)sizeof(block_q5_k) : (int64_t)sizeof(block_q4_k);
     __m512 acc[MAX_ROWS];
     float low_sum[MAX_ROWS];
     for (int r = 0; r < R; r++) { acc[r] = _mm512_setzero_ps(); low_sum[r] = 0.0f; }
-    const __m256i low_mask = _mm256_set1_epi8(0xF);
+    const __m256i low_mask = _mm256_set1_epi8(0xF), bit4 = _mm256_set1_epi8(0x10);
     for (int64_t sb = 0; sb < num_super; sb++) {
-        const block_q4_k *block = (const block_q4_k *)(row + sb * sizeof(block_q4_k));
+        const block_q4_k *block = (const block_q4_k *)(row + sb * super_bytes);
+        const uint8_t *qs = is_q5 ? ((const block_q5_k *)block)->qs : block->qs;
+        __m256i qh = is_q5 ? _mm256_loadu_si256((const __m256i *)((const block_q5_k *)block)->qh)
+                           : _mm256_setzero_si256();
         float d = half_at((const uint8_t *)&block->d), dmin = half_at((const uint8_t *)&block->dmin);
         uint8_t scales[8], mins[8];
         for (int sub = 0; sub < 8; sub++) q4k_scale_min(sub, block->scales, scales + sub, mins + sub);
         for (int sub = 0; sub < 8; sub++) {        /* sub-block 2 s: low nibbles, 2 s + 1: high */
-            __m256i raw = _mm256_loadu_si256((const __m256i *)(block->qs + (sub / 2) * 32));
-            __m512i w = _mm512_cvtepu8_epi16(
-                _mm256_and_si256(sub % 2 ? _mm256_srli_epi16(raw, 4) : raw, low_mask));
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + (sub / 2) * 32));
+            __m256i q = _mm256_and_si256(sub % 2 ? _mm256_srli_epi16(raw, 4) : raw, low_mask);
+            if (is_q5)
+                q = _mm256_mask_mov_epi8(q, _mm256_test_epi8_mask(
+                    qh, _mm256_set1_epi8((char)(1 << sub))), _mm256_or_si256(q, bit4));
+            __m512i w = _mm512_cvtepu8_epi16(q);
             int64_t b = sb * 8 + sub;
             float scale = d * scales[sub], minimum = dmin * mins[sub];
             for (int r = 0; r < R; r++) {
@@ -209,7 +219,8 @@ INLINE void q6_k_row(const uint8_t *row, const act_q16 *x, int64_t r0, int R, fl
 #define CALL_Q5_0(R) q5_row(row, 0, x, r0, R, out, ldy)
 #define CALL_Q5_1(R) q5_row(row, 1, x, r0, R, out, ldy)
 #define CALL_Q8_0(R) q8_0_row(row, x, r0, R, out, ldy)
-#define CALL_Q4_K(R) q4_k_row(row, x, r0, R, out, ldy)
+#define CALL_Q4_K(R) q4_k_row(row, 0, x, r0, R, out, ldy)
+#define CALL_Q5_K(R) q4_k_row(row, 1, x, r0, R, out, ldy)
 #define CALL_Q6_K(R) q6_k_row(row, x, r0, R, out, ldy)
 ROWS_KERNEL(dot_q4_0_avx512, CALL_Q4_0)
 ROWS_KERNEL(dot_q5_0_avx512, CALL_Q5_0)
@@ -217,6 +228,7 @@ ROWS_KERNEL(dot_q5_1_avx512, CALL_Q5_1)
 ROWS_KERNEL(dot_q4_1_avx512, CALL_Q4_1)
 ROWS_KERNEL(dot_q8_0_avx512, CALL_Q8_0)
 ROWS_KERNEL(dot_q4_k_avx512, CALL_Q4_K)
+ROWS_KERNEL(dot_q5_k_avx512, CALL_Q5_K)
 ROWS_KERNEL(dot_q6_k_avx512, CALL_Q6_K)
 
 dot_rows_fn dot_rows_avx512(int qtype) {
@@ -227,6 +239,7 @@ dot_rows_fn dot_rows_avx512(int qtype) {
     case QTYPE_Q5_1: return dot_q5_1_avx512;
     case QTYPE_Q8_0: return dot_q8_0_avx512;
     case QTYPE_Q4_K: return dot_q4_k_avx512;
+    case QTYPE_Q5_K: return dot_q5_k_avx512;
     case QTYPE_Q6_K: return dot_q6_k_avx512;
     default: return dot_rows_x8_avx512(qtype);      /* an _X8 type, or NULL */
     }

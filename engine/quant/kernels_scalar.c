@@ -165,6 +165,32 @@ static void dot_q4_k(const uint8_t *w, int64_t row_bytes, int64_t num_rows, cons
     }
 }
 
+static void dot_q5_k(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q16 *x,
+                     int64_t m, float *y, int64_t ldy) {
+    int64_t num_blocks = x->k / QK, num_super = x->k / QK_K;
+    for (int64_t j = 0; j < num_rows; j++) {
+        const block_q5_k *blocks = (const block_q5_k *)(w + j * row_bytes);
+        for (int64_t r = 0; r < m; r++) {
+            float acc = 0.0f;
+            for (int64_t sb = 0; sb < num_super; sb++) {
+                const block_q5_k *block = blocks + sb;
+                float d = fp16_to_fp32(block->d), dmin = fp16_to_fp32(block->dmin);
+                for (int sub = 0; sub < 8; sub++) {        /* sub-blocks of 32 */
+                    uint8_t scale, minimum;
+                    q4k_scale_min(sub, block->scales, &scale, &minimum);
+                    int64_t b = sb * 8 + sub;
+                    const int16_t *xq = x->qs + r * x->k + b * QK;
+                    int dot = 0;
+                    for (int i = 0; i < QK; i++) dot += q5k_value(block, sub * QK + i) * xq[i];
+                    acc += d * scale * x->d[r * num_blocks + b] * (float)dot
+                           - dmin * minimum * x->s[r * num_blocks + b];
+                }
+            }
+            y[r * ldy + j] = acc;
+        }
+    }
+}
+
 static void dot_q6_k(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q16 *x,
                      int64_t m, float *y, int64_t ldy) {
     int64_t num_blocks = x->k / QK, num_super = x->k / QK_K;
@@ -199,6 +225,7 @@ dot_rows_fn dot_rows_scalar(int qtype) {
     case QTYPE_Q5_1: return dot_q5_1;
     case QTYPE_Q8_0: return dot_q8_0;
     case QTYPE_Q4_K: return dot_q4_k;
+    case QTYPE_Q5_K: return dot_q5_k;
     case QTYPE_Q6_K: return dot_q6_k;
     case QTYPE_Q4_0_X8: case QTYPE_Q4_1_X8: case QTYPE_Q8_0_X8: case QTYPE_Q5_0_X8:
     case QTYPE_Q5_1_X8:
@@ -260,6 +287,18 @@ void dequantize_rows(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, f
                     int shift = (sub % 2) * 4;
                     for (int i = 0; i < QK; i++)
                         o[sb * QK_K + sub * QK + i] = d * scale * ((qs[i] >> shift) & 0xF) - dmin * minimum;
+                }
+            }
+        } else if (qtype == QTYPE_Q5_K) {
+            const block_q5_k *blocks = (const block_q5_k *)row;
+            for (int64_t sb = 0; sb < k / QK_K; sb++) {
+                float d = fp16_to_fp32(blocks[sb].d), dmin = fp16_to_fp32(blocks[sb].dmin);
+                for (int sub = 0; sub < 8; sub++) {
+                    uint8_t scale, minimum;
+                    q4k_scale_min(sub, blocks[sb].scales, &scale, &minimum);
+                    for (int i = 0; i < QK; i++)
+                        o[sb * QK_K + sub * QK + i] =
+                            d * scale * q5k_value(blocks + sb, sub * QK + i) - dmin * minimum;
                 }
             }
         } else if (qtype == QTYPE_Q6_K) {

@@ -1,5 +1,5 @@
-/* 8-bit activations for the row-major K-quant types Q4_K and Q6_K: the reference kernels that the
- * AVX512-VNNI ones (kquant_act8_avx512.c) must equal bit for bit. The activations are act_q8 in
+/* 8-bit activations for the row-major K-quant types Q4_K, Q5_K and Q6_K: the reference kernels
+ * that the AVX512-VNNI ones (kquant_act8_avx512.c) must equal bit for bit. The activations are act_q8 in
  * the ACT8_Q8 layout (value order, quant + 128 as uint8), the weights GGUF's own bytes.
  *
  * The vector kernels keep 16 int32 lanes per span of 64 values of a super-block (lane l: the 4
@@ -7,7 +7,7 @@
  * exact integer dot is scaled by its lane's weight scale times its block's activation scale and
  * added into that lane's float sum with a fused multiply-add, span after span. This file does
  * the same lanes in the same order:
- *   Q4_K: lane scale (d sc[s]) d_x[b] of sub-block s = b's 32 values; the minimums' term
+ *   Q4_K / Q5_K: lane scale (d sc[s]) d_x[b] of sub-block s = b's 32 values; the minimums' term
  *         fma((-dmin) m[s], s_x[b], low[s]) per sub-block, added into lanes 0-7 at the end;
  *   Q6_K: lane scale (d sc[t]) d_x[b] of the 16 values of scale t, value q - 32 (the offset
  *         inside the integer dot);
@@ -25,12 +25,16 @@ static inline int act8_q8_value(const act_q8 *x, int64_t r, int64_t i) {
     return (int)x->qs[r * x->k + i] - ACT8_Q8_OFFSET;
 }
 
-/* one super-block's 256 weight quants (Q4_K 0..15, Q6_K -32..31), its per-lane-group scales
- * (Q4_K: d sc[s] per 32 values; Q6_K: d sc[t] per 16) and Q4_K's (-dmin) m[s] */
+/* whether a type has Q4_K's scales and minimums per sub-block of 32 (Q4_K, Q5_K) */
+static inline int has_minimums(int qtype) { return qtype == QTYPE_Q4_K || qtype == QTYPE_Q5_K; }
+
+/* one super-block's 256 weight quants (Q4_K 0..15, Q5_K 0..31, Q6_K -32..31), its per-lane-group
+ * scales (Q4_K / Q5_K: d sc[s] per 32 values; Q6_K: d sc[t] per 16) and Q4_K / Q5_K's
+ * (-dmin) m[s] */
 static void unpack_super(int qtype, const uint8_t *super, int w[QK_K], float scales[QK_K / 16],
                          float minimums[QK_K / QK]) {
-    if (qtype == QTYPE_Q4_K) {
-        const block_q4_k *block = (const block_q4_k *)super;
+    if (has_minimums(qtype)) {
+        const block_q4_k *block = (const block_q4_k *)super;     /* Q5_K's first fields too */
         float d = fp16_to_fp32(block->d), negative_dmin = -fp16_to_fp32(block->dmin);
         for (int s = 0; s < QK_K / QK; s++) {
             uint8_t scale, minimum;
@@ -38,7 +42,10 @@ static void unpack_super(int qtype, const uint8_t *super, int w[QK_K], float sca
             scales[s] = d * (float)scale;
             minimums[s] = negative_dmin * (float)minimum;
             const uint8_t *qs = block->qs + (s / 2) * QK;
-            for (int i = 0; i < QK; i++) w[s * QK + i] = (qs[i] >> (4 * (s % 2))) & 0xF;
+            for (int i = 0; i < QK; i++)
+                w[s * QK + i] = qtype == QTYPE_Q5_K
+                                    ? q5k_value((const block_q5_k *)super, s * QK + i)
+                                    : (qs[i] >> (4 * (s % 2))) & 0xF;
         }
     } else {
         const block_q6_k *block = (const block_q6_k *)super;
@@ -61,7 +68,7 @@ static float lanes_sum(const float lanes[LANES]) {
 static float dot8_k_row(int qtype, const uint8_t *row, int64_t super_bytes, const act_q8 *x,
                         int64_t r) {
     int64_t num_blocks = x->k / QK, num_super = x->k / QK_K;
-    int per_scale = qtype == QTYPE_Q4_K ? QK : 16;
+    int per_scale = has_minimums(qtype) ? QK : 16;
     float acc[LANES] = {0}, low[QK_K / QK] = {0};
     for (int64_t sb = 0; sb < num_super; sb++) {
         int w[QK_K];
@@ -69,7 +76,7 @@ static float dot8_k_row(int qtype, const uint8_t *row, int64_t super_bytes, cons
         unpack_super(qtype, row + sb * super_bytes, w, scales, minimums);
         const float *dx = x->d + r * num_blocks + sb * (QK_K / QK);
         const float *sx = x->s + r * num_blocks + sb * (QK_K / QK);
-        if (qtype == QTYPE_Q4_K)
+        if (has_minimums(qtype))
             for (int s = 0; s < QK_K / QK; s++) low[s] = fmaf(minimums[s], sx[s], low[s]);
         for (int span = 0; span < QK_K / SPAN; span++) {
             for (int l = 0; l < LANES; l++) {
@@ -81,7 +88,7 @@ static float dot8_k_row(int qtype, const uint8_t *row, int64_t super_bytes, cons
             }
         }
     }
-    if (qtype == QTYPE_Q4_K)
+    if (has_minimums(qtype))
         for (int l = 0; l < LANES; l++) acc[l] = acc[l] + (l < QK_K / QK ? low[l] : 0.0f);
     return lanes_sum(acc);
 }
@@ -99,11 +106,17 @@ static void dot8_q4_k(const uint8_t *w, int64_t row_bytes, int64_t num_rows, con
     dot8_k(QTYPE_Q4_K, w, row_bytes, num_rows, x, m, y, ldy);
 }
 
+static void dot8_q5_k(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q8 *x,
+                      int64_t m, float *y, int64_t ldy) {
+    dot8_k(QTYPE_Q5_K, w, row_bytes, num_rows, x, m, y, ldy);
+}
+
 static void dot8_q6_k(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q8 *x,
                       int64_t m, float *y, int64_t ldy) {
     dot8_k(QTYPE_Q6_K, w, row_bytes, num_rows, x, m, y, ldy);
 }
 
 dot8_rows_fn dot8_rows_k_scalar(int qtype) {
-    return qtype == QTYPE_Q4_K ? dot8_q4_k : qtype == QTYPE_Q6_K ? dot8_q6_k : NULL;
+    return qtype == QTYPE_Q4_K ? dot8_q4_k : qtype == QTYPE_Q5_K ? dot8_q5_k
+           : qtype == QTYPE_Q6_K ? dot8_q6_k : NULL;
 }

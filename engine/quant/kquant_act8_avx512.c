@@ -1,10 +1,11 @@
-/* AVX512-VNNI kernels of the row-major Q4_K and Q6_K with 8-bit activations (formats.h act_q8,
- * ACT8_Q8 layout): GGUF's own bytes, no repacking. Compiled for those features only and called
+/* AVX512-VNNI kernels of the row-major Q4_K, Q5_K and Q6_K with 8-bit activations (formats.h
+ * act_q8, ACT8_Q8 layout): GGUF's own bytes, no repacking. Compiled for those features only and called
  * only at matmul.c's LEVEL_AVX512; the same quants and products, bit for bit, as the reference
  * in kquant_act8.c, whose comment gives the lanes and the float order.
  *
  * A super-block's 256 weight quants unpack into four vectors of 64 signed bytes in value order
- * (Q4_K: a pair of sub-blocks is one run of 32 bytes, low nibbles then high; Q6_K: two quarters'
+ * (Q4_K: a pair of sub-blocks is one run of 32 bytes, low nibbles then high, Q5_K's qh bits 2 p
+ * and 2 p + 1 of the 32 bytes OR'd in as bit 4 under a mask; Q6_K: two quarters'
  * low and high bits, minus 32). vpdpbusd multiplies them by the activations (unsigned: quant +
  * 128), its accumulator starting at -128 x the lane's weight sum (one vpdpbusd against bytes of
  * 128 per weight vector, shared by every activation row), so each of the 16 lanes ends with its
@@ -66,8 +67,11 @@ INLINE __m128i q4k_scales_mins(const uint8_t packed[12]) {
     return _mm_setr_epi32((int)scales_low, (int)scales_high, (int)mins_low, (int)mins_high);
 }
 
-INLINE void q4_k_row8(const uint8_t *row, const act_q8 *x, int64_t r0, int R, float *y,
+/* Q4_K (is_q5 = 0) and Q5_K rows */
+INLINE void q4_k_row8(const uint8_t *row, int is_q5, const act_q8 *x, int64_t r0, int R, float *y,
                       int64_t ldy) {
+    int64_t super_bytes = is_q5 ? (int64_t)sizeof(block_q5_k) : (int64_t)sizeof(block_q4_k);
+    const __m512i bit4 = _mm512_set1_epi8(0x10);
     int64_t num_blocks = x->k / QK, num_super = x->k / QK_K;
     __m512 acc[MAX_ROWS];
     __m256 low[MAX_ROWS];
@@ -76,7 +80,11 @@ INLINE void q4_k_row8(const uint8_t *row, const act_q8 *x, int64_t r0, int R, fl
     __m512i index[SPANS];
     for (int p = 0; p < SPANS; p++) index[p] = span_index(p, QK);
     for (int64_t sb = 0; sb < num_super; sb++) {
-        const block_q4_k *block = (const block_q4_k *)(row + sb * sizeof(block_q4_k));
+        const block_q4_k *block = (const block_q4_k *)(row + sb * super_bytes);
+        const uint8_t *qs = is_q5 ? ((const block_q5_k *)block)->qs : block->qs;
+        const uint8_t *qh_bytes = ((const block_q5_k *)block)->qh;
+        __m512i qh = is_q5 ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh_bytes))
+                           : _mm512_setzero_si512();
         __m128i six_bit = q4k_scales_mins(block->scales);
         __m256 scales = _mm256_mul_ps(_mm256_set1_ps(half_at(&block->d)),
                                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(six_bit)));
@@ -85,9 +93,15 @@ INLINE void q4_k_row8(const uint8_t *row, const act_q8 *x, int64_t r0, int R, fl
             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(six_bit, six_bit))));
         __m512i w[SPANS], start[SPANS];
         for (int p = 0; p < SPANS; p++) {
-            __m256i raw = _mm256_loadu_si256((const __m256i *)(block->qs + 32 * p));
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
             w[p] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(raw),
                                                        _mm256_srli_epi16(raw, 4), 1), mask);
+            if (is_q5) {
+                __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * p))),
+                                                  _mm256_set1_epi8((char)(2 << (2 * p))), 1);
+                w[p] = _mm512_or_si512(
+                    w[p], _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, bits), bit4));
+            }
             start[p] = offset_start(w[p]);
         }
         for (int r = 0; r < R; r++) {
@@ -186,13 +200,16 @@ INLINE void q6_k_row8(const uint8_t *row, const act_q8 *x, int64_t r0, int R, fl
         }                                                                                    \
     }
 
-#define CALL_Q4_K(R) q4_k_row8(row, x, r0, R, out, ldy)
+#define CALL_Q4_K(R) q4_k_row8(row, 0, x, r0, R, out, ldy)
+#define CALL_Q5_K(R) q4_k_row8(row, 1, x, r0, R, out, ldy)
 #define CALL_Q6_K(R) q6_k_row8(row, x, r0, R, out, ldy)
 ROWS_KERNEL8(dot8_q4_k_avx512, CALL_Q4_K)
+ROWS_KERNEL8(dot8_q5_k_avx512, CALL_Q5_K)
 ROWS_KERNEL8(dot8_q6_k_avx512, CALL_Q6_K)
 
 dot8_rows_fn dot8_rows_k_avx512(int qtype) {
-    return qtype == QTYPE_Q4_K ? dot8_q4_k_avx512 : qtype == QTYPE_Q6_K ? dot8_q6_k_avx512 : NULL;
+    return qtype == QTYPE_Q4_K ? dot8_q4_k_avx512 : qtype == QTYPE_Q5_K ? dot8_q5_k_avx512
+           : qtype == QTYPE_Q6_K ? dot8_q6_k_avx512 : NULL;
 }
 
 #else  /* not x86: never called (the module reports no avx512-vnni level) */

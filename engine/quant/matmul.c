@@ -205,7 +205,7 @@ static void matmul8_chunk(void *ctx, int64_t start, int64_t count) {
 
 void matmul8_rows(int qtype, int level, const uint8_t *w, int64_t n, const act_q8 *x, int64_t m,
                   float *y, int64_t ldy, int num_threads) {
-    int row_major = qtype == QTYPE_Q4_K || qtype == QTYPE_Q6_K;
+    int row_major = qtype == QTYPE_Q4_K || qtype == QTYPE_Q5_K || qtype == QTYPE_Q6_K;
     int vnni = level == LEVEL_AVX512;
     dot8_rows_fn fn = row_major ? (vnni ? dot8_rows_k_avx512(qtype) : dot8_rows_k_scalar(qtype))
                                 : (vnni ? dot8_rows_x8_avx512(qtype) : dot8_rows_x8_scalar(qtype));

@@ -52,7 +52,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     if (act_bits == 8) {
         if (!act8_supported(qtype, level))
             return PyErr_Format(PyExc_ValueError, "matmul: 8-bit activations need an interleaved "
-                                "Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 or a Q4_K / Q6_K weight "
+                                "Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 or a Q4_K / Q5_K / Q6_K weight "
                                 "at the scalar or avx512-vnni level "
                                 "(got qtype %d, level %d)", qtype, level);
         return matmul8(qtype, level, (const uint8_t *)(uintptr_t)w_addr, n, k,

@@ -11,7 +11,7 @@ __all__ = ["KERNEL_QTYPES", "INTERLEAVABLE_QTYPES", "INTERLEAVED_ROWS", "QTYPE_N
            "QuantizedTensor"]
 
 KERNEL_QTYPES = frozenset((Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K,
-                           Q.Q6_K))  # types the C kernels read
+                           Q.Q5_K, Q.Q6_K))  # types the C kernels read
 INTERLEAVABLE_QTYPES = frozenset((Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0))
 INTERLEAVED_ROWS = 8
 # the C side's ids of interleaved matrices (formats.h QTYPE_Q4_0_X8, _Q4_1_X8, _Q8_0_X8, _Q5_0_X8,

@@ -1,5 +1,5 @@
-"""8-bit activations on the row-major Q4_K and Q6_K (engine/quant/kquant_act8*.c): the vpdpbusd
-kernels equal the portable reference bit for bit at every level the machine has, the reference
+"""8-bit activations on the row-major Q4_K, Q5_K and Q6_K (engine/quant/kquant_act8*.c): the
+vpdpbusd kernels equal the portable reference bit for bit at every level the machine has, the reference
 equals float64 sums of the same quants and stays within the 8-bit rounding of x @ W^T with the
 GGUF's own dequantized weights, the planner and the fused decoder take them, and a tiny Q4_K /
 Q6_K model's logits on 8 bits stay near its 16-bit ones."""
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from gguf.constants import GGML_QUANT_SIZES
 
 from engine import loaders
 from engine.engine import Engine
@@ -23,7 +24,7 @@ from tests.engine.test_quant_kernels import random_blocks, reference_weight
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.unavailable_reason())
 
-K_QTYPES = (Q.Q4_K, Q.Q6_K)
+K_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 ACT8_LEVELS = [level for level in kernels.levels() if level in kernels.ACT8_LEVELS]
 NUM_ROWS = 40        # not a multiple of a thread chunk (8) nor of 16
 
@@ -56,10 +57,10 @@ def test_every_level_equals_the_reference_bit_for_bit(qtype: Q, num_x_rows: int,
 def test_extreme_blocks_stay_exact(qtype: Q) -> None:
     """Zero blocks (d = 0), one huge value among tiny ones, +-max in every lane, and the
     largest weight quants against them: the offset (+128) and its weight-sum correction, and
-    Q4_K's minimums and Q6_K's -32, keep the integer sums exact."""
+    Q4_K / Q5_K's minimums and Q6_K's -32, keep the integer sums exact."""
     blocks = random_blocks(qtype, 16, 512, seed=7)
-    if qtype == Q.Q4_K:
-        blocks[0].reshape(2, 144)[:, 16:] = 0xFF                       # all quants 15
+    if qtype in (Q.Q4_K, Q.Q5_K):                       # all quants 15 (Q5_K: 31, qh all set)
+        blocks[0].reshape(2, GGML_QUANT_SIZES[qtype][1])[:, 16:] = 0xFF
     else:
         blocks[0].reshape(2, 210)[:, :192] = 0xFF                      # all quants 63 - 32
     weight = QuantizedTensor(torch.from_numpy(blocks), qtype, 512)
@@ -87,7 +88,7 @@ def test_k_quants_have_8_bit_kernels_where_the_levels_do() -> None:
     x = torch.randn(2, 256)
     if "avx2" in kernels.levels():
         assert not kernels.act8_supported(weight, level="avx2")
-        with pytest.raises(ValueError, match="Q4_K / Q6_K weight at the scalar or avx512-vnni"):
+        with pytest.raises(ValueError, match="Q4_K / Q5_K / Q6_K weight at the scalar or avx512-vnni"):
             kernels.matmul(x, weight, level="avx2", act_bits=8)
     q4_k, _ = k_weight(Q.Q4_K, 16, 256, seed=2)
     assert projection_act8_rows((q4_k, weight), lambda part: 1) == 1    # one layout: Q/K/V
@@ -104,14 +105,15 @@ def test_the_planner_measures_k_quants() -> None:
 
 
 # The tiny model at hidden 256 / intermediate 512 (K-quant rows are whole super-blocks of 256):
-# every projection Q4_K, V and down Q6_K (Q4_K_M's mix), embeddings / head Q8_0. Its layers'
+# every projection Q4_K, V and down Q6_K (Q4_K_M's mix) but O as Q5_K (Q5_K_M's main type),
+# embeddings / head Q8_0. Its layers'
 # Gaussian weights are scaled by 1 / sqrt(K), as a trained model's are about: unscaled, attention
 # at this width is one-hot and a rounding can flip it (measured drifts of 20-80% at some steps,
 # Q4_0 / Q4_1 models as well); scaled, 1.4-1.6% over 4 steps (Q4_0 / Q4_1: 1.1-2.0%), under
 # test_quant_act8's TINY_MODEL_ACT8_DRIFT.
 K_MODEL = dict(hidden=256, intermediate=512)
 K_MODEL_TYPES = {"self_attn.q_proj": Q.Q4_K, "self_attn.k_proj": Q.Q4_K,
-                 "self_attn.v_proj": Q.Q6_K, "self_attn.o_proj": Q.Q4_K,
+                 "self_attn.v_proj": Q.Q6_K, "self_attn.o_proj": Q.Q5_K,
                  "mlp.gate_proj": Q.Q4_K, "mlp.up_proj": Q.Q4_K, "mlp.down_proj": Q.Q6_K}
 def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a / b, 0 where b is 0"""
@@ -140,6 +142,29 @@ def quantize_q4_k(values: np.ndarray) -> np.ndarray:
                            scales, qs], axis=1).reshape(values.shape[0], -1)
 
 
+def quantize_q5_k(values: np.ndarray) -> np.ndarray:
+    """[N, K] float32 -> Q5_K blocks [N, K / 256 * 176]: quantize_q4_k's scheme with steps of
+    31, bit 4 of value l of sub-block s at bit s of qh[l]."""
+    sub = values.reshape(-1, 8, 32).astype(np.float32)              # [super, sub-block, 32]
+    low = np.minimum(sub.min(axis=2), 0)
+    step = (sub.max(axis=2) - low) / 31
+    d = (step.max(axis=1) / 63).astype(np.float16)
+    dmin = ((-low).max(axis=1) / 63).astype(np.float16)
+    d32, dmin32 = d.astype(np.float32)[:, None], dmin.astype(np.float32)[:, None]
+    sc = np.clip(np.rint(_divide(step, d32)), 0, 63).astype(np.uint8)
+    mn = np.clip(np.rint(_divide(-low, dmin32)), 0, 63).astype(np.uint8)
+    q = np.clip(np.rint(_divide(sub + (dmin32 * mn)[:, :, None], (d32 * sc)[:, :, None])), 0, 31)
+    q = q.astype(np.uint8)
+    scales = np.concatenate([sc[:, :4] | ((sc[:, 4:] >> 4) << 6),
+                             mn[:, :4] | ((mn[:, 4:] >> 4) << 6),
+                             (sc[:, 4:] & 0xF) | ((mn[:, 4:] & 0xF) << 4)], axis=1)
+    qh = sum(((q[:, s] >> 4) & 1) << s for s in range(8)).astype(np.uint8)   # [super, 32]
+    nibbles = q & 0xF
+    qs = (nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)).reshape(len(sub), 128)
+    return np.concatenate([d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2),
+                           scales, qh, qs], axis=1).reshape(values.shape[0], -1)
+
+
 def quantize_q6_k(values: np.ndarray) -> np.ndarray:
     """[N, K] float32 -> Q6_K blocks [N, K / 256 * 210]: per 16 values, steps of max |v| / 31,
     each an 8-bit multiple of the super-block's fp16 d."""
@@ -158,10 +183,10 @@ def quantize_q6_k(values: np.ndarray) -> np.ndarray:
                           axis=1).reshape(values.shape[0], -1)
 
 
-K_QUANTIZERS = {Q.Q4_K: quantize_q4_k, Q.Q6_K: quantize_q6_k}
-# the quantizers above against gguf-py's dequantizer, Gaussian rows: measured 7.7% (Q4_K) and
-# 1.9% (Q6_K) of the norm
-K_QUANTIZER_ERROR = {Q.Q4_K: 0.1, Q.Q6_K: 0.03}
+K_QUANTIZERS = {Q.Q4_K: quantize_q4_k, Q.Q5_K: quantize_q5_k, Q.Q6_K: quantize_q6_k}
+# the quantizers above against gguf-py's dequantizer, Gaussian rows: measured 7.7% (Q4_K), 3.8%
+# (Q5_K) and 1.9% (Q6_K) of the norm
+K_QUANTIZER_ERROR = {Q.Q4_K: 0.1, Q.Q5_K: 0.05, Q.Q6_K: 0.03}
 
 
 @pytest.mark.parametrize("qtype", K_QTYPES, ids=lambda q: q.name)
@@ -199,7 +224,7 @@ def k_engine(path, act8_rows: int) -> Engine:
 @needs_vnni
 @pytest.mark.usefixtures("one_torch_thread")
 def test_a_k_quant_model_in_8_bits_stays_near_16_bits(k_gguf) -> None:
-    """Prefill (the per-layer path) and fused decode of the tiny Q4_K / Q6_K model: every
+    """Prefill (the per-layer path) and fused decode of the tiny Q4_K / Q5_K / Q6_K model: every
     projection on 8 bits, Q/K/V's Q4_K + Q6_K parts included, logits within the 8-bit rounding
     of the 16-bit engine's."""
     from tests.engine.test_quant_decoder import PROMPTS, decode_logits

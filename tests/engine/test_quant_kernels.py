@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.unavaila
 
 # byte offsets of the float16 scale fields inside one block
 HALF_OFFSETS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,),
-                Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
+                Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 # activation rows are rounded to 16 bits per block of 32: relative error of a whole output row
 ACTIVATION_ROUNDING_TOLERANCE = 1e-4
 
