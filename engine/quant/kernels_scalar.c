@@ -68,10 +68,11 @@ static void dot_q4_1(const uint8_t *w, int64_t row_bytes, int64_t num_rows, cons
     }
 }
 
-/* Q5_0 quant i (0..31) of one block: its nibble and bit i of qh as bit 4 (w = d * (q - 16)) */
-static inline int q5_0_quant(const block_q5_0 *block, int i) {
-    int low = i < QK / 2 ? block->qs[i] & 0xF : block->qs[i - QK / 2] >> 4;
-    return low | ((block->qh[i / 8] >> (i % 8)) & 1) << 4;
+/* Q5_0 / Q5_1 quant i (0..31) of one block: its nibble of qs and bit i of qh as bit 4
+ * (Q5_0: w = d * (q - 16); Q5_1: w = d * q + m) */
+static inline int q5_quant(const uint8_t *qs, const uint8_t *qh, int i) {
+    int low = i < QK / 2 ? qs[i] & 0xF : qs[i - QK / 2] >> 4;
+    return low | ((qh[i / 8] >> (i % 8)) & 1) << 4;
 }
 
 static void dot_q5_0(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q16 *x,
@@ -85,19 +86,13 @@ static void dot_q5_0(const uint8_t *w, int64_t row_bytes, int64_t num_rows, cons
                 float d = fp16_to_fp32(blocks[b].d);
                 const int16_t *xq = x->qs + r * x->k + b * QK;
                 int dot = 0;
-                for (int i = 0; i < QK; i++) dot += q5_0_quant(blocks + b, i) * xq[i];
+                for (int i = 0; i < QK; i++) dot += q5_quant(blocks[b].qs, blocks[b].qh, i) * xq[i];
                 acc += d * x->d[r * num_blocks + b] * (float)dot
                        - 16.0f * d * x->s[r * num_blocks + b];
             }
             y[r * ldy + j] = acc;
         }
     }
-}
-
-/* Q5_1 quant i (0..31) of one block: its nibble and bit i of qh as bit 4 (w = d * q + m) */
-static inline int q5_1_quant(const block_q5_1 *block, int i) {
-    int low = i < QK / 2 ? block->qs[i] & 0xF : block->qs[i - QK / 2] >> 4;
-    return low | ((block->qh[i / 8] >> (i % 8)) & 1) << 4;
 }
 
 static void dot_q5_1(const uint8_t *w, int64_t row_bytes, int64_t num_rows, const act_q16 *x,
@@ -110,7 +105,7 @@ static void dot_q5_1(const uint8_t *w, int64_t row_bytes, int64_t num_rows, cons
             for (int64_t b = 0; b < num_blocks; b++) {
                 const int16_t *xq = x->qs + r * x->k + b * QK;
                 int dot = 0;
-                for (int i = 0; i < QK; i++) dot += q5_1_quant(blocks + b, i) * xq[i];
+                for (int i = 0; i < QK; i++) dot += q5_quant(blocks[b].qs, blocks[b].qh, i) * xq[i];
                 acc += fp16_to_fp32(blocks[b].d) * x->d[r * num_blocks + b] * (float)dot
                        + fp16_to_fp32(blocks[b].m) * x->s[r * num_blocks + b];
             }
@@ -262,13 +257,15 @@ void dequantize_rows(int qtype, const uint8_t *w, int64_t num_rows, int64_t k, f
             const block_q5_0 *blocks = (const block_q5_0 *)row;
             for (int64_t b = 0; b < k / QK; b++) {
                 float d = fp16_to_fp32(blocks[b].d), low = -16.0f * d;
-                for (int i = 0; i < QK; i++) o[b * QK + i] = q5_0_quant(blocks + b, i) * d + low;
+                for (int i = 0; i < QK; i++)
+                    o[b * QK + i] = q5_quant(blocks[b].qs, blocks[b].qh, i) * d + low;
             }
         } else if (qtype == QTYPE_Q5_1) {
             const block_q5_1 *blocks = (const block_q5_1 *)row;
             for (int64_t b = 0; b < k / QK; b++) {
                 float d = fp16_to_fp32(blocks[b].d), low = fp16_to_fp32(blocks[b].m);
-                for (int i = 0; i < QK; i++) o[b * QK + i] = q5_1_quant(blocks + b, i) * d + low;
+                for (int i = 0; i < QK; i++)
+                    o[b * QK + i] = q5_quant(blocks[b].qs, blocks[b].qh, i) * d + low;
             }
         } else if (qtype == QTYPE_Q8_0) {
             const block_q8_0 *blocks = (const block_q8_0 *)row;
