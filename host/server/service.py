@@ -224,7 +224,10 @@ class PieService:
             self._forget(handle)
             raise ServiceError(f"launch failed: {exc}") from None
         self.metrics.instances_launched.inc()
-        if keep_spares and tenant.spare_instances:
+        kept = self._spare_programs.get(tenant.name)
+        if keep_spares and tenant.spare_instances and (kept is None or kept[0] != sha256):
+            # a tenant's launches differ only in page_quota, which spares do not fix: the same
+            # program's spares are already kept
             await trio.to_thread.run_sync(self._keep_spares, tenant, program, sha256, limits)
         return handle
 
